@@ -1,0 +1,1 @@
+//! User-space TCP for the AF_XDP data path: smoltcp configured for iWARP (no Nagle, tuned delayed ACK, window scaling, explicit congestion control), generic over `smoltcp::phy::Device`, and an in-memory link with fault injection and pcap output for tests.
