@@ -22,8 +22,12 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cq;
 pub mod crc;
 pub mod error;
+pub mod mem;
 pub mod mpa;
+pub mod qp;
 pub mod time;
+pub mod verbs;
 pub mod wire;

@@ -1,0 +1,228 @@
+//! Completion queues and work completions.
+//!
+//! A [`Cq`] is a bounded ring of [`WorkCompletion`]s shared by any number of
+//! queue pairs. It also carries the notification state an application uses
+//! to sleep instead of spinning: after [`Cq::req_notify`], the next matching
+//! completion raises an event that a backend turns into a wake-up
+//! (a completion channel).
+
+use std::collections::VecDeque;
+
+/// Identifies a queue pair within a [`crate::verbs::Context`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QpId(pub u32);
+
+/// Identifies a completion queue within a [`crate::verbs::Context`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CqId(pub u32);
+
+/// The outcome of a work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// The operation completed.
+    Success,
+    /// A local length check failed (e.g. a received message was longer
+    /// than the posted receive buffer).
+    LocalLengthError,
+    /// A local scatter/gather element failed its memory check.
+    LocalProtectionError,
+    /// The work request is not valid for this QP (e.g. too many SGEs for a
+    /// Read, an opcode the QP does not support).
+    LocalQpOperationError,
+    /// The peer reported a protection error (Terminate: remote protection
+    /// or tagged buffer error).
+    RemoteAccessError,
+    /// The peer reported an operation error.
+    RemoteOperationError,
+    /// The peer reported that the request was invalid (untagged buffer
+    /// errors, e.g. no receive buffer posted).
+    RemoteInvalidRequestError,
+    /// The QP entered the Error state before the request completed.
+    WrFlushError,
+    /// A fatal error that none of the above describes.
+    GeneralError,
+}
+
+/// What kind of work request completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A Send (any variant) from the send queue.
+    Send,
+    /// An RDMA Write.
+    RdmaWrite,
+    /// An RDMA Read.
+    RdmaRead,
+    /// A Local Invalidate.
+    LocalInvalidate,
+    /// A receive: an incoming Send was placed into a posted receive buffer.
+    Recv,
+}
+
+/// One entry of a completion queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The application's identifier of the work request.
+    pub wr_id: u64,
+    /// The outcome.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// For receives and reads: bytes placed.
+    pub byte_len: u32,
+    /// The QP the request was posted to.
+    pub qp: QpId,
+    /// For receives of Send with Invalidate: the STag the peer invalidated.
+    pub invalidated_stag: Option<u32>,
+    /// For receives: the Send carried the Solicited Event flag.
+    pub solicited: bool,
+}
+
+/// Which completions raise a notification after [`Cq::req_notify`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notify {
+    /// Not armed.
+    Off,
+    /// The next completion of any kind.
+    Any,
+    /// The next solicited receive completion, or any unsuccessful one.
+    Solicited,
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct Cq {
+    entries: VecDeque<WorkCompletion>,
+    capacity: usize,
+    notify: Notify,
+    event: bool,
+    overruns: u64,
+}
+
+impl Cq {
+    /// A queue that holds up to `capacity` completions.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            entries: VecDeque::with_capacity(capacity),
+            capacity,
+            notify: Notify::Off,
+            event: false,
+            overruns: 0,
+        }
+    }
+
+    /// Append a completion. Returns `false` (and counts an overrun) when
+    /// the queue is full: the completion is lost, and the QP that produced
+    /// it must be moved to Error by the caller.
+    pub fn push(&mut self, wc: WorkCompletion) -> bool {
+        if self.entries.len() >= self.capacity {
+            self.overruns += 1;
+            return false;
+        }
+        let fire = match self.notify {
+            Notify::Off => false,
+            Notify::Any => true,
+            Notify::Solicited => wc.solicited || wc.status != WcStatus::Success,
+        };
+        if fire {
+            self.notify = Notify::Off;
+            self.event = true;
+        }
+        self.entries.push_back(wc);
+        true
+    }
+
+    /// Move up to `out.len()` completions into `out`, oldest first.
+    pub fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
+        let n = out.len().min(self.entries.len());
+        for (slot, wc) in out.iter_mut().zip(self.entries.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Take the oldest completion.
+    pub fn poll_one(&mut self) -> Option<WorkCompletion> {
+        self.entries.pop_front()
+    }
+
+    /// Arm the notification.
+    pub fn req_notify(&mut self, solicited_only: bool) {
+        self.notify = if solicited_only {
+            Notify::Solicited
+        } else {
+            Notify::Any
+        };
+    }
+
+    /// Whether a notification fired since the last call (and clear it).
+    pub fn take_event(&mut self) -> bool {
+        core::mem::take(&mut self.event)
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no completion is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Capacity.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Completions lost because the queue was full.
+    pub fn overruns(&self) -> u64 {
+        self.overruns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(id: u64, solicited: bool) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            qp: QpId(0),
+            invalidated_stag: None,
+            solicited,
+        }
+    }
+
+    #[test]
+    fn bounded_fifo() {
+        let mut cq = Cq::new(2);
+        assert!(cq.push(wc(1, false)));
+        assert!(cq.push(wc(2, false)));
+        assert!(!cq.push(wc(3, false)));
+        assert_eq!(cq.overruns(), 1);
+        let mut out = [wc(0, false); 4];
+        assert_eq!(cq.poll(&mut out), 2);
+        assert_eq!((out[0].wr_id, out[1].wr_id), (1, 2));
+        assert!(cq.poll_one().is_none());
+    }
+
+    #[test]
+    fn notification_modes() {
+        let mut cq = Cq::new(8);
+        cq.push(wc(1, false));
+        assert!(!cq.take_event(), "not armed");
+        cq.req_notify(true);
+        cq.push(wc(2, false));
+        assert!(!cq.take_event(), "unsolicited does not fire");
+        cq.push(wc(3, true));
+        assert!(cq.take_event());
+        cq.push(wc(4, true));
+        assert!(!cq.take_event(), "one-shot");
+        cq.req_notify(false);
+        cq.push(wc(5, false));
+        assert!(cq.take_event());
+    }
+}

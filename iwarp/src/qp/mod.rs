@@ -1,0 +1,721 @@
+//! Queue pairs: the RDMAP/DDP data path over one MPA connection.
+//!
+//! A [`Qp`] owns the MPA handshake until it completes, then the transmit
+//! state machine ([`tx`]: segmentation of work requests into FPDUs) and the
+//! receive state machine ([`rx`]: validation and placement of inbound
+//! segments). Both are resumable at any byte boundary of the TCP stream.
+//!
+//! The QP is driven through [`crate::verbs::Context`], which lends it the
+//! memory table and the completion queues. Inputs are `handle_*`, outputs
+//! `poll_*`, as in quinn-proto.
+//!
+//! State machine (RFC 5040 §6 / iWARP verbs):
+//!
+//! ```text
+//! Idle --connect/listen--> Connecting --MPA done--> Rts --disconnect--> Closing --> Error
+//!                               |                    |
+//!                               +--failure-----------+--violation--> Terminate --sent--> Error
+//!                                                    +--Terminate received / EOF--------> Error
+//! ```
+//! Entering Error flushes every outstanding work request.
+
+mod rx;
+mod tx;
+
+use std::collections::VecDeque;
+
+use crate::cq::{CqId, QpId, WcOpcode, WcStatus, WorkCompletion};
+use crate::error::TermCode;
+use crate::mem::{MemTable, PdId};
+use crate::mpa::handshake::{self, ConnectRequest, Handshake, HandshakeError, Negotiated};
+use crate::time::Instant;
+use crate::verbs::CqTable;
+
+/// The most scatter/gather elements a work request may carry.
+pub const MAX_SGE: usize = 4;
+
+/// A scatter/gather element: `len` bytes at address `addr` of the region
+/// whose local key is `lkey`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    /// Address in the region's tagged-offset space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The region's local key.
+    pub lkey: u32,
+}
+
+/// The operation of a send-queue work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// A Send; with `solicited` the Solicited Event variant, with
+    /// `invalidate` the Send with Invalidate variant (the peer invalidates
+    /// that STag).
+    Send {
+        /// Set the Solicited Event flag.
+        solicited: bool,
+        /// STag the peer invalidates on receipt.
+        invalidate: Option<u32>,
+    },
+    /// An RDMA Write of the SGEs to `remote_addr` in the peer's region `rkey`.
+    Write {
+        /// Tagged offset at the peer.
+        remote_addr: u64,
+        /// The peer's STag.
+        rkey: u32,
+    },
+    /// An RDMA Read from `remote_addr` in the peer's region `rkey` into
+    /// the single local SGE.
+    Read {
+        /// Tagged offset at the peer.
+        remote_addr: u64,
+        /// The peer's STag.
+        rkey: u32,
+    },
+    /// Invalidate a local STag, in send-queue order.
+    LocalInvalidate {
+        /// The STag to invalidate.
+        stag: u32,
+    },
+}
+
+/// A send-queue work request.
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr<'a> {
+    /// Returned in the work completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local buffers (gather list for Send/Write, the sink for Read).
+    pub sgl: &'a [Sge],
+    /// Produce a completion on success (errors always complete).
+    pub signaled: bool,
+}
+
+/// A receive-queue work request.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWr<'a> {
+    /// Returned in the work completion.
+    pub wr_id: u64,
+    /// Buffers an incoming Send is scattered into.
+    pub sgl: &'a [Sge],
+}
+
+/// Why a work request was not accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostError {
+    /// The queue is full.
+    QueueFull,
+    /// More than [`MAX_SGE`] elements, or a Read with other than one.
+    InvalidSgl,
+    /// The total length exceeds what one message may carry (2^32 - 1).
+    TooLong,
+    /// The QP is in a state that does not accept this work request
+    /// (e.g. a Send before the connection is set up).
+    InvalidState,
+}
+
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::QueueFull => "queue full",
+            Self::InvalidSgl => "invalid scatter/gather list",
+            Self::TooLong => "message too long",
+            Self::InvalidState => "QP state does not accept work requests",
+        })
+    }
+}
+
+impl core::error::Error for PostError {}
+
+/// The state of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    /// Created, not connected.
+    Idle,
+    /// The MPA exchange is under way.
+    Connecting,
+    /// Ready to send (and receive): RDMA mode.
+    Rts,
+    /// A graceful close is draining the transmit side.
+    Closing,
+    /// A Terminate message is being sent.
+    Terminate,
+    /// Failed or closed; every work request completes with a flush status.
+    Error,
+}
+
+/// Events a QP reports to its owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QpEvent {
+    /// Responder: an MPA request arrived; accept or reject it.
+    ConnectRequest(ConnectRequest),
+    /// The connection is in RDMA mode. `private_data` is the peer's.
+    Established {
+        /// What the MPA exchange settled.
+        negotiated: Negotiated,
+        /// The peer's private data.
+        private_data: Vec<u8>,
+    },
+    /// Initiator: the peer rejected the connection.
+    Rejected {
+        /// The peer's private data.
+        private_data: Vec<u8>,
+    },
+    /// The MPA exchange failed.
+    ConnectFailed(HandshakeError),
+    /// We detected a protocol violation and sent (are sending) a Terminate.
+    LocalTerminate(TermCode),
+    /// The peer sent a Terminate.
+    RemoteTerminate(TermCode),
+    /// The connection closed (graceful disconnect or the peer's EOF).
+    Disconnected,
+    /// A completion queue overflowed; the QP moved to Error.
+    CqOverrun,
+}
+
+/// Configuration of a queue pair.
+#[derive(Clone, Debug)]
+pub struct QpConfig {
+    /// Send queue depth.
+    pub sq_depth: usize,
+    /// Receive queue depth.
+    pub rq_depth: usize,
+    /// The effective TCP MSS: FPDUs are sized so one fits a segment.
+    pub emss: usize,
+    /// The largest ULPDU accepted from the peer.
+    pub rx_max_ulpdu: usize,
+    /// Reject segments with reserved header bits set (RFC 5041/5040 say
+    /// receivers ignore them; a conformance tester may want otherwise).
+    pub strict_reserved: bool,
+    /// Complete every send-queue work request, signaled or not.
+    pub sig_all: bool,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        Self {
+            sq_depth: 256,
+            rq_depth: 256,
+            emss: 1460,
+            rx_max_ulpdu: 65535,
+            strict_reserved: false,
+            sig_all: false,
+        }
+    }
+}
+
+/// Counters of one QP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpStats {
+    /// FPDUs sent.
+    pub tx_fpdus: u64,
+    /// FPDUs received and accepted.
+    pub rx_fpdus: u64,
+    /// Payload bytes sent (Send, Write and Read Response data).
+    pub tx_payload: u64,
+    /// Payload bytes placed.
+    pub rx_payload: u64,
+    /// FPDUs with a bad CRC.
+    pub crc_errors: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SqEntry {
+    wr_id: u64,
+    op: SendOp,
+    sgl: [Sge; MAX_SGE],
+    nsge: u8,
+    len: u64,
+    signaled: bool,
+}
+
+impl SqEntry {
+    fn sges(&self) -> &[Sge] {
+        &self.sgl[..usize::from(self.nsge)]
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RqEntry {
+    wr_id: u64,
+    sgl: [Sge; MAX_SGE],
+    nsge: u8,
+    len: u64,
+}
+
+/// A send-queue work request that started and awaits (in-order) completion.
+#[derive(Clone, Copy, Debug)]
+struct Inflight {
+    seq: u64,
+    wr_id: u64,
+    opcode: WcOpcode,
+    byte_len: u32,
+    signaled: bool,
+    status: Option<WcStatus>,
+}
+
+fn copy_sgl(sgl: &[Sge]) -> Result<([Sge; MAX_SGE], u8, u64), PostError> {
+    if sgl.len() > MAX_SGE {
+        return Err(PostError::InvalidSgl);
+    }
+    let mut out = [Sge::default(); MAX_SGE];
+    out[..sgl.len()].copy_from_slice(sgl);
+    let len: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+    if len > u64::from(u32::MAX) {
+        return Err(PostError::TooLong);
+    }
+    Ok((out, sgl.len() as u8, len))
+}
+
+/// What the QP borrows from its context while it runs.
+pub(crate) struct Env<'a> {
+    pub(crate) mem: &'a mut MemTable,
+    pub(crate) cqs: &'a mut CqTable,
+}
+
+/// Role in the MPA exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Initiator,
+    Responder,
+}
+
+/// A queue pair. See the module documentation.
+#[derive(Debug)]
+pub struct Qp {
+    id: QpId,
+    pd: PdId,
+    send_cq: CqId,
+    recv_cq: CqId,
+    config: QpConfig,
+    state: QpState,
+    role: Role,
+    handshake: Option<Handshake>,
+    negotiated: Option<Negotiated>,
+    sq: VecDeque<SqEntry>,
+    rq: VecDeque<RqEntry>,
+    inflight: VecDeque<Inflight>,
+    orq: VecDeque<tx::OrqEntry>,
+    irq: VecDeque<tx::IrqEntry>,
+    events: VecDeque<QpEvent>,
+    tx: tx::Tx,
+    rx: rx::Rx,
+    stats: QpStats,
+    wants_close: bool,
+}
+
+impl Qp {
+    pub(crate) fn new(id: QpId, pd: PdId, send_cq: CqId, recv_cq: CqId, config: QpConfig) -> Self {
+        Self {
+            id,
+            pd,
+            send_cq,
+            recv_cq,
+            state: QpState::Idle,
+            role: Role::Initiator,
+            handshake: None,
+            negotiated: None,
+            sq: VecDeque::with_capacity(config.sq_depth),
+            rq: VecDeque::with_capacity(config.rq_depth),
+            inflight: VecDeque::with_capacity(config.sq_depth),
+            orq: VecDeque::new(),
+            irq: VecDeque::new(),
+            events: VecDeque::new(),
+            tx: tx::Tx::default(),
+            rx: rx::Rx::default(),
+            stats: QpStats::default(),
+            wants_close: false,
+            config,
+        }
+    }
+
+    /// The QP's identifier.
+    pub fn id(&self) -> QpId {
+        self.id
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QpStats {
+        self.stats
+    }
+
+    /// What the MPA exchange settled, once established.
+    pub fn negotiated(&self) -> Option<&Negotiated> {
+        self.negotiated.as_ref()
+    }
+
+    /// Whether the owner should close the TCP connection now (after
+    /// transmitting what [`Self::poll_transmit`] still yields).
+    pub fn wants_close(&self) -> bool {
+        self.wants_close && !self.tx.busy() && self.handshake_tx_idle()
+    }
+
+    fn handshake_tx_idle(&self) -> bool {
+        true
+    }
+
+    // ---- connection setup -------------------------------------------------
+
+    pub(crate) fn connect(
+        &mut self,
+        config: handshake::Config,
+        private_data: &[u8],
+        now: Instant,
+    ) -> Result<(), HandshakeError> {
+        if self.state != QpState::Idle {
+            return Err(HandshakeError::NotExpected);
+        }
+        self.handshake = Some(Handshake::initiator(config, private_data, now)?);
+        self.role = Role::Initiator;
+        self.state = QpState::Connecting;
+        Ok(())
+    }
+
+    pub(crate) fn listen(&mut self, config: handshake::Config, now: Instant) -> Result<(), HandshakeError> {
+        if self.state != QpState::Idle {
+            return Err(HandshakeError::NotExpected);
+        }
+        self.handshake = Some(Handshake::responder(config, now));
+        self.role = Role::Responder;
+        self.state = QpState::Connecting;
+        Ok(())
+    }
+
+    pub(crate) fn accept(&mut self, private_data: &[u8], env: &mut Env<'_>) -> Result<(), HandshakeError> {
+        let hs = self.handshake.as_mut().ok_or(HandshakeError::NotExpected)?;
+        hs.accept(private_data)?;
+        self.pump_handshake(env);
+        Ok(())
+    }
+
+    pub(crate) fn reject(&mut self, private_data: &[u8], env: &mut Env<'_>) -> Result<(), HandshakeError> {
+        let hs = self.handshake.as_mut().ok_or(HandshakeError::NotExpected)?;
+        hs.reject(private_data)?;
+        self.pump_handshake(env);
+        Ok(())
+    }
+
+    /// Move handshake events into QP events and state.
+    fn pump_handshake(&mut self, env: &mut Env<'_>) {
+        while let Some(ev) = self.handshake.as_mut().and_then(Handshake::poll_event) {
+            match ev {
+                handshake::Event::ConnectRequest(req) => self.events.push_back(QpEvent::ConnectRequest(req)),
+                handshake::Event::Established {
+                    negotiated,
+                    private_data,
+                } => {
+                    self.tx.setup(&negotiated, self.config.emss, self.role == Role::Initiator);
+                    self.rx.setup(&negotiated, self.config.rx_max_ulpdu, self.role == Role::Responder);
+                    self.negotiated = Some(negotiated.clone());
+                    self.state = QpState::Rts;
+                    self.events.push_back(QpEvent::Established {
+                        negotiated,
+                        private_data,
+                    });
+                }
+                handshake::Event::Rejected { private_data } => {
+                    self.events.push_back(QpEvent::Rejected { private_data });
+                    self.enter_error(env);
+                    self.wants_close = true;
+                }
+                handshake::Event::Failed(e) => {
+                    self.events.push_back(QpEvent::ConnectFailed(e));
+                    self.enter_error(env);
+                    self.wants_close = true;
+                }
+            }
+        }
+    }
+
+    // ---- work requests ---------------------------------------------------
+
+    pub(crate) fn post_send(&mut self, wr: &SendWr<'_>, env: &mut Env<'_>) -> Result<(), PostError> {
+        let (sgl, nsge, len) = copy_sgl(wr.sgl)?;
+        if matches!(wr.op, SendOp::Read { .. }) && nsge != 1 {
+            return Err(PostError::InvalidSgl);
+        }
+        if self.sq.len() + self.inflight.len() >= self.config.sq_depth {
+            return Err(PostError::QueueFull);
+        }
+        let entry = SqEntry {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sgl,
+            nsge,
+            len,
+            signaled: wr.signaled || self.config.sig_all,
+        };
+        match self.state {
+            QpState::Idle | QpState::Connecting | QpState::Rts => {
+                self.sq.push_back(entry);
+                Ok(())
+            }
+            QpState::Error | QpState::Terminate | QpState::Closing => {
+                // Verbs: posting to a QP in Error completes with a flush.
+                let wc = WorkCompletion {
+                    wr_id: entry.wr_id,
+                    status: WcStatus::WrFlushError,
+                    opcode: sq_opcode(&entry.op),
+                    byte_len: 0,
+                    qp: self.id,
+                    invalidated_stag: None,
+                    solicited: false,
+                };
+                self.complete(self.send_cq, wc, env);
+                Ok(())
+            }
+        }
+    }
+
+    pub(crate) fn post_recv(&mut self, wr: &RecvWr<'_>, env: &mut Env<'_>) -> Result<(), PostError> {
+        let (sgl, nsge, len) = copy_sgl(wr.sgl)?;
+        if self.rq.len() >= self.config.rq_depth {
+            return Err(PostError::QueueFull);
+        }
+        if self.state == QpState::Error {
+            let wc = WorkCompletion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushError,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                qp: self.id,
+                invalidated_stag: None,
+                solicited: false,
+            };
+            self.complete(self.recv_cq, wc, env);
+            return Ok(());
+        }
+        self.rq.push_back(RqEntry {
+            wr_id: wr.wr_id,
+            sgl,
+            nsge,
+            len,
+        });
+        Ok(())
+    }
+
+    // ---- completions and errors ------------------------------------------
+
+    fn complete(&mut self, cq: CqId, wc: WorkCompletion, env: &mut Env<'_>) {
+        let ok = env.cqs.get_mut(cq).is_some_and(|cq| cq.push(wc));
+        if !ok && self.state != QpState::Error {
+            self.events.push_back(QpEvent::CqOverrun);
+            self.enter_error(env);
+            self.wants_close = true;
+        }
+    }
+
+    /// Emit completions of finished send-queue requests, in posting order.
+    fn drain_inflight(&mut self, env: &mut Env<'_>) {
+        while let Some(front) = self.inflight.front() {
+            let Some(status) = front.status else { break };
+            let f = *front;
+            self.inflight.pop_front();
+            if f.signaled || status != WcStatus::Success {
+                let wc = WorkCompletion {
+                    wr_id: f.wr_id,
+                    status,
+                    opcode: f.opcode,
+                    byte_len: f.byte_len,
+                    qp: self.id,
+                    invalidated_stag: None,
+                    solicited: false,
+                };
+                self.complete(self.send_cq, wc, env);
+            }
+        }
+    }
+
+    /// Mark the oldest unfinished in-flight request with `status` (used when
+    /// the peer terminates the connection because of it).
+    fn fail_oldest_inflight(&mut self, status: WcStatus) {
+        if let Some(f) = self.inflight.iter_mut().find(|f| f.status.is_none()) {
+            f.status = Some(status);
+        }
+    }
+
+    /// Move to Error and flush every outstanding work request.
+    fn enter_error(&mut self, env: &mut Env<'_>) {
+        if self.state != QpState::Terminate {
+            self.state = QpState::Error;
+        }
+        for f in self.inflight.iter_mut() {
+            if f.status.is_none() {
+                f.status = Some(WcStatus::WrFlushError);
+            }
+        }
+        self.drain_inflight(env);
+        self.orq.clear();
+        self.irq.clear();
+        self.tx.abort_messages();
+        while let Some(e) = self.sq.pop_front() {
+            let wc = WorkCompletion {
+                wr_id: e.wr_id,
+                status: WcStatus::WrFlushError,
+                opcode: sq_opcode(&e.op),
+                byte_len: 0,
+                qp: self.id,
+                invalidated_stag: None,
+                solicited: false,
+            };
+            self.complete(self.send_cq, wc, env);
+        }
+        while let Some(e) = self.rq.pop_front() {
+            let wc = WorkCompletion {
+                wr_id: e.wr_id,
+                status: WcStatus::WrFlushError,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                qp: self.id,
+                invalidated_stag: None,
+                solicited: false,
+            };
+            self.complete(self.recv_cq, wc, env);
+        }
+    }
+
+    /// A protocol violation was detected locally: queue a Terminate, report
+    /// it, and flush.
+    fn local_violation(&mut self, v: rx::Violation, env: &mut Env<'_>) {
+        if matches!(self.state, QpState::Terminate | QpState::Error) {
+            return;
+        }
+        self.events.push_back(QpEvent::LocalTerminate(v.code));
+        if let Some(status) = v.recv_status {
+            // The receive buffer the offending message was aimed at.
+            if let Some(e) = self.rq.pop_front() {
+                let wc = WorkCompletion {
+                    wr_id: e.wr_id,
+                    status,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    qp: self.id,
+                    invalidated_stag: None,
+                    solicited: false,
+                };
+                self.complete(self.recv_cq, wc, env);
+            }
+        }
+        self.tx.queue_terminate(&v);
+        self.state = QpState::Terminate;
+        self.enter_error(env);
+        self.wants_close = true;
+    }
+
+    // ---- I/O ---------------------------------------------------------------
+
+    /// Feed bytes received from the TCP stream. Returns how many were
+    /// consumed; fewer than offered only while the MPA exchange waits for
+    /// the application (a responder that has not accepted yet).
+    pub(crate) fn handle_input(&mut self, input: &[u8], now: Instant, env: &mut Env<'_>) -> usize {
+        let mut used = 0;
+        if self.state == QpState::Connecting {
+            let Some(hs) = self.handshake.as_mut() else { return 0 };
+            let r = hs.handle_input(input, now);
+            self.pump_handshake(env);
+            match r {
+                Ok(n) => used = n,
+                Err(_) => return input.len(),
+            }
+            if self.state != QpState::Rts {
+                return used;
+            }
+        }
+        match self.state {
+            QpState::Rts | QpState::Closing => {
+                used += self.rx_input(&input[used..], env);
+                input.len().min(used)
+            }
+            // Nothing more is processed once the QP failed.
+            _ => input.len(),
+        }
+    }
+
+    /// The peer closed its side of the TCP connection.
+    pub(crate) fn handle_eof(&mut self, env: &mut Env<'_>) {
+        match self.state {
+            QpState::Error | QpState::Terminate => {}
+            QpState::Connecting => {
+                self.events.push_back(QpEvent::ConnectFailed(HandshakeError::ConnectionClosed));
+                self.enter_error(env);
+            }
+            _ => {
+                self.events.push_back(QpEvent::Disconnected);
+                self.enter_error(env);
+            }
+        }
+        self.wants_close = true;
+    }
+
+    /// Begin a graceful close: stop after the FPDU being sent, flush the
+    /// rest, and ask the owner to close the TCP connection.
+    pub(crate) fn disconnect(&mut self, env: &mut Env<'_>) {
+        match self.state {
+            QpState::Error | QpState::Terminate => {}
+            _ => {
+                self.events.push_back(QpEvent::Disconnected);
+                self.enter_error(env);
+            }
+        }
+        self.wants_close = true;
+    }
+
+    /// Write the next bytes for the TCP stream into `out`; returns how many.
+    pub(crate) fn poll_transmit(&mut self, out: &mut [u8], env: &mut Env<'_>) -> usize {
+        let mut n = 0;
+        if let Some(hs) = self.handshake.as_mut() {
+            n += hs.poll_transmit(out);
+            if n == out.len() {
+                return n;
+            }
+            let done = hs.is_done();
+            self.pump_handshake(env);
+            if !done && self.state == QpState::Connecting {
+                return n;
+            }
+        }
+        if matches!(self.state, QpState::Rts | QpState::Closing | QpState::Terminate | QpState::Error) {
+            n += self.tx_output(&mut out[n..], env);
+        }
+        n
+    }
+
+    /// The next deadline, if any.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            QpState::Connecting => self.handshake.as_ref().and_then(Handshake::poll_timeout),
+            _ => None,
+        }
+    }
+
+    /// Handle timers due at `now`.
+    pub(crate) fn handle_timeout(&mut self, now: Instant, env: &mut Env<'_>) {
+        if self.state == QpState::Connecting {
+            if let Some(hs) = self.handshake.as_mut() {
+                hs.handle_timeout(now);
+            }
+            self.pump_handshake(env);
+        }
+    }
+
+    /// The next event.
+    pub(crate) fn poll_event(&mut self) -> Option<QpEvent> {
+        self.events.pop_front()
+    }
+}
+
+fn sq_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send { .. } => WcOpcode::Send,
+        SendOp::Write { .. } => WcOpcode::RdmaWrite,
+        SendOp::Read { .. } => WcOpcode::RdmaRead,
+        SendOp::LocalInvalidate { .. } => WcOpcode::LocalInvalidate,
+    }
+}
