@@ -26,9 +26,9 @@ impl Crc32c {
         self.0
     }
 
-    /// The CRC as it is placed on the wire (RFC 5044 §4.4: the CRC
-    /// field carries the 32-bit result in network byte order, the same
-    /// bytes iSCSI sends).
+    /// The CRC as it is placed on the wire (RFC 5044 §4.4): the same four
+    /// bytes iSCSI sends, least significant byte first (checked against a
+    /// capture of the Linux siw driver in the framing tests).
     #[inline]
     pub fn to_wire(self) -> [u8; 4] {
         self.0.to_le_bytes()
