@@ -28,6 +28,7 @@ pub mod error;
 pub mod mem;
 pub mod mpa;
 pub mod qp;
+pub mod testing;
 pub mod time;
 pub mod verbs;
 pub mod wire;

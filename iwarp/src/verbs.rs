@@ -110,6 +110,7 @@ impl Context {
     /// See [`MemTable::register`]: the memory must stay valid until
     /// deregistered, and the application must not hold references to it
     /// while the peer may write it.
+    #[allow(unsafe_code)]
     pub unsafe fn reg_mr(&mut self, pd: PdId, addr: *mut u8, len: usize, access: Access) -> Result<MrInfo, VerbsError> {
         // SAFETY: forwarded from the caller.
         unsafe { self.mem.register(pd, addr, len, addr as u64, access) }.ok_or(VerbsError::NoResources)

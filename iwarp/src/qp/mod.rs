@@ -304,6 +304,8 @@ pub struct Qp {
     rx: rx::Rx,
     stats: QpStats,
     wants_close: bool,
+    /// The MPA frame may not be completely transmitted yet.
+    hs_tx_pending: bool,
 }
 
 impl Qp {
@@ -327,6 +329,7 @@ impl Qp {
             rx: rx::Rx::default(),
             stats: QpStats::default(),
             wants_close: false,
+            hs_tx_pending: false,
             config,
         }
     }
@@ -358,7 +361,7 @@ impl Qp {
     }
 
     fn handshake_tx_idle(&self) -> bool {
-        true
+        !self.hs_tx_pending
     }
 
     // ---- connection setup -------------------------------------------------
@@ -399,6 +402,9 @@ impl Qp {
         let hs = self.handshake.as_mut().ok_or(HandshakeError::NotExpected)?;
         hs.reject(private_data)?;
         self.pump_handshake(env);
+        self.enter_error(env);
+        self.wants_close = true;
+        self.hs_tx_pending = true;
         Ok(())
     }
 
@@ -642,10 +648,6 @@ impl Qp {
     pub(crate) fn handle_eof(&mut self, env: &mut Env<'_>) {
         match self.state {
             QpState::Error | QpState::Terminate => {}
-            QpState::Connecting => {
-                self.events.push_back(QpEvent::ConnectFailed(HandshakeError::ConnectionClosed));
-                self.enter_error(env);
-            }
             _ => {
                 self.events.push_back(QpEvent::Disconnected);
                 self.enter_error(env);
@@ -672,6 +674,7 @@ impl Qp {
         let mut n = 0;
         if let Some(hs) = self.handshake.as_mut() {
             n += hs.poll_transmit(out);
+            self.hs_tx_pending = n == out.len();
             if n == out.len() {
                 return n;
             }
