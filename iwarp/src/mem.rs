@@ -204,7 +204,10 @@ impl MemTable {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
-                let Some(i) = u32::try_from(self.slots.len()).ok().filter(|&i| i <= MAX_INDEX) else {
+                let Some(i) = u32::try_from(self.slots.len())
+                    .ok()
+                    .filter(|&i| i <= MAX_INDEX)
+                else {
                     return Err(region);
                 };
                 self.slots.push(None);
@@ -282,8 +285,7 @@ impl MemTable {
             valid: true,
             owned: Some(buf),
         };
-        self.insert(region)
-            .map_err(|r| r.owned.unwrap_or_default())
+        self.insert(region).map_err(|r| r.owned.unwrap_or_default())
     }
 
     fn slot(&self, stag: u32) -> Option<&Region> {
@@ -300,7 +302,9 @@ impl MemTable {
     pub fn deregister(&mut self, stag: u32) -> Result<Option<Box<[u8]>>, MemError> {
         self.slot(stag).ok_or(MemError::InvalidStag)?;
         let index = stag >> 8;
-        let region = self.slots[index as usize].take().ok_or(MemError::InvalidStag)?;
+        let region = self.slots[index as usize]
+            .take()
+            .ok_or(MemError::InvalidStag)?;
         self.free.push(index);
         Ok(region.owned)
     }
@@ -413,7 +417,9 @@ impl MemTable {
 
 impl fmt::Debug for MemTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemTable").field("regions", &self.len()).finish()
+        f.debug_struct("MemTable")
+            .field("regions", &self.len())
+            .finish()
     }
 }
 
@@ -425,34 +431,64 @@ mod tests {
 
     fn table_with(len: usize, access: Access) -> (MemTable, MrInfo) {
         let mut t = MemTable::new(7);
-        let mr = t.register_owned(PD, vec![0u8; len].into_boxed_slice(), access).unwrap();
+        let mr = t
+            .register_owned(PD, vec![0u8; len].into_boxed_slice(), access)
+            .unwrap();
         (t, mr)
     }
 
     #[test]
     fn check_order_and_errors() {
         let (t, mr) = table_with(100, Access::REMOTE_WRITE);
-        assert!(t.check(mr.rkey, PD, mr.iova, 100, Access::REMOTE_WRITE).is_ok());
-        assert_eq!(t.check(mr.rkey ^ 1, PD, mr.iova, 1, Access::REMOTE_WRITE), Err(MemError::InvalidStag));
-        assert_eq!(t.check(0, PD, 0, 0, Access::NONE), Err(MemError::InvalidStag));
-        assert_eq!(t.check(mr.rkey, PdId(2), mr.iova, 1, Access::REMOTE_WRITE), Err(MemError::NotAssociated));
-        assert_eq!(t.check(mr.rkey, PD, mr.iova, 1, Access::REMOTE_READ), Err(MemError::AccessRights));
-        assert_eq!(t.check(mr.rkey, PD, mr.iova + 1, 100, Access::REMOTE_WRITE), Err(MemError::BaseBounds));
-        assert_eq!(t.check(mr.rkey, PD, mr.iova - 1, 1, Access::REMOTE_WRITE), Err(MemError::BaseBounds));
-        assert_eq!(t.check(mr.rkey, PD, u64::MAX, 2, Access::REMOTE_WRITE), Err(MemError::ToWrap));
+        assert!(t
+            .check(mr.rkey, PD, mr.iova, 100, Access::REMOTE_WRITE)
+            .is_ok());
+        assert_eq!(
+            t.check(mr.rkey ^ 1, PD, mr.iova, 1, Access::REMOTE_WRITE),
+            Err(MemError::InvalidStag)
+        );
+        assert_eq!(
+            t.check(0, PD, 0, 0, Access::NONE),
+            Err(MemError::InvalidStag)
+        );
+        assert_eq!(
+            t.check(mr.rkey, PdId(2), mr.iova, 1, Access::REMOTE_WRITE),
+            Err(MemError::NotAssociated)
+        );
+        assert_eq!(
+            t.check(mr.rkey, PD, mr.iova, 1, Access::REMOTE_READ),
+            Err(MemError::AccessRights)
+        );
+        assert_eq!(
+            t.check(mr.rkey, PD, mr.iova + 1, 100, Access::REMOTE_WRITE),
+            Err(MemError::BaseBounds)
+        );
+        assert_eq!(
+            t.check(mr.rkey, PD, mr.iova - 1, 1, Access::REMOTE_WRITE),
+            Err(MemError::BaseBounds)
+        );
+        assert_eq!(
+            t.check(mr.rkey, PD, u64::MAX, 2, Access::REMOTE_WRITE),
+            Err(MemError::ToWrap)
+        );
     }
 
     #[test]
     fn write_read_and_invalidate() {
         let (mut t, mr) = table_with(16, Access::REMOTE_WRITE | Access::REMOTE_READ);
-        let span = t.check(mr.rkey, PD, mr.iova + 4, 4, Access::REMOTE_WRITE).unwrap();
+        let span = t
+            .check(mr.rkey, PD, mr.iova + 4, 4, Access::REMOTE_WRITE)
+            .unwrap();
         assert_eq!(t.write(span, b"abcdefg"), 4);
         assert_eq!(&t.owned_bytes(mr.lkey).unwrap()[..10], b"\0\0\0\0abcd\0\0");
         assert_eq!(t.read(span.advance(1)), b"bcd");
         assert_eq!(t.invalidate(mr.rkey, PdId(9)), Err(MemError::NotAssociated));
         t.invalidate(mr.rkey, PD).unwrap();
         assert!(!t.is_valid(mr.rkey));
-        assert_eq!(t.check(mr.rkey, PD, mr.iova, 1, Access::REMOTE_WRITE), Err(MemError::InvalidStag));
+        assert_eq!(
+            t.check(mr.rkey, PD, mr.iova, 1, Access::REMOTE_WRITE),
+            Err(MemError::InvalidStag)
+        );
         assert_eq!(t.invalidate(mr.rkey, PD), Err(MemError::InvalidStag));
     }
 
@@ -460,13 +496,20 @@ mod tests {
     fn reused_slot_gets_new_key() {
         let mut t = MemTable::new(3);
         for _ in 0..300 {
-            let a = t.register_owned(PD, vec![0u8; 4].into_boxed_slice(), Access::NONE).unwrap();
+            let a = t
+                .register_owned(PD, vec![0u8; 4].into_boxed_slice(), Access::NONE)
+                .unwrap();
             assert_ne!(a.lkey, 0);
             t.deregister(a.lkey).unwrap();
-            let b = t.register_owned(PD, vec![0u8; 4].into_boxed_slice(), Access::NONE).unwrap();
+            let b = t
+                .register_owned(PD, vec![0u8; 4].into_boxed_slice(), Access::NONE)
+                .unwrap();
             assert_eq!(a.lkey >> 8, b.lkey >> 8);
             assert_ne!(a.lkey, b.lkey);
-            assert_eq!(t.check(a.lkey, PD, a.iova, 0, Access::NONE), Err(MemError::InvalidStag));
+            assert_eq!(
+                t.check(a.lkey, PD, a.iova, 0, Access::NONE),
+                Err(MemError::InvalidStag)
+            );
             t.deregister(b.lkey).unwrap();
         }
     }
@@ -476,8 +519,11 @@ mod tests {
         let mut backing = [0u8; 8];
         let mut t = MemTable::new(1);
         // SAFETY: `backing` outlives the table in this test.
-        let mr = unsafe { t.register(PD, backing.as_mut_ptr(), 8, 0x1000, Access::LOCAL_WRITE) }.unwrap();
-        let span = t.check(mr.lkey, PD, 0x1006, 2, Access::LOCAL_WRITE).unwrap();
+        let mr = unsafe { t.register(PD, backing.as_mut_ptr(), 8, 0x1000, Access::LOCAL_WRITE) }
+            .unwrap();
+        let span = t
+            .check(mr.lkey, PD, 0x1006, 2, Access::LOCAL_WRITE)
+            .unwrap();
         assert_eq!(t.write(span, &[9, 9]), 2);
         assert!(t.owned_bytes(mr.lkey).is_none());
         drop(t);

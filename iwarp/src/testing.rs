@@ -173,15 +173,28 @@ impl Pair {
         let mut p = Self::new(config, chunking);
         p.start(a, &[], b);
         p.drive();
-        assert_eq!(p.a.state(), QpState::Rts, "initiator events: {:?}", p.a.events);
-        assert_eq!(p.b.state(), QpState::Rts, "responder events: {:?}", p.b.events);
+        assert_eq!(
+            p.a.state(),
+            QpState::Rts,
+            "initiator events: {:?}",
+            p.a.events
+        );
+        assert_eq!(
+            p.b.state(),
+            QpState::Rts,
+            "responder events: {:?}",
+            p.b.events
+        );
         p
     }
 
     /// Start the MPA exchange: `a` connects with `private_data`, `b` listens.
     pub fn start(&mut self, a: MpaConfig, private_data: &[u8], b: MpaConfig) {
         self.b.ctx.listen(self.b.qp, b, self.now).expect("listen");
-        self.a.ctx.connect(self.a.qp, a, private_data, self.now).expect("connect");
+        self.a
+            .ctx
+            .connect(self.a.qp, a, private_data, self.now)
+            .expect("connect");
     }
 
     /// The side named by `end`.

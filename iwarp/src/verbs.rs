@@ -100,8 +100,15 @@ impl Context {
     }
 
     /// Register a buffer owned by the context.
-    pub fn reg_mr_owned(&mut self, pd: PdId, buf: Box<[u8]>, access: Access) -> Result<MrInfo, VerbsError> {
-        self.mem.register_owned(pd, buf, access).map_err(|_| VerbsError::NoResources)
+    pub fn reg_mr_owned(
+        &mut self,
+        pd: PdId,
+        buf: Box<[u8]>,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        self.mem
+            .register_owned(pd, buf, access)
+            .map_err(|_| VerbsError::NoResources)
     }
 
     /// Register `len` bytes at `addr`; tagged offsets are the addresses.
@@ -111,14 +118,23 @@ impl Context {
     /// deregistered, and the application must not hold references to it
     /// while the peer may write it.
     #[allow(unsafe_code)]
-    pub unsafe fn reg_mr(&mut self, pd: PdId, addr: *mut u8, len: usize, access: Access) -> Result<MrInfo, VerbsError> {
+    pub unsafe fn reg_mr(
+        &mut self,
+        pd: PdId,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.mem.register(pd, addr, len, addr as u64, access) }.ok_or(VerbsError::NoResources)
+        unsafe { self.mem.register(pd, addr, len, addr as u64, access) }
+            .ok_or(VerbsError::NoResources)
     }
 
     /// Deregister a region; returns the buffer of an owned one.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<Option<Box<[u8]>>, VerbsError> {
-        self.mem.deregister(lkey).map_err(|_| VerbsError::InvalidHandle)
+        self.mem
+            .deregister(lkey)
+            .map_err(|_| VerbsError::InvalidHandle)
     }
 
     /// The memory table (read access: region bytes, validity).
@@ -149,12 +165,19 @@ impl Context {
     }
 
     /// Create a queue pair.
-    pub fn create_qp(&mut self, pd: PdId, send_cq: CqId, recv_cq: CqId, config: QpConfig) -> Result<QpId, VerbsError> {
+    pub fn create_qp(
+        &mut self,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        config: QpConfig,
+    ) -> Result<QpId, VerbsError> {
         if self.cqs.get_mut(send_cq).is_none() || self.cqs.get_mut(recv_cq).is_none() {
             return Err(VerbsError::InvalidHandle);
         }
         let id = QpId(self.qps.len() as u32);
-        self.qps.push(Some(Qp::new(id, pd, send_cq, recv_cq, config)));
+        self.qps
+            .push(Some(Qp::new(id, pd, send_cq, recv_cq, config)));
         Ok(id)
     }
 
@@ -172,7 +195,11 @@ impl Context {
         self.qps.get(qp.0 as usize)?.as_ref()
     }
 
-    fn with_qp<R>(&mut self, qp: QpId, f: impl FnOnce(&mut Qp, &mut crate::qp::Env<'_>) -> R) -> Result<R, VerbsError> {
+    fn with_qp<R>(
+        &mut self,
+        qp: QpId,
+        f: impl FnOnce(&mut Qp, &mut crate::qp::Env<'_>) -> R,
+    ) -> Result<R, VerbsError> {
         let q = self
             .qps
             .get_mut(qp.0 as usize)
@@ -199,33 +226,44 @@ impl Context {
 
     /// Wait for the peer's MPA request as responder (a TCP connection was
     /// accepted).
-    pub fn listen(&mut self, qp: QpId, config: handshake::Config, now: Instant) -> Result<(), VerbsError> {
-        self.with_qp(qp, |q, _| q.listen(config, now))?.map_err(VerbsError::from)
+    pub fn listen(
+        &mut self,
+        qp: QpId,
+        config: handshake::Config,
+        now: Instant,
+    ) -> Result<(), VerbsError> {
+        self.with_qp(qp, |q, _| q.listen(config, now))?
+            .map_err(VerbsError::from)
     }
 
     /// Accept the peer's connection request.
     pub fn accept(&mut self, qp: QpId, private_data: &[u8]) -> Result<(), VerbsError> {
-        self.with_qp(qp, |q, env| q.accept(private_data, env))?.map_err(VerbsError::from)
+        self.with_qp(qp, |q, env| q.accept(private_data, env))?
+            .map_err(VerbsError::from)
     }
 
     /// Reject the peer's connection request.
     pub fn reject(&mut self, qp: QpId, private_data: &[u8]) -> Result<(), VerbsError> {
-        self.with_qp(qp, |q, env| q.reject(private_data, env))?.map_err(VerbsError::from)
+        self.with_qp(qp, |q, env| q.reject(private_data, env))?
+            .map_err(VerbsError::from)
     }
 
     /// Post a send-queue work request.
     pub fn post_send(&mut self, qp: QpId, wr: &SendWr<'_>) -> Result<(), VerbsError> {
-        self.with_qp(qp, |q, env| q.post_send(wr, env))?.map_err(VerbsError::from)
+        self.with_qp(qp, |q, env| q.post_send(wr, env))?
+            .map_err(VerbsError::from)
     }
 
     /// Post a receive work request.
     pub fn post_recv(&mut self, qp: QpId, wr: &RecvWr<'_>) -> Result<(), VerbsError> {
-        self.with_qp(qp, |q, env| q.post_recv(wr, env))?.map_err(VerbsError::from)
+        self.with_qp(qp, |q, env| q.post_recv(wr, env))?
+            .map_err(VerbsError::from)
     }
 
     /// Feed bytes from the TCP stream; returns how many were consumed.
     pub fn handle_input(&mut self, qp: QpId, input: &[u8], now: Instant) -> usize {
-        self.with_qp(qp, |q, env| q.handle_input(input, now, env)).unwrap_or(input.len())
+        self.with_qp(qp, |q, env| q.handle_input(input, now, env))
+            .unwrap_or(input.len())
     }
 
     /// The TCP stream reached its end (the peer closed or reset it).
@@ -235,7 +273,8 @@ impl Context {
 
     /// Write bytes for the TCP stream into `out`; returns how many.
     pub fn poll_transmit(&mut self, qp: QpId, out: &mut [u8]) -> usize {
-        self.with_qp(qp, |q, env| q.poll_transmit(out, env)).unwrap_or(0)
+        self.with_qp(qp, |q, env| q.poll_transmit(out, env))
+            .unwrap_or(0)
     }
 
     /// The next connection or error event of `qp`.

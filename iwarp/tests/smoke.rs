@@ -6,13 +6,48 @@ use iwarp::testing::{Chunking, Pair};
 
 #[test]
 fn send_write_read() {
-    let mut p = Pair::connected(QpConfig::default(), Chunking::whole(1 << 16), Config::default(), Config::default());
+    let mut p = Pair::connected(
+        QpConfig::default(),
+        Chunking::whole(1 << 16),
+        Config::default(),
+        Config::default(),
+    );
     let msg: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
     let src = p.a.reg_with(&msg, Access::NONE);
-    let dst = p.b.reg(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
-    p.b.ctx.post_recv(p.b.qp, &RecvWr { wr_id: 7, sgl: &[Sge { addr: dst.iova, len: 8192, lkey: dst.lkey }] }).unwrap();
+    let dst = p.b.reg(
+        8192,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+    );
+    p.b.ctx
+        .post_recv(
+            p.b.qp,
+            &RecvWr {
+                wr_id: 7,
+                sgl: &[Sge {
+                    addr: dst.iova,
+                    len: 8192,
+                    lkey: dst.lkey,
+                }],
+            },
+        )
+        .unwrap();
     p.a.ctx
-        .post_send(p.a.qp, &SendWr { wr_id: 1, op: SendOp::Send { solicited: false, invalidate: None }, sgl: &[Sge { addr: src.iova, len: 5000, lkey: src.lkey }], signaled: true })
+        .post_send(
+            p.a.qp,
+            &SendWr {
+                wr_id: 1,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[Sge {
+                    addr: src.iova,
+                    len: 5000,
+                    lkey: src.lkey,
+                }],
+                signaled: true,
+            },
+        )
         .unwrap();
     p.drive();
     let wa = p.a.completions();
@@ -24,14 +59,52 @@ fn send_write_read() {
     assert_eq!(&p.b.bytes(&dst)[..5000], &msg[..]);
     // Write then read back.
     p.a.ctx
-        .post_send(p.a.qp, &SendWr { wr_id: 2, op: SendOp::Write { remote_addr: dst.iova + 100, rkey: dst.rkey }, sgl: &[Sge { addr: src.iova, len: 3000, lkey: src.lkey }], signaled: true })
+        .post_send(
+            p.a.qp,
+            &SendWr {
+                wr_id: 2,
+                op: SendOp::Write {
+                    remote_addr: dst.iova + 100,
+                    rkey: dst.rkey,
+                },
+                sgl: &[Sge {
+                    addr: src.iova,
+                    len: 3000,
+                    lkey: src.lkey,
+                }],
+                signaled: true,
+            },
+        )
         .unwrap();
     let sink = p.a.reg(3000, Access::LOCAL_WRITE);
     p.a.ctx
-        .post_send(p.a.qp, &SendWr { wr_id: 3, op: SendOp::Read { remote_addr: dst.iova + 100, rkey: dst.rkey }, sgl: &[Sge { addr: sink.iova, len: 3000, lkey: sink.lkey }], signaled: true })
+        .post_send(
+            p.a.qp,
+            &SendWr {
+                wr_id: 3,
+                op: SendOp::Read {
+                    remote_addr: dst.iova + 100,
+                    rkey: dst.rkey,
+                },
+                sgl: &[Sge {
+                    addr: sink.iova,
+                    len: 3000,
+                    lkey: sink.lkey,
+                }],
+                signaled: true,
+            },
+        )
         .unwrap();
     p.drive();
     let wa = p.a.completions();
-    assert_eq!(wa.iter().map(|w| (w.wr_id, w.opcode, w.status)).collect::<Vec<_>>(), vec![(2, WcOpcode::RdmaWrite, WcStatus::Success), (3, WcOpcode::RdmaRead, WcStatus::Success)]);
+    assert_eq!(
+        wa.iter()
+            .map(|w| (w.wr_id, w.opcode, w.status))
+            .collect::<Vec<_>>(),
+        vec![
+            (2, WcOpcode::RdmaWrite, WcStatus::Success),
+            (3, WcOpcode::RdmaRead, WcStatus::Success)
+        ]
+    );
     assert_eq!(p.a.bytes(&sink), &msg[..3000]);
 }

@@ -381,7 +381,11 @@ impl Qp {
         Ok(())
     }
 
-    pub(crate) fn listen(&mut self, config: handshake::Config, now: Instant) -> Result<(), HandshakeError> {
+    pub(crate) fn listen(
+        &mut self,
+        config: handshake::Config,
+        now: Instant,
+    ) -> Result<(), HandshakeError> {
         if self.state != QpState::Idle {
             return Err(HandshakeError::NotExpected);
         }
@@ -391,14 +395,22 @@ impl Qp {
         Ok(())
     }
 
-    pub(crate) fn accept(&mut self, private_data: &[u8], env: &mut Env<'_>) -> Result<(), HandshakeError> {
+    pub(crate) fn accept(
+        &mut self,
+        private_data: &[u8],
+        env: &mut Env<'_>,
+    ) -> Result<(), HandshakeError> {
         let hs = self.handshake.as_mut().ok_or(HandshakeError::NotExpected)?;
         hs.accept(private_data)?;
         self.pump_handshake(env);
         Ok(())
     }
 
-    pub(crate) fn reject(&mut self, private_data: &[u8], env: &mut Env<'_>) -> Result<(), HandshakeError> {
+    pub(crate) fn reject(
+        &mut self,
+        private_data: &[u8],
+        env: &mut Env<'_>,
+    ) -> Result<(), HandshakeError> {
         let hs = self.handshake.as_mut().ok_or(HandshakeError::NotExpected)?;
         hs.reject(private_data)?;
         self.pump_handshake(env);
@@ -412,13 +424,20 @@ impl Qp {
     fn pump_handshake(&mut self, env: &mut Env<'_>) {
         while let Some(ev) = self.handshake.as_mut().and_then(Handshake::poll_event) {
             match ev {
-                handshake::Event::ConnectRequest(req) => self.events.push_back(QpEvent::ConnectRequest(req)),
+                handshake::Event::ConnectRequest(req) => {
+                    self.events.push_back(QpEvent::ConnectRequest(req))
+                }
                 handshake::Event::Established {
                     negotiated,
                     private_data,
                 } => {
-                    self.tx.setup(&negotiated, self.config.emss, self.role == Role::Initiator);
-                    self.rx.setup(&negotiated, self.config.rx_max_ulpdu, self.role == Role::Responder);
+                    self.tx
+                        .setup(&negotiated, self.config.emss, self.role == Role::Initiator);
+                    self.rx.setup(
+                        &negotiated,
+                        self.config.rx_max_ulpdu,
+                        self.role == Role::Responder,
+                    );
                     self.negotiated = Some(negotiated.clone());
                     self.state = QpState::Rts;
                     self.events.push_back(QpEvent::Established {
@@ -442,7 +461,11 @@ impl Qp {
 
     // ---- work requests ---------------------------------------------------
 
-    pub(crate) fn post_send(&mut self, wr: &SendWr<'_>, env: &mut Env<'_>) -> Result<(), PostError> {
+    pub(crate) fn post_send(
+        &mut self,
+        wr: &SendWr<'_>,
+        env: &mut Env<'_>,
+    ) -> Result<(), PostError> {
         let (sgl, nsge, len) = copy_sgl(wr.sgl)?;
         if matches!(wr.op, SendOp::Read { .. }) && nsge != 1 {
             return Err(PostError::InvalidSgl);
@@ -480,7 +503,11 @@ impl Qp {
         }
     }
 
-    pub(crate) fn post_recv(&mut self, wr: &RecvWr<'_>, env: &mut Env<'_>) -> Result<(), PostError> {
+    pub(crate) fn post_recv(
+        &mut self,
+        wr: &RecvWr<'_>,
+        env: &mut Env<'_>,
+    ) -> Result<(), PostError> {
         let (sgl, nsge, len) = copy_sgl(wr.sgl)?;
         if self.rq.len() >= self.config.rq_depth {
             return Err(PostError::QueueFull);
@@ -623,7 +650,9 @@ impl Qp {
     pub(crate) fn handle_input(&mut self, input: &[u8], now: Instant, env: &mut Env<'_>) -> usize {
         let mut used = 0;
         if self.state == QpState::Connecting {
-            let Some(hs) = self.handshake.as_mut() else { return 0 };
+            let Some(hs) = self.handshake.as_mut() else {
+                return 0;
+            };
             let r = hs.handle_input(input, now);
             self.pump_handshake(env);
             match r {
@@ -684,7 +713,10 @@ impl Qp {
                 return n;
             }
         }
-        if matches!(self.state, QpState::Rts | QpState::Closing | QpState::Terminate | QpState::Error) {
+        if matches!(
+            self.state,
+            QpState::Rts | QpState::Closing | QpState::Terminate | QpState::Error
+        ) {
             n += self.tx_output(&mut out[n..], env);
         }
         n

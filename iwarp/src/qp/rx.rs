@@ -18,7 +18,9 @@ use crate::mem::{Access, MemError, Span};
 use crate::mpa::framing::{RxDeframer, RxItem};
 use crate::mpa::handshake::{Negotiated, RtrType};
 use crate::wire::ddp::{Buffer, HeaderRepr, DDP_VERSION, UNTAGGED_HEADER_LEN};
-use crate::wire::rdmap::{Opcode, ReadRequest, QN_READ_REQUEST, QN_SEND, QN_TERMINATE, RDMAP_VERSION};
+use crate::wire::rdmap::{
+    Opcode, ReadRequest, QN_READ_REQUEST, QN_SEND, QN_TERMINATE, RDMAP_VERSION,
+};
 use crate::wire::terminate::TerminateRepr;
 
 use super::tx::{rdmap_mem_code, IrqEntry, HBUF};
@@ -132,7 +134,9 @@ fn ddp_tagged_code(e: MemError) -> TermCode {
 fn status_for_remote(code: TermCode) -> WcStatus {
     use crate::error::etype;
     match (code.layer, code.etype) {
-        (Layer::Rdmap, etype::RDMAP_REMOTE_PROTECTION) | (Layer::Ddp, etype::DDP_TAGGED) => WcStatus::RemoteAccessError,
+        (Layer::Rdmap, etype::RDMAP_REMOTE_PROTECTION) | (Layer::Ddp, etype::DDP_TAGGED) => {
+            WcStatus::RemoteAccessError
+        }
         (Layer::Ddp, etype::DDP_UNTAGGED) => WcStatus::RemoteInvalidRequestError,
         _ => WcStatus::RemoteOperationError,
     }
@@ -144,7 +148,9 @@ impl Qp {
     pub(super) fn rx_input(&mut self, input: &[u8], env: &mut Env<'_>) -> usize {
         let mut off = 0;
         while off < input.len() && matches!(self.state, QpState::Rts | QpState::Closing) {
-            let Some(deframer) = self.rx.deframer.as_mut() else { break };
+            let Some(deframer) = self.rx.deframer.as_mut() else {
+                break;
+            };
             match deframer.next(&input[off..]) {
                 Err(e) => {
                     self.local_violation(Violation::plain(e.term_code()), env);
@@ -220,7 +226,11 @@ impl Qp {
 
     /// Scatter `d` into the head receive buffer at message offset `offset`.
     fn place_recv(&mut self, offset: u64, d: &[u8], env: &mut Env<'_>) -> Result<usize, Violation> {
-        let rq = self.rq.front().copied().ok_or(Violation::plain(codes::DDP_U_INVALID_MSN_NO_BUFFER))?;
+        let rq = self
+            .rq
+            .front()
+            .copied()
+            .ok_or(Violation::plain(codes::DDP_U_INVALID_MSN_NO_BUFFER))?;
         let mut pos = offset;
         for s in &rq.sgl[..usize::from(rq.nsge)] {
             let len = u64::from(s.len);
@@ -258,8 +268,12 @@ impl Qp {
             };
             rx.hdr = Some(hdr);
             let extra = match Opcode::from_raw(hdr.opcode) {
-                Some(Opcode::ReadRequest) if !matches!(hdr.buffer, Buffer::Tagged { .. }) => ReadRequest::LEN,
-                Some(Opcode::Terminate) if !matches!(hdr.buffer, Buffer::Tagged { .. }) => HBUF - UNTAGGED_HEADER_LEN,
+                Some(Opcode::ReadRequest) if !matches!(hdr.buffer, Buffer::Tagged { .. }) => {
+                    ReadRequest::LEN
+                }
+                Some(Opcode::Terminate) if !matches!(hdr.buffer, Buffer::Tagged { .. }) => {
+                    HBUF - UNTAGGED_HEADER_LEN
+                }
                 _ => 0,
             };
             if extra > 0 {
@@ -383,7 +397,9 @@ impl Qp {
                                 ..v(codes::DDP_U_MSG_TOO_LONG)
                             });
                         }
-                        Ok(Target::Recv { offset: u64::from(mo) })
+                        Ok(Target::Recv {
+                            offset: u64::from(mo),
+                        })
                     }
                     QN_READ_REQUEST => {
                         if mo != 0 {
@@ -396,19 +412,27 @@ impl Qp {
                             return Err(v(codes::DDP_U_MSG_TOO_LONG));
                         }
                         let start = hdr.header_len();
-                        let req = ReadRequest::parse(&self.rx.hbuf[start..start + ReadRequest::LEN])
-                            .map_err(|_| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
+                        let req =
+                            ReadRequest::parse(&self.rx.hbuf[start..start + ReadRequest::LEN])
+                                .map_err(|_| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
                         let rv = |code| Violation {
                             rdma_hdr: Some(req),
                             ..v(code)
                         };
-                        let outstanding = self.irq.len() + usize::from(self.tx.sending_read_response());
+                        let outstanding =
+                            self.irq.len() + usize::from(self.tx.sending_read_response());
                         if outstanding >= self.tx.ird() {
                             return Err(rv(codes::RDMAP_CATASTROPHIC_STREAM));
                         }
                         if req.size > 0 {
                             env.mem
-                                .check(req.src_stag, self.pd, req.src_to, req.size as usize, Access::REMOTE_READ)
+                                .check(
+                                    req.src_stag,
+                                    self.pd,
+                                    req.src_to,
+                                    req.size as usize,
+                                    Access::REMOTE_READ,
+                                )
                                 .map_err(|e| rv(rdmap_mem_code(e)))?;
                         }
                         Ok(Target::Nothing)
@@ -451,12 +475,16 @@ impl Qp {
         self.stats.rx_fpdus += 1;
         let Some(hdr) = self.rx.hdr else { return };
         let payload = (self.rx.ulpdu_len - self.rx.hlen) as u64;
-        let Some(op) = Opcode::from_raw(hdr.opcode) else { return };
+        let Some(op) = Opcode::from_raw(hdr.opcode) else {
+            return;
+        };
         let rtr = self.rx.rtr.take();
         match op {
             Opcode::Write => {}
             Opcode::ReadResponse => {
-                let Some(o) = self.orq.front_mut() else { return };
+                let Some(o) = self.orq.front_mut() else {
+                    return;
+                };
                 o.received += payload;
                 if hdr.last {
                     let o = *o;
@@ -467,13 +495,17 @@ impl Qp {
                     }
                 }
             }
-            Opcode::Send | Opcode::SendInvalidate | Opcode::SendSolicited | Opcode::SendSolicitedInvalidate => {
+            Opcode::Send
+            | Opcode::SendInvalidate
+            | Opcode::SendSolicited
+            | Opcode::SendSolicitedInvalidate => {
                 self.rx.send_received += payload;
                 if !hdr.last {
                     return;
                 }
                 let total = core::mem::take(&mut self.rx.send_received);
-                self.rx.expect_msn[QN_SEND as usize] = self.rx.expect_msn[QN_SEND as usize].wrapping_add(1);
+                self.rx.expect_msn[QN_SEND as usize] =
+                    self.rx.expect_msn[QN_SEND as usize].wrapping_add(1);
                 if rtr == Some(RtrType::Send) {
                     return;
                 }
@@ -514,7 +546,8 @@ impl Qp {
                 }
             }
             Opcode::Terminate => {
-                self.rx.expect_msn[QN_TERMINATE as usize] = self.rx.expect_msn[QN_TERMINATE as usize].wrapping_add(1);
+                self.rx.expect_msn[QN_TERMINATE as usize] =
+                    self.rx.expect_msn[QN_TERMINATE as usize].wrapping_add(1);
                 let start = hdr.header_len();
                 let code = TerminateRepr::parse(&self.rx.hbuf[start..self.rx.hlen])
                     .ok()

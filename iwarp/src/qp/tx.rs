@@ -14,7 +14,9 @@ use crate::mem::{Access, MemError, Span};
 use crate::mpa::framing::{self, TxFramer};
 use crate::mpa::handshake::{Negotiated, RtrType};
 use crate::wire::ddp::{Buffer, HeaderRepr, DDP_VERSION};
-use crate::wire::rdmap::{Opcode, ReadRequest, QN_READ_REQUEST, QN_SEND, QN_TERMINATE, RDMAP_VERSION};
+use crate::wire::rdmap::{
+    Opcode, ReadRequest, QN_READ_REQUEST, QN_SEND, QN_TERMINATE, RDMAP_VERSION,
+};
 use crate::wire::terminate::TerminateRepr;
 
 use super::rx::Violation;
@@ -53,7 +55,10 @@ enum Payload {
         off: u32,
     },
     /// The source of a Read Response.
-    Region { stag: u32, to: u64 },
+    Region {
+        stag: u32,
+        to: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -118,7 +123,8 @@ impl Tx {
 
     /// Whether a Read Response message is being sent (counts against IRD).
     pub(super) fn sending_read_response(&self) -> bool {
-        self.msg.is_some_and(|m| m.hdr.opcode == Opcode::ReadResponse as u8)
+        self.msg
+            .is_some_and(|m| m.hdr.opcode == Opcode::ReadResponse as u8)
     }
 
     /// Drop queued messages; the FPDU being written is still completed so
@@ -142,9 +148,16 @@ impl Tx {
             rdmap_header: v.rdma_hdr,
         };
         let mut body = [0u8; HBUF];
-        let body_len = repr.buffer_len().min(HBUF - crate::wire::ddp::UNTAGGED_HEADER_LEN);
+        let body_len = repr
+            .buffer_len()
+            .min(HBUF - crate::wire::ddp::UNTAGGED_HEADER_LEN);
         repr.emit(&mut body[..body_len]);
-        let hdr = untagged(Opcode::Terminate, QN_TERMINATE, self.next_msn(QN_TERMINATE), 0);
+        let hdr = untagged(
+            Opcode::Terminate,
+            QN_TERMINATE,
+            self.next_msn(QN_TERMINATE),
+            0,
+        );
         self.terminate = Some(Msg {
             hdr,
             body,
@@ -267,13 +280,17 @@ impl Qp {
             match self.tx.terminate.take() {
                 Some(t) => self.tx.msg = Some(t),
                 None => {
-                    if !matches!(self.state, QpState::Rts | QpState::Closing) || !self.tx_start_message(env) {
+                    if !matches!(self.state, QpState::Rts | QpState::Closing)
+                        || !self.tx_start_message(env)
+                    {
                         return false;
                     }
                 }
             }
         }
-        let Some(msg) = self.tx.msg.as_mut() else { return false };
+        let Some(msg) = self.tx.msg.as_mut() else {
+            return false;
+        };
         let hdr_len = msg.hdr.header_len() + msg.body_len;
         let room = self.tx.mulpdu.saturating_sub(hdr_len).max(1);
         let left = msg.total - msg.sent;
@@ -286,7 +303,9 @@ impl Qp {
                 stag,
                 to: to.wrapping_add(msg.sent),
             },
-            Buffer::Untagged { inv_stag, qn, msn, .. } => Buffer::Untagged {
+            Buffer::Untagged {
+                inv_stag, qn, msn, ..
+            } => Buffer::Untagged {
                 inv_stag,
                 qn,
                 msn,
@@ -336,8 +355,12 @@ impl Qp {
                         received: 0,
                     });
                     let msn = self.tx.next_msn(QN_READ_REQUEST);
-                    Msg::new(untagged(Opcode::ReadRequest, QN_READ_REQUEST, msn, 0), 0, Payload::None)
-                        .with_read_request(&req)
+                    Msg::new(
+                        untagged(Opcode::ReadRequest, QN_READ_REQUEST, msn, 0),
+                        0,
+                        Payload::None,
+                    )
+                    .with_read_request(&req)
                 }
             };
             self.tx.msg = Some(msg);
@@ -355,7 +378,13 @@ impl Qp {
             );
             if r.size > 0 {
                 // The region may have been invalidated since the request.
-                if let Err(e) = env.mem.check(r.src_stag, self.pd, r.src_to, r.size as usize, Access::REMOTE_READ) {
+                if let Err(e) = env.mem.check(
+                    r.src_stag,
+                    self.pd,
+                    r.src_to,
+                    r.size as usize,
+                    Access::REMOTE_READ,
+                ) {
                     self.local_violation(
                         Violation {
                             code: rdmap_mem_code(e),
@@ -373,7 +402,9 @@ impl Qp {
             return true;
         }
         loop {
-            let Some(e) = self.sq.front().copied() else { return false };
+            let Some(e) = self.sq.front().copied() else {
+                return false;
+            };
             if let SendOp::Read { .. } = e.op {
                 if self.orq.len() >= self.tx.ord {
                     return false; // wait for a Read Response
@@ -395,10 +426,11 @@ impl Qp {
                 SendOp::Read { .. } => Access::LOCAL_WRITE,
                 _ => Access::NONE,
             };
-            let bad = e
-                .sges()
-                .iter()
-                .any(|s| env.mem.check(s.lkey, self.pd, s.addr, s.len as usize, need).is_err());
+            let bad = e.sges().iter().any(|s| {
+                env.mem
+                    .check(s.lkey, self.pd, s.addr, s.len as usize, need)
+                    .is_err()
+            });
             if bad && !matches!(e.op, SendOp::LocalInvalidate { .. }) {
                 self.set_inflight_status(seq, WcStatus::LocalProtectionError);
                 self.local_violation(Violation::plain(codes::RDMAP_LOCAL_CATASTROPHIC), env);
@@ -422,9 +454,15 @@ impl Qp {
                         (true, true) => Opcode::SendSolicitedInvalidate,
                     };
                     let msn = self.tx.next_msn(QN_SEND);
-                    Msg::new(untagged(op, QN_SEND, msn, invalidate.unwrap_or(0)), e.len, sgl)
+                    Msg::new(
+                        untagged(op, QN_SEND, msn, invalidate.unwrap_or(0)),
+                        e.len,
+                        sgl,
+                    )
                 }
-                SendOp::Write { remote_addr, rkey } => Msg::new(tagged(Opcode::Write, rkey, remote_addr), e.len, sgl),
+                SendOp::Write { remote_addr, rkey } => {
+                    Msg::new(tagged(Opcode::Write, rkey, remote_addr), e.len, sgl)
+                }
                 SendOp::Read { remote_addr, rkey } => {
                     let sink = e.sgl[0];
                     let req = ReadRequest {
@@ -442,8 +480,12 @@ impl Qp {
                         received: 0,
                     });
                     let msn = self.tx.next_msn(QN_READ_REQUEST);
-                    Msg::new(untagged(Opcode::ReadRequest, QN_READ_REQUEST, msn, 0), 0, Payload::None)
-                        .with_read_request(&req)
+                    Msg::new(
+                        untagged(Opcode::ReadRequest, QN_READ_REQUEST, msn, 0),
+                        0,
+                        Payload::None,
+                    )
+                    .with_read_request(&req)
                 }
                 SendOp::LocalInvalidate { stag } => {
                     let status = match env.mem.invalidate(stag, self.pd) {
@@ -477,8 +519,11 @@ impl Qp {
 
     /// Write bytes of the current FPDU. Returns (written, FPDU complete).
     fn tx_fpdu_bytes(&mut self, out: &mut [u8], env: &mut Env<'_>) -> (usize, bool) {
-        let (Some(f), Some(framer), Some(msg)) = (self.tx.fpdu.as_mut(), self.tx.framer.as_mut(), self.tx.msg.as_mut())
-        else {
+        let (Some(f), Some(framer), Some(msg)) = (
+            self.tx.fpdu.as_mut(),
+            self.tx.framer.as_mut(),
+            self.tx.msg.as_mut(),
+        ) else {
             return (0, false);
         };
         let mut n = 0;
@@ -533,7 +578,9 @@ impl Qp {
         if !f.last {
             return;
         }
-        let Some(msg) = self.tx.msg.take() else { return };
+        let Some(msg) = self.tx.msg.take() else {
+            return;
+        };
         if msg.terminate {
             self.tx.terminate_sent = true;
             self.state = QpState::Error;
@@ -549,14 +596,25 @@ impl Qp {
 }
 
 /// The next contiguous source span of a message's payload, at most `max` bytes.
-fn next_span(p: &Payload, sent: u64, max: usize, pd: crate::mem::PdId, env: &Env<'_>) -> Option<Span> {
+fn next_span(
+    p: &Payload,
+    sent: u64,
+    max: usize,
+    pd: crate::mem::PdId,
+    env: &Env<'_>,
+) -> Option<Span> {
     match *p {
         Payload::None => None,
         Payload::Region { stag, to } => {
             let to = to.checked_add(sent)?;
             env.mem.check(stag, pd, to, max, Access::REMOTE_READ).ok()
         }
-        Payload::Sgl { sges, nsge, idx, off } => {
+        Payload::Sgl {
+            sges,
+            nsge,
+            idx,
+            off,
+        } => {
             let s = sges[..usize::from(nsge)].get(usize::from(idx))?;
             let len = ((s.len - off) as usize).min(max);
             env.mem
@@ -568,9 +626,17 @@ fn next_span(p: &Payload, sent: u64, max: usize, pd: crate::mem::PdId, env: &Env
 
 /// Move a gather-list cursor forward by `n` bytes.
 fn advance(p: &mut Payload, mut n: usize) {
-    if let Payload::Sgl { sges, nsge, idx, off } = p {
+    if let Payload::Sgl {
+        sges,
+        nsge,
+        idx,
+        off,
+    } = p
+    {
         while n > 0 {
-            let Some(s) = sges[..usize::from(*nsge)].get(usize::from(*idx)) else { return };
+            let Some(s) = sges[..usize::from(*nsge)].get(usize::from(*idx)) else {
+                return;
+            };
             let left = (s.len - *off) as usize;
             if n < left {
                 *off += n as u32;
