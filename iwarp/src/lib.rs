@@ -25,5 +25,7 @@
 pub mod crc;
 pub mod error;
 pub mod mpa;
+pub mod pcap;
 pub mod time;
+pub mod tshark;
 pub mod wire;
