@@ -92,6 +92,9 @@ pub fn analyze(pcap: &Path) -> io::Result<Report> {
 fn run(pcap: &Path, disable_heuristic: bool) -> io::Result<Output> {
     let mut cmd = Command::new("tshark");
     cmd.arg("-r").arg(pcap).arg("-n");
+    // A segment that starts with an MPA marker (`00 00 00 00`) would be
+    // claimed by the ip.access dissector before MPA sees it.
+    cmd.args(["--disable-protocol", "gsm_ipa"]);
     if disable_heuristic {
         cmd.args(["--disable-heuristic", DISABLE_HEURISTIC]);
     }
