@@ -108,3 +108,43 @@ fn send_write_read() {
     );
     assert_eq!(p.a.bytes(&sink), &msg[..3000]);
 }
+
+/// Found by the rx_path fuzzer: when the initiator's very first bytes
+/// after the MPA exchange break the framing (here a bad first marker), the
+/// responder must still send its Terminate and reach Error.
+#[test]
+fn responder_terminates_on_broken_first_fpdu() {
+    use iwarp::error::codes;
+    use iwarp::qp::{QpEvent, QpState};
+    use iwarp::testing::End;
+    let b = Config {
+        markers: true,
+        ..Config::default()
+    };
+    let mut p = Pair::connected(
+        QpConfig::default(),
+        Chunking::whole(1 << 16),
+        Config::default(),
+        b,
+    );
+    // A marker must open the stream with FPDUPTR 0; this one points elsewhere.
+    p.inject(
+        End::B,
+        &[0, 0, 0x41, 0x43, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    );
+    p.drive();
+    assert!(
+        p.b.events
+            .contains(&QpEvent::LocalTerminate(codes::MPA_MARKER)),
+        "{:?}",
+        p.b.events
+    );
+    assert_eq!(p.b.state(), QpState::Error);
+    assert!(
+        p.a.events
+            .contains(&QpEvent::RemoteTerminate(codes::MPA_MARKER)),
+        "{:?}",
+        p.a.events
+    );
+    assert_eq!(p.a.state(), QpState::Error);
+}

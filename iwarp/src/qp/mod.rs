@@ -636,8 +636,14 @@ impl Qp {
                 self.complete(self.recv_cq, wc, env);
             }
         }
-        self.tx.queue_terminate(&v);
-        self.state = QpState::Terminate;
+        // The initiator has sent something, even if it was not a valid
+        // FPDU: the responder may answer it with the Terminate.
+        self.rx.peer_spoke();
+        self.state = if self.tx.queue_terminate(&v) {
+            QpState::Terminate
+        } else {
+            QpState::Error
+        };
         self.enter_error(env);
         self.wants_close = true;
     }

@@ -136,9 +136,11 @@ impl Tx {
         }
     }
 
-    pub(super) fn queue_terminate(&mut self, v: &Violation) {
-        if self.terminate.is_some() || self.framer.is_none() {
-            return;
+    /// Queue a Terminate message for `v`. Returns false when none can be
+    /// sent (not in RDMA mode yet, or one was queued already).
+    pub(super) fn queue_terminate(&mut self, v: &Violation) -> bool {
+        if self.terminate.is_some() || self.terminate_sent || self.framer.is_none() {
+            return false;
         }
         let repr = TerminateRepr {
             code: Some(v.code),
@@ -169,6 +171,7 @@ impl Tx {
             completes_on_send: false,
             terminate: true,
         });
+        true
     }
 
     fn next_msn(&mut self, qn: u32) -> u32 {
