@@ -174,6 +174,12 @@ impl Fx {
         self.inject_raw(&bytes);
     }
 
+    /// Frame one ULPDU, inject into B, drive.
+    fn inject_one(&mut self, ulpdu: &[u8]) {
+        let bytes = self.crafter.fpdu(ulpdu);
+        self.inject_raw(&bytes);
+    }
+
     fn bytes(&self, mr: &MrInfo) -> Vec<u8> {
         self.p.b.bytes(mr).to_vec()
     }
@@ -281,7 +287,7 @@ fn write_violation(code: TermCode, stag: impl FnOnce(&mut Fx) -> (u32, u64)) {
     let mut fx = Fx::new(Opts::default());
     let (stag, to) = stag(&mut fx);
     let (h, u) = write_ulpdu(stag, to, 32);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(code, Some((h, u.len())), None, &[]);
     fx.assert_memory_untouched();
 }
@@ -321,7 +327,7 @@ fn write_no_remote_write_access() {
         Access::LOCAL_WRITE | Access::REMOTE_READ,
     );
     let (h, u) = write_ulpdu(ro.rkey, ro.iova, 32);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(codes::RDMAP_ACCESS_RIGHTS, Some((h, u.len())), None, &[]);
     fx.assert_memory_untouched();
     assert_eq!(fx.bytes(&ro), vec![TARGET_FILL; 64]);
@@ -341,7 +347,7 @@ fn write_region_of_other_pd() {
             )
             .unwrap();
     let (h, u) = write_ulpdu(other.rkey, other.iova, 32);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(codes::DDP_T_STAG_NOT_ASSOC, Some((h, u.len())), None, &[]);
     fx.assert_memory_untouched();
     assert_eq!(fx.bytes(&other), vec![TARGET_FILL; 64]);
@@ -375,7 +381,7 @@ fn read_response_without_read() {
     let mut fx = Fx::new(Opts::default());
     let h = tagged(Opcode::ReadResponse as u8, fx.target.rkey, fx.target.iova);
     let u = ulpdu(&h, &[0x11; 32]);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(
         codes::RDMAP_UNEXPECTED_OPCODE,
         Some((h, u.len())),
@@ -391,7 +397,7 @@ fn read_violation(code: TermCode, src: impl FnOnce(&mut Fx) -> (u32, u64)) {
     let mut fx = Fx::new(Opts::default());
     let (stag, to) = src(&mut fx);
     let (h, r, u) = rr(1, stag, to);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(code, Some((h, u.len())), Some(r), &[]);
     fx.assert_memory_untouched();
 }
@@ -471,7 +477,7 @@ fn untagged_violation(
 ) {
     let mut fx = Fx::new(o);
     let u = ulpdu(&h, payload);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(code, Some((h, u.len())), None, st);
     fx.assert_memory_untouched();
 }
@@ -563,7 +569,7 @@ fn ddp_version_tagged() {
     let (mut h, _) = write_ulpdu(fx.target.rkey, fx.target.iova, 0);
     h.ddp_version = 2;
     let u = ulpdu(&h, &[0x11; 32]);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(codes::DDP_T_INVALID_VERSION, Some((h, u.len())), None, &[]);
     fx.assert_memory_untouched();
 }
@@ -614,7 +620,7 @@ fn opcode_tagged_bit_mismatch() {
     let mut fx = Fx::new(Opts::default());
     let h = tagged(Opcode::Send as u8, fx.target.rkey, fx.target.iova);
     let u = ulpdu(&h, &[0x11; 32]);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(
         codes::RDMAP_UNEXPECTED_OPCODE,
         Some((h, u.len())),
@@ -641,7 +647,7 @@ fn send_invalidate_unknown_stag() {
     let mut fx = Fx::new(Opts::default());
     let h = send_inv(1, 0x00ff_ff00);
     let u = ulpdu(&h, &[1; 8]);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(
         codes::RDMAP_CANNOT_INVALIDATE_PROT,
         Some((h, u.len())),
@@ -665,7 +671,7 @@ fn send_invalidate_foreign_pd() {
             .unwrap();
     let h = send_inv(1, other.rkey);
     let u = ulpdu(&h, &[1; 8]);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(
         codes::RDMAP_CANNOT_INVALIDATE_PROT,
         Some((h, u.len())),
@@ -727,7 +733,7 @@ fn reserved_bits_strict() {
     let (mut h, _) = write_ulpdu(fx.target.rkey, fx.target.iova, 0);
     h.rdmap_reserved = 0x1;
     let u = ulpdu(&h, &[0x11; 32]);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     fx.assert_terminated(codes::RDMAP_UNSPECIFIED_OP, Some((h, u.len())), None, &[]);
     fx.assert_memory_untouched();
 }
@@ -748,7 +754,7 @@ fn truncated_read_request_header() {
     let mut fx = Fx::new(Opts::default());
     let (h, _, u) = rr(1, fx.target.rkey, fx.target.iova);
     let short = u[..30].to_vec();
-    fx.inject(&[short.clone()]);
+    fx.inject_one(&short);
     fx.assert_terminated(
         codes::RDMAP_CATASTROPHIC_STREAM,
         Some((h, short.len())),
@@ -882,7 +888,7 @@ fn mpa_no_matching_rtr() {
     let mut fx = Fx::with_pair(p, 2, true);
     let h = send(1, 0);
     let u = ulpdu(&h, &[]);
-    fx.inject(&[u.clone()]);
+    fx.inject_one(&u);
     let neg =
         fx.p.a
             .ctx
