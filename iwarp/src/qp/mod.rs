@@ -636,9 +636,6 @@ impl Qp {
                 self.complete(self.recv_cq, wc, env);
             }
         }
-        // The initiator has sent something, even if it was not a valid
-        // FPDU: the responder may answer it with the Terminate.
-        self.rx.peer_spoke();
         self.state = if self.tx.queue_terminate(&v) {
             QpState::Terminate
         } else {

@@ -116,12 +116,6 @@ impl Rx {
     pub(super) fn first_fpdu_seen(&self) -> bool {
         self.first_fpdu_seen
     }
-
-    /// The peer sent stream bytes after the MPA exchange (perhaps not a
-    /// valid FPDU): from now on a responder may send.
-    pub(super) fn peer_spoke(&mut self) {
-        self.first_fpdu_seen = true;
-    }
 }
 
 /// The DDP tagged-buffer error code for a memory check failure on a
