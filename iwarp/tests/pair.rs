@@ -8,8 +8,12 @@ use common_ops::*;
 use iwarp::cq::{WcOpcode, WcStatus};
 use iwarp::mem::{Access, MrInfo};
 use iwarp::mpa::framing::mulpdu;
+use iwarp::mpa::handshake::{
+    Config, HandshakeError, RtrSet, RtrType, MAX_ULP_PRIVATE_DATA_ENHANCED,
+};
 use iwarp::qp::{QpConfig, QpEvent, QpState, SendOp, MAX_SGE};
 use iwarp::testing::{Chunking, End, Pair};
+use iwarp::verbs::VerbsError;
 use iwarp::wire::ddp::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 
 const EMSS: usize = 1460;
@@ -357,4 +361,558 @@ matrix! {
     matrix_crc_on_markers_ab_on_ba_off_rev2: crc true, ab true, ba false, rev 2;
     matrix_crc_on_markers_ab_on_ba_on_rev1: crc true, ab true, ba true, rev 1;
     matrix_crc_on_markers_ab_on_ba_on_rev2: crc true, ab true, ba true, rev 2;
+}
+
+// ---- RTR in peer-to-peer mode ----------------------------------------------
+
+fn rtr_p2p(t: RtrType) {
+    let a = Config {
+        revision: 2,
+        p2p: true,
+        rtr: RtrSet::only(t),
+        ..Config::default()
+    };
+    let b = Config {
+        revision: 2,
+        ..Config::default()
+    };
+    let mut p = Pair::new(QpConfig::default(), Chunking::whole(1 << 16));
+    // Receives posted before the connection: the RTR must not take one.
+    let ra = p.a.reg(4096, Access::LOCAL_WRITE);
+    post_recv(&mut p.a, 1, &[sge(&ra, 0, 4096)]);
+    let rb = p.b.reg(4096, Access::LOCAL_WRITE);
+    post_recv(&mut p.b, 2, &[sge(&rb, 0, 4096)]);
+    p.start(a, &[], b);
+    p.drive();
+    assert_eq!(p.a.state(), QpState::Rts, "{:?}", p.a.events);
+    assert_eq!(p.b.state(), QpState::Rts, "{:?}", p.b.events);
+    for s in [&p.a, &p.b] {
+        let (n, _) = established(s);
+        assert!(n.p2p, "{n:?}");
+        assert_eq!(n.rtr, Some(t), "{n:?}");
+        assert_eq!(n.revision, 2);
+    }
+    // The RTR crossed (and, for a Read, its zero-length response) ...
+    let sa = p.a.ctx.qp_stats(p.a.qp).unwrap();
+    let sb = p.b.ctx.qp_stats(p.b.qp).unwrap();
+    assert_eq!((sa.tx_fpdus, sb.rx_fpdus), (1, 1), "{sa:?} {sb:?}");
+    let resp = u64::from(t == RtrType::Read);
+    assert_eq!((sb.tx_fpdus, sa.rx_fpdus), (resp, resp), "{sa:?} {sb:?}");
+    // ... but the application saw nothing.
+    assert!(p.a.completions().is_empty());
+    assert!(p.b.completions().is_empty());
+    for s in [&p.a, &p.b] {
+        assert!(
+            s.events
+                .iter()
+                .all(|e| matches!(e, QpEvent::Established { .. } | QpEvent::ConnectRequest(_))),
+            "{:?}",
+            s.events
+        );
+    }
+    // The pre-posted receives take the first real Sends.
+    let msg = pattern(1000, 7);
+    let src = p.a.reg_with(&msg, Access::NONE);
+    post_send(&mut p.a, 3, SEND, &[sge(&src, 0, 1000)], true);
+    let src = p.b.reg_with(&msg[..500], Access::NONE);
+    post_send(&mut p.b, 4, SEND, &[sge(&src, 0, 500)], true);
+    p.drive();
+    let wa = keys(&p.a.completions());
+    let wb = keys(&p.b.completions());
+    assert!(
+        wa.contains(&(3, WcStatus::Success, WcOpcode::Send, 1000)),
+        "{wa:?}"
+    );
+    assert!(
+        wa.contains(&(1, WcStatus::Success, WcOpcode::Recv, 500)),
+        "{wa:?}"
+    );
+    assert!(
+        wb.contains(&(4, WcStatus::Success, WcOpcode::Send, 500)),
+        "{wb:?}"
+    );
+    assert!(
+        wb.contains(&(2, WcStatus::Success, WcOpcode::Recv, 1000)),
+        "{wb:?}"
+    );
+    assert_eq!((wa.len(), wb.len()), (2, 2));
+    assert_eq!(&p.b.bytes(&rb)[..1000], &msg[..]);
+    assert_eq!(&p.a.bytes(&ra)[..500], &msg[..500]);
+    // Everything else works both ways.
+    for from in [End::A, End::B] {
+        send_one(&mut p, from, SEND, &pattern(5000, 8), 10);
+        write_one(&mut p, from, &pattern(7000, 9), 11);
+        read_one(&mut p, from, &pattern(9000, 10), 12);
+    }
+}
+
+#[test]
+fn rtr_p2p_send() {
+    rtr_p2p(RtrType::Send);
+}
+
+#[test]
+fn rtr_p2p_write() {
+    rtr_p2p(RtrType::Write);
+}
+
+#[test]
+fn rtr_p2p_read() {
+    rtr_p2p(RtrType::Read);
+}
+
+/// Bytes `end` sent, per transcript chunk prefix.
+fn sent_by(p: &Pair, end: End) -> usize {
+    p.transcript()
+        .iter()
+        .filter(|(e, _)| *e == end)
+        .map(|(_, b)| b.len())
+        .sum()
+}
+
+#[test]
+fn responder_sends_nothing_before_initiators_first_fpdu() {
+    const FRAME: usize = 20 + 4; // MPA header plus the RFC 6581 words
+    for chunking in [Chunking::whole(1 << 16), Chunking::random(7, 5)] {
+        let mut p = Pair::new(QpConfig::default(), chunking);
+        // B's Send is posted before the connection exists.
+        let msg = pattern(3000, 1);
+        let src = p.b.reg_with(&msg, Access::NONE);
+        post_send(&mut p.b, 1, SEND, &[sge(&src, 0, 3000)], true);
+        let dst_a = p.a.reg(3000, Access::LOCAL_WRITE);
+        post_recv(&mut p.a, 2, &[sge(&dst_a, 0, 3000)]);
+        let dst_b = p.b.reg(100, Access::LOCAL_WRITE);
+        post_recv(&mut p.b, 3, &[sge(&dst_b, 0, 100)]);
+        p.start(mpa(2, false, false), &[], mpa(2, false, false));
+        p.drive();
+        assert_eq!(p.a.state(), QpState::Rts);
+        assert_eq!(p.b.state(), QpState::Rts);
+        // Only the MPA frames crossed.
+        assert_eq!(sent_by(&p, End::A), FRAME);
+        assert_eq!(sent_by(&p, End::B), FRAME);
+        assert!(p.a.completions().is_empty() && p.b.completions().is_empty());
+        // A's first FPDU (a 100-byte Send) releases B.
+        let data = pattern(100, 2);
+        let src_a = p.a.reg_with(&data, Access::NONE);
+        post_send(&mut p.a, 4, SEND, &[sge(&src_a, 0, 100)], true);
+        p.drive();
+        let first_fpdu = 2 + UNTAGGED_HEADER_LEN + 100 + 4; // no pad needed
+        let (mut a_sent, mut b_sent) = (0, 0);
+        for (e, bytes) in p.transcript() {
+            match e {
+                End::A => a_sent += bytes.len(),
+                End::B => {
+                    if b_sent >= FRAME {
+                        assert!(
+                            a_sent >= FRAME + first_fpdu,
+                            "B sent an FPDU before A's first one was complete: a_sent {a_sent} b_sent {b_sent} {chunking:?}"
+                        );
+                    }
+                    b_sent += bytes.len();
+                }
+            }
+        }
+        assert!(b_sent > FRAME);
+        let wa = keys(&p.a.completions());
+        assert!(
+            wa.contains(&(2, WcStatus::Success, WcOpcode::Recv, 3000)),
+            "{wa:?}"
+        );
+        assert!(
+            wa.contains(&(4, WcStatus::Success, WcOpcode::Send, 100)),
+            "{wa:?}"
+        );
+        let wb = keys(&p.b.completions());
+        assert!(
+            wb.contains(&(1, WcStatus::Success, WcOpcode::Send, 3000)),
+            "{wb:?}"
+        );
+        assert!(
+            wb.contains(&(3, WcStatus::Success, WcOpcode::Recv, 100)),
+            "{wb:?}"
+        );
+        assert_eq!(p.a.bytes(&dst_a), &msg[..]);
+        assert_eq!(p.b.bytes(&dst_b), &data[..]);
+    }
+}
+
+// ---- private data ------------------------------------------------------------
+
+fn private_data_roundtrip(rev: u8, n: usize) {
+    let req = pattern(n, 100 + n as u64);
+    let acc = pattern(n, 200 + n as u64);
+    let mut p = Pair::new(QpConfig::default(), Chunking::random(97, n as u64));
+    p.accept_data = acc.clone();
+    p.start(mpa(rev, true, false), &req, mpa(rev, false, true));
+    p.drive();
+    assert_eq!(
+        p.a.state(),
+        QpState::Rts,
+        "rev {rev} n {n}: {:?}",
+        p.a.events
+    );
+    assert_eq!(
+        p.b.state(),
+        QpState::Rts,
+        "rev {rev} n {n}: {:?}",
+        p.b.events
+    );
+    let cr =
+        p.b.events
+            .iter()
+            .find_map(|e| match e {
+                QpEvent::ConnectRequest(r) => Some(r.clone()),
+                _ => None,
+            })
+            .expect("ConnectRequest");
+    assert_eq!(cr.private_data, req, "rev {rev} n {n}");
+    assert_eq!(cr.revision, rev);
+    assert_eq!(cr.ird_ord.is_some(), rev == 2);
+    assert_eq!(established(&p.a).1, acc, "rev {rev} n {n}");
+    assert_eq!(established(&p.b).1, req, "rev {rev} n {n}");
+    // The stream right after the frames is framed correctly.
+    send_one(&mut p, End::A, SEND, &pattern(3000, 1), 1);
+    send_one(&mut p, End::B, SEND, &pattern(3000, 2), 2);
+}
+
+#[test]
+fn private_data_rev1_0_1_256_512() {
+    for n in [0, 1, 256, 512] {
+        private_data_roundtrip(1, n);
+    }
+}
+
+#[test]
+fn private_data_rev2_0_1_256_508() {
+    assert_eq!(MAX_ULP_PRIVATE_DATA_ENHANCED, 508);
+    for n in [0, 1, 256, 508] {
+        private_data_roundtrip(2, n);
+    }
+}
+
+#[test]
+fn private_data_too_long_is_refused() {
+    let too_long = Err(VerbsError::Connect(HandshakeError::PrivateDataTooLong));
+    for (rev, max) in [(1u8, 512usize), (2, 508)] {
+        // In the request.
+        let mut p = Pair::new(QpConfig::default(), Chunking::default());
+        let r =
+            p.a.ctx
+                .connect(p.a.qp, mpa(rev, false, false), &vec![1; max + 1], p.now);
+        assert_eq!(r, too_long, "rev {rev}");
+        assert_eq!(p.a.state(), QpState::Idle);
+        // In the accept and in the reject; then the largest allowed works.
+        let mut p = Pair::new(QpConfig::default(), Chunking::default());
+        p.auto_accept = false;
+        p.start(mpa(rev, false, false), &[], mpa(rev, false, false));
+        p.drive();
+        assert!(matches!(p.b.events[..], [QpEvent::ConnectRequest(_)]));
+        assert_eq!(p.b.ctx.accept(p.b.qp, &vec![2; max + 1]), too_long);
+        assert_eq!(p.b.ctx.reject(p.b.qp, &vec![2; max + 1]), too_long);
+        let acc = pattern(max, 5);
+        p.b.ctx.accept(p.b.qp, &acc).expect("accept");
+        p.drive();
+        assert_eq!(p.a.state(), QpState::Rts, "{:?}", p.a.events);
+        assert_eq!(p.b.state(), QpState::Rts, "{:?}", p.b.events);
+        assert_eq!(established(&p.a).1, acc);
+        send_one(&mut p, End::A, SEND, &pattern(10, 1), 1);
+    }
+}
+
+#[test]
+fn reject_with_private_data() {
+    for rev in [1, 2] {
+        let mut p = Pair::new(QpConfig::default(), Chunking::default());
+        p.auto_accept = false;
+        // Work requests posted during setup are flushed by the reject.
+        let buf = p.a.reg(100, rw());
+        post_send(&mut p.a, 1, SEND, &[sge(&buf, 0, 10)], true);
+        post_recv(&mut p.a, 2, &[sge(&buf, 0, 100)]);
+        let bbuf = p.b.reg(100, rw());
+        post_recv(&mut p.b, 3, &[sge(&bbuf, 0, 100)]);
+        post_send(&mut p.b, 4, SEND, &[sge(&bbuf, 0, 10)], true);
+        p.start(mpa(rev, false, false), b"hello", mpa(rev, false, false));
+        p.drive();
+        assert!(p.a.completions().is_empty() && p.b.completions().is_empty());
+        let data = pattern(77, 9);
+        p.b.ctx.reject(p.b.qp, &data).expect("reject");
+        p.drive();
+        assert!(
+            p.a.events.contains(&QpEvent::Rejected {
+                private_data: data.clone()
+            }),
+            "{:?}",
+            p.a.events
+        );
+        assert_eq!(p.a.state(), QpState::Error);
+        assert_eq!(p.b.state(), QpState::Error);
+        let mut wa = keys(&p.a.completions());
+        wa.sort_by_key(|k| k.0);
+        assert_eq!(
+            wa,
+            vec![
+                (1, WcStatus::WrFlushError, WcOpcode::Send, 0),
+                (2, WcStatus::WrFlushError, WcOpcode::Recv, 0)
+            ]
+        );
+        let mut wb = keys(&p.b.completions());
+        wb.sort_by_key(|k| k.0);
+        assert_eq!(
+            wb,
+            vec![
+                (3, WcStatus::WrFlushError, WcOpcode::Recv, 0),
+                (4, WcStatus::WrFlushError, WcOpcode::Send, 0)
+            ]
+        );
+        assert!(!p
+            .b
+            .events
+            .iter()
+            .any(|e| matches!(e, QpEvent::Established { .. })));
+    }
+}
+
+// ---- IRD/ORD -------------------------------------------------------------------
+
+#[test]
+fn ord_limits_outstanding_reads() {
+    for (a_ord, b_ird) in [(1u16, 1u16), (3, 8), (2, 2), (8, 3)] {
+        for chunking in [Chunking::whole(1 << 20), Chunking::random(300, 11)] {
+            let a = Config {
+                ord: a_ord,
+                ..Config::default()
+            };
+            let b = Config {
+                ird: b_ird,
+                ..Config::default()
+            };
+            let mut p = Pair::connected(QpConfig::default(), chunking, a, b);
+            let ord = a_ord.min(b_ird);
+            assert_eq!(established(&p.a).0.ord, ord);
+            assert_eq!(established(&p.b).0.ird, ord);
+            let data = pattern(200_000, 3);
+            let src = p.b.reg_with(&data, Access::REMOTE_READ);
+            let sink = p.a.reg(data.len(), Access::LOCAL_WRITE);
+            let sizes = [
+                1usize, 5000, 0, 20_000, 3, 70_000, 1460, 0, 9000, 40_000, 7, 12,
+            ];
+            let mut off = 0;
+            let mut expect = Vec::new();
+            for (i, &len) in sizes.iter().enumerate() {
+                post_send(
+                    &mut p.a,
+                    i as u64,
+                    SendOp::Read {
+                        remote_addr: src.iova + off as u64,
+                        rkey: src.rkey,
+                    },
+                    &[sge(&sink, off, len)],
+                    true,
+                );
+                expect.push((i as u64, WcStatus::Success, WcOpcode::RdmaRead, len as u32));
+                off += len;
+            }
+            p.drive();
+            assert_eq!(
+                keys(&p.a.completions()),
+                expect,
+                "ord {ord} {:?}",
+                p.b.events
+            );
+            assert_eq!(&p.a.bytes(&sink)[..off], &data[..off]);
+            assert!(p.b.completions().is_empty());
+            assert_eq!(p.a.state(), QpState::Rts);
+            assert_eq!(p.b.state(), QpState::Rts, "{:?}", p.b.events);
+        }
+    }
+}
+
+// ---- completion ordering ---------------------------------------------------------
+
+#[test]
+fn send_queue_completes_in_posting_order() {
+    for sig_all in [false, true] {
+        let config = QpConfig {
+            sig_all,
+            ..QpConfig::default()
+        };
+        let mut p = Pair::connected(
+            config,
+            Chunking::random(1000, 2),
+            Config::default(),
+            Config::default(),
+        );
+        let data = pattern(BIG, 1);
+        let src_b = p.b.reg_with(&data, Access::REMOTE_READ);
+        let target = p.b.reg(100, rw());
+        let rbuf = p.b.reg(200, Access::LOCAL_WRITE);
+        post_recv(&mut p.b, 100, &[sge(&rbuf, 0, 100)]);
+        post_recv(&mut p.b, 101, &[sge(&rbuf, 100, 100)]);
+        let sink = p.a.reg(BIG, Access::LOCAL_WRITE);
+        let small = p.a.reg_with(&pattern(10, 2), Access::NONE);
+        let inv = p.a.reg(10, rw());
+        let read = SendOp::Read {
+            remote_addr: src_b.iova,
+            rkey: src_b.rkey,
+        };
+        post_send(&mut p.a, 1, read, &[sge(&sink, 0, BIG)], true);
+        post_send(&mut p.a, 2, SEND, &[sge(&small, 0, 10)], true);
+        let write = SendOp::Write {
+            remote_addr: target.iova,
+            rkey: target.rkey,
+        };
+        post_send(&mut p.a, 3, write, &[sge(&small, 0, 10)], true);
+        post_send(&mut p.a, 4, SEND, &[sge(&small, 0, 10)], false); // unsignaled
+        post_send(&mut p.a, 5, write, &[sge(&small, 0, 5)], false); // unsignaled
+        post_send(
+            &mut p.a,
+            6,
+            SendOp::LocalInvalidate { stag: inv.lkey },
+            &[],
+            true,
+        );
+        p.drive();
+        let got: Vec<_> =
+            p.a.completions()
+                .iter()
+                .map(|w| (w.wr_id, w.status, w.opcode))
+                .collect();
+        let mut want = vec![
+            (1, WcStatus::Success, WcOpcode::RdmaRead),
+            (2, WcStatus::Success, WcOpcode::Send),
+            (3, WcStatus::Success, WcOpcode::RdmaWrite),
+            (4, WcStatus::Success, WcOpcode::Send),
+            (5, WcStatus::Success, WcOpcode::RdmaWrite),
+            (6, WcStatus::Success, WcOpcode::LocalInvalidate),
+        ];
+        if !sig_all {
+            want.retain(|w| w.0 != 4 && w.0 != 5);
+        }
+        assert_eq!(got, want, "sig_all {sig_all}");
+        assert_eq!(p.a.bytes(&sink), &data[..]);
+        assert_eq!(
+            keys(&p.b.completions()),
+            vec![
+                (100, WcStatus::Success, WcOpcode::Recv, 10),
+                (101, WcStatus::Success, WcOpcode::Recv, 10)
+            ]
+        );
+    }
+}
+
+#[test]
+fn unsignaled_failure_still_completes() {
+    let mut p = Pair::connected(
+        QpConfig::default(),
+        Chunking::default(),
+        Config::default(),
+        Config::default(),
+    );
+    let sink = p.a.reg(10, Access::LOCAL_WRITE);
+    let small = p.a.reg_with(&[1; 10], Access::NONE);
+    post_send(&mut p.a, 1, SEND, &[sge(&small, 0, 0)], false);
+    post_send(
+        &mut p.a,
+        2,
+        SendOp::Read {
+            remote_addr: 0,
+            rkey: 0x1234_5600,
+        },
+        &[sge(&sink, 0, 10)],
+        false,
+    );
+    post_send(&mut p.a, 3, SEND, &[sge(&small, 0, 10)], true);
+    let rbuf = p.b.reg(10, Access::LOCAL_WRITE);
+    post_recv(&mut p.b, 10, &[sge(&rbuf, 0, 10)]);
+    post_recv(&mut p.b, 11, &[sge(&rbuf, 0, 10)]);
+    p.drive();
+    // The unsignaled Send is silent; the unsignaled Read fails and
+    // completes; the signaled Send behind it completes after it (it went
+    // out before the Terminate arrived, or was flushed by it).
+    let wa = keys(&p.a.completions());
+    assert_eq!(wa.len(), 2, "{wa:?}");
+    assert_eq!(
+        (wa[0].0, wa[0].1),
+        (2, WcStatus::RemoteAccessError),
+        "{wa:?}"
+    );
+    assert_eq!(wa[1].0, 3, "{wa:?}");
+    assert!(
+        matches!(wa[1].1, WcStatus::Success | WcStatus::WrFlushError),
+        "{wa:?}"
+    );
+    assert_eq!(p.a.state(), QpState::Error);
+}
+
+// ---- disconnect --------------------------------------------------------------
+
+#[test]
+fn disconnect_flushes_and_peer_sees_disconnected() {
+    for initiator in [true, false] {
+        let mut p = Pair::connected(
+            QpConfig::default(),
+            Chunking::default(),
+            Config::default(),
+            Config::default(),
+        );
+        // Let the initiator's first FPDU through so both may send.
+        send_one(&mut p, End::A, SEND, &[1, 2, 3], 50);
+        let (me, peer) = if initiator {
+            (End::A, End::B)
+        } else {
+            (End::B, End::A)
+        };
+        let big = p.side(me).reg_with(&pattern(BIG, 1), rw());
+        let pbuf = p.side(peer).reg(BIG, rw());
+        post_recv(p.side(peer), 20, &[sge(&pbuf, 0, 10)]);
+        post_recv(p.side(peer), 21, &[sge(&pbuf, 0, 10)]);
+        post_recv(p.side(me), 10, &[sge(&big, 0, 10)]);
+        post_send(p.side(me), 1, SEND, &[sge(&big, 0, BIG)], true);
+        let read = SendOp::Read {
+            remote_addr: pbuf.iova,
+            rkey: pbuf.rkey,
+        };
+        post_send(p.side(me), 2, read, &[sge(&big, 0, 100)], true);
+        let write = SendOp::Write {
+            remote_addr: pbuf.iova,
+            rkey: pbuf.rkey,
+        };
+        post_send(p.side(me), 3, write, &[sge(&big, 0, 100)], false);
+        let s = p.side(me);
+        s.ctx.disconnect(s.qp);
+        assert_eq!(s.state(), QpState::Error);
+        assert_eq!(
+            keys(&s.completions()),
+            vec![
+                (1, WcStatus::WrFlushError, WcOpcode::Send, 0),
+                (2, WcStatus::WrFlushError, WcOpcode::RdmaRead, 0),
+                (3, WcStatus::WrFlushError, WcOpcode::RdmaWrite, 0),
+                (10, WcStatus::WrFlushError, WcOpcode::Recv, 0),
+            ]
+        );
+        p.drive();
+        let ps = p.side(peer);
+        assert!(
+            ps.events.contains(&QpEvent::Disconnected),
+            "{:?}",
+            ps.events
+        );
+        assert_eq!(ps.state(), QpState::Error);
+        assert_eq!(
+            keys(&ps.completions()),
+            vec![
+                (20, WcStatus::WrFlushError, WcOpcode::Recv, 0),
+                (21, WcStatus::WrFlushError, WcOpcode::Recv, 0),
+            ]
+        );
+        assert!(p.side(me).events.contains(&QpEvent::Disconnected));
+        assert!(p.side(me).completions().is_empty());
+        // Posting after the close completes with a flush at once.
+        post_send(p.side(peer), 30, SEND, &[], true);
+        assert_eq!(
+            keys(&p.side(peer).completions()),
+            vec![(30, WcStatus::WrFlushError, WcOpcode::Send, 0)]
+        );
+        assert!(p.side(peer).bytes(&pbuf).iter().all(|&b| b == 0));
+    }
 }
