@@ -15,6 +15,7 @@ use iwarp::qp::{QpConfig, QpEvent, QpState, SendOp, MAX_SGE};
 use iwarp::testing::{Chunking, End, Pair};
 use iwarp::verbs::VerbsError;
 use iwarp::wire::ddp::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
+use proptest::prelude::*;
 
 const EMSS: usize = 1460;
 const BIG: usize = 100_000;
@@ -914,5 +915,230 @@ fn disconnect_flushes_and_peer_sees_disconnected() {
             vec![(30, WcStatus::WrFlushError, WcOpcode::Send, 0)]
         );
         assert!(p.side(peer).bytes(&pbuf).iter().all(|&b| b == 0));
+    }
+}
+
+// ---- stream-splitting invariance (proptest) ------------------------------------
+
+/// Largest message of the random workloads.
+const SLOT: usize = 20_000;
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Send,
+    Write,
+    Read,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    kind: Kind,
+    from_a: bool,
+    len: usize,
+    /// Offset in the source region.
+    off: usize,
+    signaled: bool,
+}
+
+/// Everything observable after a workload: region contents and the
+/// completion sequences of both ends, per queue (send and receive
+/// completions share one CQ, and how they interleave there depends on when
+/// bytes arrive; each queue's own sequence must not).
+#[derive(Debug, PartialEq, Eq)]
+struct Outcome {
+    regions: Vec<Vec<u8>>,
+    wcs_a: [Vec<WcKey>; 2],
+    wcs_b: [Vec<WcKey>; 2],
+}
+
+/// Send-queue and receive-queue completions, each in CQ order.
+fn by_queue(wcs: Vec<WcKey>) -> [Vec<WcKey>; 2] {
+    let (rq, sq) = wcs.into_iter().partition(|w| w.2 == WcOpcode::Recv);
+    [sq, rq]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    (
+        prop_oneof![Just(Kind::Send), Just(Kind::Write), Just(Kind::Read)],
+        any::<bool>(),
+        prop_oneof![Just(0usize), 1..64usize, 0..SLOT],
+        0..SLOT,
+        prop::bool::weighted(0.8),
+    )
+        .prop_map(|(kind, from_a, len, off, signaled)| Op {
+            kind,
+            from_a,
+            len,
+            off,
+            signaled,
+        })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_workload(
+    ops: &[Op],
+    seed: u64,
+    crc: bool,
+    m_ab: bool,
+    m_ba: bool,
+    rtr: RtrType,
+    c: Chunking,
+) -> Outcome {
+    // Peer-to-peer mode: the initiator's RTR lets the responder send at
+    // once, whatever the workload's first operation (RFC 5044 §7.1.2).
+    let a = Config {
+        p2p: true,
+        rtr: RtrSet::only(rtr),
+        ..mpa(2, crc, m_ba)
+    };
+    let mut p = Pair::connected(QpConfig::default(), c, a, mpa(2, crc, m_ab));
+    let n = ops.len().max(1);
+    // Per end: a source (2 slots of random data), a receive area, a
+    // Write target and a Read sink, one slot per operation.
+    let mut regs = Vec::new();
+    for (i, e) in [End::A, End::B].into_iter().enumerate() {
+        let s = p.side(e);
+        let src = s.reg_with(&pattern(2 * SLOT, seed + i as u64), Access::REMOTE_READ);
+        let recv = s.reg(n * SLOT, Access::LOCAL_WRITE);
+        let target = s.reg(n * SLOT, rw());
+        let sink = s.reg(n * SLOT, Access::LOCAL_WRITE);
+        regs.push([src, recv, target, sink]);
+    }
+    let idx = |e: End| usize::from(e == End::B);
+    for (i, op) in ops.iter().enumerate() {
+        let (from, to) = if op.from_a {
+            (End::A, End::B)
+        } else {
+            (End::B, End::A)
+        };
+        let [src, _, _, sink] = regs[idx(from)];
+        let [peer_src, peer_recv, peer_target, _] = regs[idx(to)];
+        let slot = i * SLOT;
+        let wr = i as u64;
+        match op.kind {
+            Kind::Send => {
+                post_recv(p.side(to), 1000 + wr, &[sge(&peer_recv, slot, SLOT)]);
+                post_send(
+                    p.side(from),
+                    wr,
+                    SEND,
+                    &[sge(&src, op.off, op.len)],
+                    op.signaled,
+                );
+            }
+            Kind::Write => post_send(
+                p.side(from),
+                wr,
+                SendOp::Write {
+                    remote_addr: peer_target.iova + slot as u64,
+                    rkey: peer_target.rkey,
+                },
+                &[sge(&src, op.off, op.len)],
+                op.signaled,
+            ),
+            Kind::Read => post_send(
+                p.side(from),
+                wr,
+                SendOp::Read {
+                    remote_addr: peer_src.iova + op.off as u64,
+                    rkey: peer_src.rkey,
+                },
+                &[sge(&sink, slot, op.len)],
+                op.signaled,
+            ),
+        }
+    }
+    p.drive();
+    assert_eq!(p.a.state(), QpState::Rts, "{:?}", p.a.events);
+    assert_eq!(p.b.state(), QpState::Rts, "{:?}", p.b.events);
+    let mut regions = Vec::new();
+    for (i, e) in [End::A, End::B].into_iter().enumerate() {
+        for mr in &regs[i] {
+            regions.push(p.side(e).bytes(mr).to_vec());
+        }
+    }
+    Outcome {
+        regions,
+        wcs_a: by_queue(keys(&p.a.completions())),
+        wcs_b: by_queue(keys(&p.b.completions())),
+    }
+}
+
+/// What a correct run must produce, computed without the protocol.
+fn check_expected(ops: &[Op], seed: u64, out: &Outcome) {
+    let src = [pattern(2 * SLOT, seed), pattern(2 * SLOT, seed + 1)];
+    let n = ops.len().max(1);
+    // regions: per end [src, recv, target, sink]
+    let mut want: Vec<Vec<u8>> = Vec::new();
+    for s in &src {
+        want.push(s.clone());
+        for _ in 0..3 {
+            want.push(vec![0; n * SLOT]);
+        }
+    }
+    let mut sends = [0usize; 2];
+    let mut wcs: [Vec<WcKey>; 2] = [Vec::new(), Vec::new()];
+    let mut recvs: [Vec<WcKey>; 2] = [Vec::new(), Vec::new()];
+    for (i, op) in ops.iter().enumerate() {
+        let (f, t) = if op.from_a { (0, 1) } else { (1, 0) };
+        let slot = i * SLOT;
+        let (opcode, data, region) = match op.kind {
+            Kind::Send => (WcOpcode::Send, &src[f][op.off..op.off + op.len], t * 4 + 1),
+            Kind::Write => (
+                WcOpcode::RdmaWrite,
+                &src[f][op.off..op.off + op.len],
+                t * 4 + 2,
+            ),
+            Kind::Read => (
+                WcOpcode::RdmaRead,
+                &src[t][op.off..op.off + op.len],
+                f * 4 + 3,
+            ),
+        };
+        want[region][slot..slot + op.len].copy_from_slice(data);
+        if op.signaled {
+            wcs[f].push((i as u64, WcStatus::Success, opcode, op.len as u32));
+        }
+        if let Kind::Send = op.kind {
+            sends[t] += 1;
+            recvs[t].push((
+                1000 + i as u64,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                op.len as u32,
+            ));
+        }
+    }
+    assert!(out.regions == want, "region contents differ from the model");
+    for (end, [sq, rq]) in [&out.wcs_a, &out.wcs_b].into_iter().enumerate() {
+        assert_eq!(sq, &wcs[end], "send queue of end {end}");
+        assert_eq!(rq, &recvs[end], "receive queue of end {end}");
+        assert_eq!(rq.len(), sends[end]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 32,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn any_stream_split_gives_identical_results(
+        ops in prop::collection::vec(op_strategy(), 0..8),
+        seed in any::<u64>(),
+        max in prop_oneof![Just(1usize), 1..64usize, 1..70_000usize],
+        chunk_seed in any::<u64>(),
+        crc in any::<bool>(),
+        m_ab in any::<bool>(),
+        m_ba in any::<bool>(),
+        rtr in prop_oneof![Just(RtrType::Send), Just(RtrType::Write), Just(RtrType::Read)],
+    ) {
+        let reference = run_workload(&ops, seed, crc, m_ab, m_ba, rtr, Chunking::whole(1 << 20));
+        check_expected(&ops, seed, &reference);
+        let split = run_workload(&ops, seed, crc, m_ab, m_ba, rtr, Chunking::random(max, chunk_seed));
+        prop_assert!(split.regions == reference.regions, "region contents differ");
+        prop_assert_eq!(&split.wcs_a, &reference.wcs_a);
+        prop_assert_eq!(&split.wcs_b, &reference.wcs_b);
     }
 }
