@@ -1142,3 +1142,60 @@ proptest! {
         prop_assert_eq!(&split.wcs_b, &reference.wcs_b);
     }
 }
+
+#[test]
+fn locally_invalidated_stag_refuses_the_peer() {
+    let mut p = Pair::connected(
+        QpConfig::default(),
+        Chunking::default(),
+        Config::default(),
+        Config::default(),
+    );
+    send_one(&mut p, End::A, SEND, &[9; 4], 1); // releases the responder
+    let mine = p.a.reg_with(&[7; 64], rw());
+    post_send(
+        &mut p.a,
+        2,
+        SendOp::LocalInvalidate { stag: mine.lkey },
+        &[],
+        true,
+    );
+    p.drive();
+    one_wc(&mut p.a, 2, WcOpcode::LocalInvalidate, None);
+    let sink = p.b.reg(64, Access::LOCAL_WRITE);
+    post_send(
+        &mut p.b,
+        3,
+        SendOp::Read {
+            remote_addr: mine.iova,
+            rkey: mine.rkey,
+        },
+        &[sge(&sink, 0, 64)],
+        true,
+    );
+    p.drive();
+    let wb = keys(&p.b.completions());
+    assert_eq!(
+        wb.iter().map(|w| (w.0, w.1)).collect::<Vec<_>>(),
+        vec![(3, WcStatus::RemoteAccessError)],
+        "{wb:?}"
+    );
+    assert!(p.b.bytes(&sink).iter().all(|&b| b == 0));
+}
+
+#[test]
+fn crc_is_used_if_either_side_asks() {
+    for (ca, cb) in [(true, false), (false, true)] {
+        for rev in [1, 2] {
+            let mut p = Pair::connected(
+                QpConfig::default(),
+                Chunking::random(50, 3),
+                mpa(rev, ca, false),
+                mpa(rev, cb, false),
+            );
+            assert!(established(&p.a).0.crc && established(&p.b).0.crc);
+            send_one(&mut p, End::A, SEND, &pattern(4000, 1), 1);
+            send_one(&mut p, End::B, SEND, &pattern(4000, 2), 2);
+        }
+    }
+}
