@@ -179,7 +179,6 @@ impl Qp {
 
     fn rx_start(&mut self, ulpdu_len: u16) {
         let rx = &mut self.rx;
-        rx.first_fpdu_seen = true;
         rx.ulpdu_len = usize::from(ulpdu_len);
         rx.hlen = 0;
         rx.hneed = 1.min(rx.ulpdu_len);
@@ -479,6 +478,8 @@ impl Qp {
             Target::Tagged(_) | Target::Recv { .. } | Target::Nothing => {}
         }
         self.stats.rx_fpdus += 1;
+        // Set only now: the FPDU is complete and validated.
+        self.rx.first_fpdu_seen = true;
         let Some(hdr) = self.rx.hdr else { return };
         let payload = (self.rx.ulpdu_len - self.rx.hlen) as u64;
         let Some(op) = Opcode::from_raw(hdr.opcode) else {

@@ -247,8 +247,11 @@ pub(super) fn rdmap_mem_code(e: MemError) -> TermCode {
 impl Qp {
     fn can_send(&self) -> bool {
         // RFC 5044 §7.1.2: the responder sends no FPDU before it received
-        // the initiator's first one.
-        self.role == super::Role::Initiator || self.rx.first_fpdu_seen()
+        // and validated the initiator's first one. A Terminate for a
+        // violation found in that FPDU still goes out.
+        self.role == super::Role::Initiator
+            || self.rx.first_fpdu_seen()
+            || self.state == QpState::Terminate
     }
 
     /// Write FPDUs into `out`. Returns bytes written.
