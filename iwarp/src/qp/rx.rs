@@ -147,12 +147,6 @@ impl Qp {
     /// them: after a failure the rest is discarded).
     pub(super) fn rx_input(&mut self, input: &[u8], env: &mut Env<'_>) -> usize {
         let mut off = 0;
-        if !input.is_empty() {
-            // Stream bytes after the MPA request are the initiator's first
-            // FPDU: it is in full operation, so we may send (if only the
-            // Terminate for a first FPDU that fails framing).
-            self.rx.first_fpdu_seen = true;
-        }
         while off < input.len() && matches!(self.state, QpState::Rts | QpState::Closing) {
             let Some(deframer) = self.rx.deframer.as_mut() else {
                 break;
