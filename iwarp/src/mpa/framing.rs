@@ -246,10 +246,8 @@ impl TxFramer {
         let n = (MARKER_LEN - moff).min(out.len());
         let out = &mut out[..n];
         out.copy_from_slice(&bytes[moff..moff + n]);
-        if !(self.phase == TxPhase::Crc && self.off > 0) {
-            if self.crc_on {
-                self.crc.update(out);
-            }
+        if self.crc_on && !(self.phase == TxPhase::Crc && self.off > 0) {
+            self.crc.update(out);
         }
         self.pos += n as u64;
         n
@@ -559,10 +557,8 @@ impl RxDeframer {
                 let bytes = &input[n..n + take];
                 self.marker[moff..moff + take].copy_from_slice(bytes);
                 let crc_started = self.phase == RxPhase::Trailer && self.off > self.pad;
-                if !crc_started {
-                    if self.crc_on {
-                        self.crc.update(bytes);
-                    }
+                if self.crc_on && !crc_started {
+                    self.crc.update(bytes);
                 }
                 self.pos += take as u64;
                 n += take;
