@@ -453,3 +453,48 @@ fn yes(ok: bool) -> &'static str {
         "NO"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setup_verifies() {
+        for s in &SETUPS {
+            let (mut p, _, ok, _) = connect(s);
+            assert!(ok, "{}", s.label);
+            let r = Regions {
+                a_src: p.a.reg(5000, Access::NONE),
+                a_sink: p.a.reg(5000, Access::LOCAL_WRITE),
+                b_dst: p.b.reg(5000, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+                b_src: p.b.reg(5000, Access::REMOTE_READ),
+            };
+            for op in [Op::Send, Op::Write, Op::Read] {
+                for len in [1, 4096, 5000] {
+                    let (c, ok) = run_op(&mut p, &r, op, len, 3);
+                    assert!(ok && c.fpdus > 0 && c.wire > len, "{}", s.label);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_write_is_reported() {
+        let (mut p, _, ok, _) = connect(&SETUPS[1]);
+        assert!(ok);
+        let r = Regions {
+            a_src: p.a.reg(64, Access::NONE),
+            a_sink: p.a.reg(64, Access::LOCAL_WRITE),
+            // No REMOTE_WRITE: the peer's Write must be refused.
+            b_dst: p.b.reg(64, Access::LOCAL_WRITE),
+            b_src: p.b.reg(64, Access::REMOTE_READ),
+        };
+        let (_, ok) = run_op(&mut p, &r, Op::Write, 64, 1);
+        assert!(!ok);
+    }
+
+    #[test]
+    fn throughput_run_checks_placement() {
+        assert!(throughput(4).is_some());
+    }
+}
