@@ -246,7 +246,7 @@ impl TxFramer {
         let n = (MARKER_LEN - moff).min(out.len());
         let out = &mut out[..n];
         out.copy_from_slice(&bytes[moff..moff + n]);
-        if !(self.phase == TxPhase::Crc && self.off > 0) {
+        if self.crc_on && !(self.phase == TxPhase::Crc && self.off > 0) {
             self.crc.update(out);
         }
         self.pos += n as u64;
@@ -265,7 +265,9 @@ impl TxFramer {
             .min(room(self.markers, self.pos));
         let out = &mut out[..n];
         out.copy_from_slice(&bytes[self.off..self.off + n]);
-        self.crc.update(out);
+        if self.crc_on {
+            self.crc.update(out);
+        }
         self.off += n;
         self.pos += n as u64;
         if self.off == LEN_FIELD {
@@ -301,7 +303,9 @@ impl TxFramer {
                     }
                     let span = &mut out[w..w + n];
                     span.copy_from_slice(&src[r..r + n]);
-                    self.crc.update(span);
+                    if self.crc_on {
+                        self.crc.update(span);
+                    }
                     self.remaining -= n;
                     self.pos += n as u64;
                     r += n;
@@ -354,7 +358,9 @@ impl TxFramer {
                         .min(room(self.markers, self.pos));
                     let span = &mut out[w..w + n];
                     span.fill(0);
-                    self.crc.update(span);
+                    if self.crc_on {
+                        self.crc.update(span);
+                    }
                     self.off += n;
                     self.pos += n as u64;
                     w += n;
@@ -551,7 +557,7 @@ impl RxDeframer {
                 let bytes = &input[n..n + take];
                 self.marker[moff..moff + take].copy_from_slice(bytes);
                 let crc_started = self.phase == RxPhase::Trailer && self.off > self.pad;
-                if !crc_started {
+                if self.crc_on && !crc_started {
                     self.crc.update(bytes);
                 }
                 self.pos += take as u64;
@@ -579,7 +585,9 @@ impl RxDeframer {
                     let take = (LEN_FIELD - self.off).min(avail).min(room);
                     let bytes = &input[n..n + take];
                     self.hdr[self.off..self.off + take].copy_from_slice(bytes);
-                    self.crc.update(bytes);
+                    if self.crc_on {
+                        self.crc.update(bytes);
+                    }
                     self.off += take;
                     self.pos += take as u64;
                     n += take;
@@ -607,7 +615,9 @@ impl RxDeframer {
                     }
                     let take = self.remaining.min(avail).min(room);
                     let data = &input[n..n + take];
-                    self.crc.update(data);
+                    if self.crc_on {
+                        self.crc.update(data);
+                    }
                     self.remaining -= take;
                     self.pos += take as u64;
                     n += take;
@@ -616,7 +626,9 @@ impl RxDeframer {
                 RxPhase::Trailer => {
                     let take = if self.off < self.pad {
                         let take = (self.pad - self.off).min(avail).min(room);
-                        self.crc.update(&input[n..n + take]);
+                        if self.crc_on {
+                            self.crc.update(&input[n..n + take]);
+                        }
                         take
                     } else {
                         let coff = self.off - self.pad;
