@@ -488,15 +488,7 @@ impl Qp {
             }
             QpState::Error | QpState::Terminate | QpState::Closing => {
                 // Verbs: posting to a QP in Error completes with a flush.
-                let wc = WorkCompletion {
-                    wr_id: entry.wr_id,
-                    status: WcStatus::WrFlushError,
-                    opcode: sq_opcode(&entry.op),
-                    byte_len: 0,
-                    qp: self.id,
-                    invalidated_stag: None,
-                    solicited: false,
-                };
+                let wc = self.flush_wc(entry.wr_id, sq_opcode(&entry.op));
                 self.complete(self.send_cq, wc, env);
                 Ok(())
             }
@@ -513,15 +505,7 @@ impl Qp {
             return Err(PostError::QueueFull);
         }
         if self.state == QpState::Error {
-            let wc = WorkCompletion {
-                wr_id: wr.wr_id,
-                status: WcStatus::WrFlushError,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                qp: self.id,
-                invalidated_stag: None,
-                solicited: false,
-            };
+            let wc = self.flush_wc(wr.wr_id, WcOpcode::Recv);
             self.complete(self.recv_cq, wc, env);
             return Ok(());
         }
@@ -535,6 +519,19 @@ impl Qp {
     }
 
     // ---- completions and errors ------------------------------------------
+
+    /// The completion of a work request flushed by the Error state.
+    fn flush_wc(&self, wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: WcStatus::WrFlushError,
+            opcode,
+            byte_len: 0,
+            qp: self.id,
+            invalidated_stag: None,
+            solicited: false,
+        }
+    }
 
     fn complete(&mut self, cq: CqId, wc: WorkCompletion, env: &mut Env<'_>) {
         let ok = env.cqs.get_mut(cq).is_some_and(|cq| cq.push(wc));
@@ -589,27 +586,11 @@ impl Qp {
         self.irq.clear();
         self.tx.abort_messages();
         while let Some(e) = self.sq.pop_front() {
-            let wc = WorkCompletion {
-                wr_id: e.wr_id,
-                status: WcStatus::WrFlushError,
-                opcode: sq_opcode(&e.op),
-                byte_len: 0,
-                qp: self.id,
-                invalidated_stag: None,
-                solicited: false,
-            };
+            let wc = self.flush_wc(e.wr_id, sq_opcode(&e.op));
             self.complete(self.send_cq, wc, env);
         }
         while let Some(e) = self.rq.pop_front() {
-            let wc = WorkCompletion {
-                wr_id: e.wr_id,
-                status: WcStatus::WrFlushError,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                qp: self.id,
-                invalidated_stag: None,
-                solicited: false,
-            };
+            let wc = self.flush_wc(e.wr_id, WcOpcode::Recv);
             self.complete(self.recv_cq, wc, env);
         }
     }
