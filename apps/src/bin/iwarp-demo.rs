@@ -124,7 +124,7 @@ fn sge(mr: &MrInfo, len: usize) -> [Sge; 1] {
 fn one_ok(wcs: &[WorkCompletion], opcode: WcOpcode, byte_len: Option<usize>) -> bool {
     matches!(wcs, [wc] if wc.status == WcStatus::Success
         && wc.opcode == opcode
-        && byte_len.map_or(true, |n| wc.byte_len as usize == n))
+        && byte_len.is_none_or(|n| wc.byte_len as usize == n))
 }
 
 /// The regions of one run, sized for the largest message.
