@@ -1,8 +1,9 @@
 //! Throughput of the sans-IO protocol core alone (no I/O, one core).
 //!
 //! * `placement`: side B of a connected in-memory pair consumes a
-//!   pre-generated stream of RDMA Write FPDUs (16 MiB of payload) with
-//!   `handle_input`, in 64 KiB pieces. The stream is replayed on every
+//!   pre-generated stream of RDMA Write FPDUs with `handle_input`, in
+//!   64 KiB pieces: `cold`, 16 MiB of payload, read from memory; `warm`,
+//!   256 KiB, resident in L2 as freshly received bytes are. The stream is replayed on every
 //!   iteration: with markers off each FPDU is self-contained (tagged
 //!   writes carry no sequence state), so replaying it is valid.
 //! * `framing`: side A drains a batch of posted RDMA Writes with
@@ -25,8 +26,12 @@ use iwarp::testing::{Chunking, Pair};
 use iwarp::time::Instant;
 use iwarp::verbs::VerbsError;
 
-/// Payload of one placement stream.
+/// Payload of one placement stream, cold: 16 MiB, far beyond the caches,
+/// so every byte comes from memory.
 const STREAM_PAYLOAD: usize = 16 << 20;
+/// Payload of one placement stream, warm: 256 KiB, which stays in L2 as
+/// the bytes a socket or the user-space TCP's ring just handed over do.
+const WARM_PAYLOAD: usize = 256 << 10;
 /// Payload of one framing batch.
 const TX_BATCH_PAYLOAD: usize = 2 << 20;
 /// Size of the pieces fed to `handle_input` and of the transmit buffer.
@@ -144,10 +149,13 @@ fn feed(s: &mut Setup, stream: &[u8]) {
 
 fn placement(c: &mut Criterion) {
     let mut g = c.benchmark_group("placement");
-    for case in Case::all() {
+    for (case, payload) in Case::all()
+        .into_iter()
+        .flat_map(|c| [(c, STREAM_PAYLOAD), (c, WARM_PAYLOAD)])
+    {
         let mut s = setup(case, 256);
-        let count = STREAM_PAYLOAD / case.size;
-        let mut stream = Vec::with_capacity(STREAM_PAYLOAD + STREAM_PAYLOAD / 8);
+        let count = payload / case.size;
+        let mut stream = Vec::with_capacity(payload + payload / 8);
         let mut buf = vec![0u8; CHUNK];
         let mut posted = 0;
         while posted < count {
@@ -158,15 +166,21 @@ fn placement(c: &mut Criterion) {
         feed(&mut s, &stream);
         let stats = s.pair.b.ctx.qp_stats(s.pair.b.qp).expect("qp");
         assert_eq!(s.pair.b.state(), QpState::Rts, "{:?}", s.pair.b.events);
-        assert_eq!(stats.rx_payload, STREAM_PAYLOAD as u64);
+        assert_eq!(stats.rx_payload, payload as u64);
         assert_eq!(stats.crc_errors, 0);
         assert!(
             s.pair.b.bytes(&s.dst) == &s.pattern[..],
             "placement did not reproduce the source"
         );
         let before = stats.rx_fpdus;
-        g.throughput(Throughput::Bytes(STREAM_PAYLOAD as u64));
-        g.bench_function(BenchmarkId::from_parameter(case.id()), |bch| {
+        g.throughput(Throughput::Bytes(payload as u64));
+        let temp = if payload == WARM_PAYLOAD {
+            "warm"
+        } else {
+            "cold"
+        };
+        let id = format!("{}/{temp}", case.id());
+        g.bench_function(BenchmarkId::from_parameter(id), |bch| {
             bch.iter(|| feed(&mut s, &stream));
         });
         // Every replay was accepted too, not dropped after an error.
@@ -209,37 +223,39 @@ fn framing(c: &mut Criterion) {
     g.finish();
 }
 
-/// Ceilings for comparison, over a 16 MiB stream cut in 8960-byte pieces
+/// Ceilings for comparison, over the cold and the warm stream cut in 8960-byte pieces
 /// like FPDUs: a plain copy of each piece (minus a 20-byte "header") into
 /// a 64 KiB destination, and CRC32c alone.
 fn reference(c: &mut Criterion) {
     let mut g = c.benchmark_group("reference");
-    let stream: Vec<u8> = (0..STREAM_PAYLOAD).map(|i| (i * 7) as u8).collect();
-    let mut dst = vec![0u8; CHUNK];
-    g.throughput(Throughput::Bytes(STREAM_PAYLOAD as u64));
-    g.bench_function("memcpy-8960", |bch| {
-        bch.iter(|| {
-            let mut at = 0;
-            for piece in stream.chunks(8960) {
-                let body = piece.get(20..).unwrap_or(&[]);
-                if at + body.len() > dst.len() {
-                    at = 0;
+    for (payload, temp) in [(STREAM_PAYLOAD, "cold"), (WARM_PAYLOAD, "warm")] {
+        let stream: Vec<u8> = (0..payload).map(|i| (i * 7) as u8).collect();
+        let mut dst = vec![0u8; CHUNK];
+        g.throughput(Throughput::Bytes(payload as u64));
+        g.bench_function(format!("memcpy-8960/{temp}"), |bch| {
+            bch.iter(|| {
+                let mut at = 0;
+                for piece in stream.chunks(8960) {
+                    let body = piece.get(20..).unwrap_or(&[]);
+                    if at + body.len() > dst.len() {
+                        at = 0;
+                    }
+                    dst[at..at + body.len()].copy_from_slice(black_box(body));
+                    at += body.len();
                 }
-                dst[at..at + body.len()].copy_from_slice(black_box(body));
-                at += body.len();
-            }
-            black_box(&dst);
+                black_box(&dst);
+            });
         });
-    });
-    g.bench_function("crc32c-8960", |bch| {
-        bch.iter(|| {
-            let mut acc = 0u32;
-            for piece in stream.chunks(8960) {
-                acc ^= iwarp::crc::crc32c(black_box(piece));
-            }
-            acc
+        g.bench_function(format!("crc32c-8960/{temp}"), |bch| {
+            bch.iter(|| {
+                let mut acc = 0u32;
+                for piece in stream.chunks(8960) {
+                    acc ^= iwarp::crc::crc32c(black_box(piece));
+                }
+                acc
+            });
         });
-    });
+    }
     g.finish();
 }
 
