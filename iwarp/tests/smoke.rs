@@ -148,3 +148,56 @@ fn responder_terminates_on_broken_first_fpdu() {
     );
     assert_eq!(p.a.state(), QpState::Error);
 }
+
+/// A graceful close that starts in the middle of an FPDU keeps the QP in
+/// Closing until that FPDU is out, so the peer sees a well-framed stream.
+#[test]
+fn disconnect_mid_fpdu_drains_then_errors() {
+    use iwarp::qp::{QpEvent, QpState};
+    let mut p = Pair::connected(
+        QpConfig::default(),
+        Chunking::whole(1 << 16),
+        Config::default(),
+        Config::default(),
+    );
+    let src = p.a.reg(100_000, Access::NONE);
+    let dst = p.b.reg(100_000, Access::REMOTE_WRITE);
+    let wr = SendWr {
+        wr_id: 9,
+        op: SendOp::Write {
+            remote_addr: dst.iova,
+            rkey: dst.rkey,
+        },
+        sgl: &[Sge {
+            addr: src.iova,
+            len: 100_000,
+            lkey: src.lkey,
+        }],
+        signaled: true,
+    };
+    p.a.ctx.post_send(p.a.qp, &wr).unwrap();
+    let mut out = vec![0u8; 700];
+    let first = p.a.ctx.poll_transmit(p.a.qp, &mut out);
+    assert_eq!(first, 700, "a partial FPDU is on its way");
+    p.a.ctx.disconnect(p.a.qp);
+    assert_eq!(p.a.state(), QpState::Closing);
+    assert!(!p.a.ctx.wants_close(p.a.qp));
+    let mut stream = out[..first].to_vec();
+    loop {
+        let n = p.a.ctx.poll_transmit(p.a.qp, &mut out);
+        if n == 0 {
+            break;
+        }
+        stream.extend_from_slice(&out[..n]);
+    }
+    assert_eq!(p.a.state(), QpState::Error);
+    assert!(p.a.ctx.wants_close(p.a.qp));
+    let wcs = p.a.completions();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, iwarp::cq::WcStatus::WrFlushError);
+    assert_eq!(p.a.ctx.poll_event(p.a.qp), Some(QpEvent::Disconnected));
+    // The peer accepts exactly one whole FPDU and stays in RTS.
+    assert_eq!(p.b.ctx.handle_input(p.b.qp, &stream, p.now), stream.len());
+    assert_eq!(p.b.state(), QpState::Rts);
+    assert_eq!(p.b.ctx.qp_stats(p.b.qp).unwrap().rx_fpdus, 1);
+}

@@ -648,11 +648,11 @@ impl Qp {
             }
         }
         match self.state {
-            QpState::Rts | QpState::Closing => {
+            QpState::Rts => {
                 used += self.rx_input(&input[used..], env);
                 input.len().min(used)
             }
-            // Nothing more is processed once the QP failed.
+            // Nothing more is processed once the QP is closing or failed.
             _ => input.len(),
         }
     }
@@ -669,14 +669,18 @@ impl Qp {
         self.wants_close = true;
     }
 
-    /// Begin a graceful close: stop after the FPDU being sent, flush the
-    /// rest, and ask the owner to close the TCP connection.
+    /// Begin a graceful close: flush every outstanding work request, let
+    /// the FPDU being sent finish (the QP stays in Closing until it has),
+    /// then move to Error and ask the owner to close the TCP connection.
     pub(crate) fn disconnect(&mut self, env: &mut Env<'_>) {
         match self.state {
-            QpState::Error | QpState::Terminate => {}
+            QpState::Error | QpState::Terminate | QpState::Closing => {}
             _ => {
                 self.events.push_back(QpEvent::Disconnected);
                 self.enter_error(env);
+                if self.tx.busy() {
+                    self.state = QpState::Closing;
+                }
             }
         }
         self.wants_close = true;

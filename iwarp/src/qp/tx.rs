@@ -581,6 +581,12 @@ impl Qp {
     fn tx_fpdu_done(&mut self, env: &mut Env<'_>) {
         let Some(f) = self.tx.fpdu.take() else { return };
         self.stats.tx_fpdus += 1;
+        if self.state == QpState::Closing {
+            // The FPDU that was on its way when the close began is out.
+            self.state = QpState::Error;
+            self.tx.msg = None;
+            return;
+        }
         if !f.last {
             return;
         }
