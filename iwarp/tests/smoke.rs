@@ -194,7 +194,7 @@ fn disconnect_mid_fpdu_drains_then_errors() {
     assert!(p.a.ctx.wants_close(p.a.qp));
     let wcs = p.a.completions();
     assert_eq!(wcs.len(), 1);
-    assert_eq!(wcs[0].status, iwarp::cq::WcStatus::WrFlushError);
+    assert_eq!(wcs[0].status, WcStatus::WrFlushError);
     assert_eq!(p.a.ctx.poll_event(p.a.qp), Some(QpEvent::Disconnected));
     // The peer accepts exactly one whole FPDU and stays in RTS.
     assert_eq!(p.b.ctx.handle_input(p.b.qp, &stream, p.now), stream.len());
