@@ -240,7 +240,13 @@ impl Qp {
             let n = ((len - pos) as usize).min(d.len());
             let span = env
                 .mem
-                .check(s.lkey, self.pd, s.addr + pos, n, Access::LOCAL_WRITE)
+                .check(
+                    s.lkey,
+                    self.pd,
+                    s.addr.wrapping_add(pos),
+                    n,
+                    Access::LOCAL_WRITE,
+                )
                 .map_err(|_| Violation {
                     recv_status: Some(WcStatus::LocalProtectionError),
                     ..Violation::plain(codes::RDMAP_LOCAL_CATASTROPHIC)

@@ -630,7 +630,13 @@ fn next_span(
             let s = sges[..usize::from(nsge)].get(usize::from(idx))?;
             let len = ((s.len - off) as usize).min(max);
             env.mem
-                .check(s.lkey, pd, s.addr + u64::from(off), len, Access::NONE)
+                .check(
+                    s.lkey,
+                    pd,
+                    s.addr.wrapping_add(u64::from(off)),
+                    len,
+                    Access::NONE,
+                )
                 .ok()
         }
     }
