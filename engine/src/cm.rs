@@ -125,7 +125,11 @@ impl fmt::Display for CmError {
             Self::Timeout => f.write_str("timed out"),
             Self::MpaTimeout => f.write_str("MPA exchange timed out"),
             Self::Rejected { private_data } => {
-                write!(f, "rejected by the peer ({} bytes of private data)", private_data.len())
+                write!(
+                    f,
+                    "rejected by the peer ({} bytes of private data)",
+                    private_data.len()
+                )
             }
             Self::Mpa(e) => write!(f, "MPA exchange failed: {e}"),
             Self::Closed => f.write_str("the peer closed the connection during setup"),

@@ -239,10 +239,12 @@ impl Device {
         let id = {
             let mut e = shared.engine();
             let now = e.now();
-            let id = e.ctx.create_qp(qp.pd.id, qp.send_cq.id, qp.recv_cq.id, qp.config(emss))?;
-            if let Err(err) =
-                e.ctx
-                    .connect(id, params.mpa_config(left), &params.private_data, now)
+            let id = e
+                .ctx
+                .create_qp(qp.pd.id, qp.send_cq.id, qp.recv_cq.id, qp.config(emss))?;
+            if let Err(err) = e
+                .ctx
+                .connect(id, params.mpa_config(left), &params.private_data, now)
             {
                 let _ = e.ctx.destroy_qp(id);
                 return Err(err.into());
@@ -441,7 +443,11 @@ impl Mr {
         let _engine = self.shared.engine();
         // SAFETY: as in `write`, with the copy going the other way.
         unsafe {
-            core::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+            core::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
         };
     }
 
@@ -650,5 +656,98 @@ fn post_error(e: VerbsError) -> PostError {
     match e {
         VerbsError::Post(p) => p,
         _ => PostError::InvalidState,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::ConnParams;
+
+    fn manual() -> Device {
+        let cfg = DeviceConfig {
+            progress: Progress::Manual,
+            seed: Some(1),
+            busy_poll: false,
+        };
+        Device::open(Backend::Kernel, cfg).unwrap()
+    }
+
+    fn init(dev: &Device) -> QpInit {
+        let cq = dev.create_cq(16);
+        QpInit {
+            pd: dev.alloc_pd(),
+            send_cq: cq.clone(),
+            recv_cq: cq,
+            sq_depth: 4,
+            rq_depth: 4,
+            sig_all: false,
+        }
+    }
+
+    /// Progress both devices until `f` holds (bounded).
+    fn drive_until(a: &Device, b: &Device, mut f: impl FnMut() -> bool) {
+        for _ in 0..20_000 {
+            if f() {
+                return;
+            }
+            a.progress();
+            b.progress();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        panic!("condition not reached");
+    }
+
+    #[test]
+    fn dropped_qps_are_destroyed_after_close() {
+        let (a, b) = (manual(), manual());
+        let l = b.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let bi = init(&b);
+        let b2 = b.clone();
+        let t = std::thread::spawn(move || {
+            let req = l.get_request(Some(Duration::from_secs(30))).unwrap();
+            let qp = req.accept(bi, ConnParams::default()).unwrap();
+            // Keep driving until the client is through.
+            for _ in 0..50 {
+                b2.progress();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            qp
+        });
+        let qa = a.connect(addr, init(&a), ConnParams::default()).unwrap();
+        let qb = t.join().unwrap();
+        assert_eq!(a.inner.shared.engine().conn_count(), 1);
+        assert_eq!(b.inner.shared.engine().conn_count(), 1);
+        drop(qa);
+        drop(qb);
+        drive_until(&a, &b, || {
+            a.inner.shared.engine().conn_count() == 0 && b.inner.shared.engine().conn_count() == 0
+        });
+    }
+
+    #[test]
+    fn mr_is_zeroed_aligned_and_bounds_checked() {
+        let dev = manual();
+        let pd = dev.alloc_pd();
+        let mr = dev.reg_mr(&pd, 10_000, Access::LOCAL_WRITE).unwrap();
+        assert_eq!(mr.addr() % 4096, 0);
+        assert_eq!(mr.len(), 10_000);
+        let mut buf = vec![1; 10_000];
+        mr.read(0, &mut buf);
+        assert!(buf.iter().all(|&b| b == 0));
+        mr.write(9_998, &[5, 6]);
+        assert_eq!(mr.read_byte_volatile(9_999), 6);
+        let sge = mr.sge(10, 20);
+        assert_eq!(
+            (sge.addr, sge.len, sge.lkey),
+            (mr.addr() + 10, 20, mr.lkey())
+        );
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mr.write(9_999, &[1, 2])));
+        assert!(r.is_err());
+        let other = manual().alloc_pd();
+        assert!(dev.reg_mr(&other, 16, Access::LOCAL_WRITE).is_err());
+        let empty = dev.reg_mr(&pd, 0, Access::LOCAL_WRITE).unwrap();
+        assert!(empty.is_empty());
     }
 }

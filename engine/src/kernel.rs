@@ -299,7 +299,10 @@ impl Engine {
 
     /// When the next timer is due, if any.
     pub(crate) fn next_deadline(&self) -> Option<CoreInstant> {
-        let conns = self.conns.iter().filter_map(|c| self.ctx.poll_timeout(c.qp));
+        let conns = self
+            .conns
+            .iter()
+            .filter_map(|c| self.ctx.poll_timeout(c.qp));
         let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
         conns.chain(pending).min()
     }
