@@ -108,6 +108,7 @@ struct Conn {
     /// Bytes from `poll_transmit` the socket has not taken yet.
     out: Vec<u8>,
     out_pos: usize,
+    out_len: usize,
     /// Received bytes the core has not consumed yet.
     input: Vec<u8>,
     eof: bool,
@@ -236,6 +237,7 @@ impl Engine {
             sock: Some(sock),
             out: Vec::new(),
             out_pos: 0,
+            out_len: 0,
             input,
             eof: false,
             shared,
@@ -479,8 +481,8 @@ impl Engine {
         let mut drained = false;
         if broken.is_none() {
             for _ in 0..IO_BUDGET {
-                if c.out_pos < c.out.len() {
-                    match s.write(&c.out[c.out_pos..]) {
+                if c.out_pos < c.out_len {
+                    match s.write(&c.out[c.out_pos..c.out_len]) {
                         Ok(n) => {
                             c.out_pos += n;
                             work += n;
@@ -494,9 +496,11 @@ impl Engine {
                     }
                     continue;
                 }
-                c.out.resize(IO_BUF, 0);
+                if c.out.len() < IO_BUF {
+                    c.out.resize(IO_BUF, 0);
+                }
                 let n = self.ctx.poll_transmit(qp, &mut c.out);
-                c.out.truncate(n);
+                c.out_len = n;
                 c.out_pos = 0;
                 if n == 0 {
                     drained = true;
@@ -507,7 +511,7 @@ impl Engine {
         if let Some(kind) = broken {
             // A reset or a write to a closed connection: the stream ended.
             c.eof = true;
-            c.out.clear();
+            c.out_len = 0;
             c.out_pos = 0;
             self.ctx.handle_eof(qp);
             push_event(&c.shared, CmEvent::Error(CmError::Io(kind)));
@@ -515,12 +519,14 @@ impl Engine {
         }
         work += drain_events(&mut self.ctx, qp, &c.shared);
         // Close once the core asks and everything it sent left.
-        let flushed = broken.is_some() || (drained && c.out_pos >= c.out.len());
+        let flushed = broken.is_some() || (drained && c.out_pos >= c.out_len);
         if flushed && self.ctx.wants_close(qp) {
             if let Some(mut s) = c.sock.take() {
                 let _ = self.registry.deregister(&mut s);
                 let _ = s.shutdown(Shutdown::Both);
             }
+            c.out = Vec::new();
+            c.input = Vec::new();
             work += 1;
         }
         work
