@@ -221,6 +221,11 @@ impl Drop for Listener {
 
 /// An MPA connection request waiting for [`Self::accept`] or
 /// [`Self::reject`]. Dropping it closes the connection without a reply.
+///
+/// How accepting works: the request was
+/// parsed by a standalone responder; `accept` creates the core QP with the
+/// application's PD, CQs and depths and replays the request bytes into it,
+/// so negotiation uses the [`ConnParams`] given to `accept`.
 #[derive(Debug)]
 pub struct ConnRequest {
     shared: Arc<Shared>,

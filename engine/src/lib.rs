@@ -13,6 +13,31 @@
 //!   [`CmEvent`]: connection setup (TCP plus the MPA exchange) and the
 //!   events of an established connection.
 //!
+//! # Design of the kernel backend
+//!
+//! * **Threading.** Each [`Device`] owns one engine: the verbs context of
+//!   the core plus every socket, behind one mutex. With
+//!   [`Progress::Thread`] a progress thread (optionally pinned) runs passes
+//!   over all sockets and sleeps in epoll (mio) when a pass did nothing;
+//!   posts and new connections wake it through a `mio::Waker` (only when
+//!   it sleeps). With `busy_poll` it spins instead. With
+//!   [`Progress::Manual`] the application calls [`Device::progress`];
+//!   blocking calls ([`Device::connect`], [`Listener::get_request`],
+//!   [`Cq::wait`], [`Qp::wait_event`]) then drive the engine themselves and
+//!   sleep in epoll between passes.
+//! * **Locking.** Posts lock the engine and call the core directly, so
+//!   their errors are synchronous. Completions are moved by each pass from
+//!   the core's CQ into the [`Cq`]'s own queue (mutex + condition
+//!   variable), so [`Cq::wait`] sleeps without spinning and without holding
+//!   the engine lock. [`Mr::write`] and [`Mr::read`] take the engine lock:
+//!   the core only touches registered memory while holding it.
+//! * **Accept.** See the [`ConnRequest`] documentation: the request is
+//!   parsed by a standalone MPA responder, and the core QP, created at
+//!   accept time with the application's resources, replays the request
+//!   bytes exactly as received.
+//! * **FPDU size.** Each QP's EMSS is the socket's `TCP_MAXSEG`, clamped to
+//!   512..=16384 bytes; `TCP_NODELAY` is on.
+//!
 //! # Quickstart
 //!
 //! ```no_run
@@ -50,6 +75,8 @@
 //! # Ok(())
 //! # }
 //! ```
+
+#![warn(missing_docs)]
 
 mod cm;
 mod device;
