@@ -1,0 +1,274 @@
+//! The connection manager: listening, connecting, accepting and rejecting,
+//! and the events of an established connection.
+//!
+//! # How accept works
+//!
+//! The core QP runs the MPA exchange itself, but the QP can only be
+//! created once the application names its PD, CQs and queue depths in
+//! [`ConnRequest::accept`]. So the engine parses the MPA request of an
+//! accepted TCP connection with a standalone
+//! [`Handshake::responder`](iwarp::mpa::handshake::Handshake::responder)
+//! (one that accepts any offer) and keeps the request frame's bytes
+//! exactly as received, reading nothing beyond them that it would not
+//! also keep. [`Listener::get_request`] hands out the request; `accept`
+//! then creates the core QP with the application's resources, starts it as
+//! responder (`Context::listen`), replays the same request bytes into it
+//! and calls `Context::accept`: negotiation (IRD/ORD, RTR, CRC, markers)
+//! happens in the core with the application's [`ConnParams`]. `reject`
+//! uses the standalone responder to build the reply with R=1, which the
+//! engine sends before closing the socket.
+
+use core::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iwarp::error::TermCode;
+use iwarp::mpa::handshake::{self, ConnectRequest, HandshakeError, RtrSet};
+use iwarp::verbs::VerbsError;
+
+use crate::device::{Qp, QpInit};
+use crate::kernel::{lock, ListenShared, Request, Shared};
+
+/// Connection parameters: what we offer (initiator) or accept with
+/// (responder).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnParams {
+    /// ULP private data of our MPA frame (at most 508 bytes at revision 2,
+    /// 512 at revision 1).
+    pub private_data: Vec<u8>,
+    /// Our inbound RDMA Read queue depth (Linux siw supports up to 128).
+    pub ird: u16,
+    /// Our outbound RDMA Read queue depth.
+    pub ord: u16,
+    /// Ask for CRC32c (used if either side asks).
+    pub crc: bool,
+    /// Want markers in the stream we receive.
+    pub markers: bool,
+    /// MPA revision: 1, or 2 for RFC 6581 enhanced connection setup.
+    pub revision: u8,
+    /// Initiator: request RFC 6581 peer-to-peer mode.
+    pub p2p: bool,
+    /// Initiator: RTR types offered; responder: RTR types acceptable.
+    pub rtr: RtrSet,
+    /// Bound of the TCP connect plus the MPA exchange.
+    pub timeout: Duration,
+}
+
+impl Default for ConnParams {
+    fn default() -> Self {
+        Self {
+            private_data: Vec::new(),
+            ird: 16,
+            ord: 16,
+            crc: false,
+            markers: false,
+            revision: 2,
+            p2p: false,
+            rtr: RtrSet::ALL,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ConnParams {
+    /// The core's handshake configuration; `timeout` is what is left of
+    /// `self.timeout`.
+    pub(crate) fn mpa_config(&self, timeout: Duration) -> handshake::Config {
+        handshake::Config {
+            revision: self.revision,
+            crc: self.crc,
+            markers: self.markers,
+            ird: self.ird,
+            ord: self.ord,
+            p2p: self.p2p,
+            rtr: self.rtr,
+            timeout,
+        }
+    }
+}
+
+/// Why connection setup failed.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmError {
+    /// Nobody listens at the address (TCP RST).
+    ConnectionRefused,
+    /// No route to the network or host.
+    Unreachable,
+    /// The TCP connect timed out, or a wait ran out of time.
+    Timeout,
+    /// The MPA exchange did not finish within the timeout.
+    MpaTimeout,
+    /// The peer rejected the connection.
+    Rejected {
+        /// The peer's ULP private data.
+        private_data: Vec<u8>,
+    },
+    /// The MPA exchange failed: an invalid frame or a negotiation mismatch
+    /// (`NoMatchingRtr`, `InsufficientIrd`, ...).
+    Mpa(HandshakeError),
+    /// The peer closed the connection during setup.
+    Closed,
+    /// A socket call failed.
+    Io(io::ErrorKind),
+    /// A verbs call failed (e.g. a PD or CQ of another device).
+    Verbs(VerbsError),
+}
+
+impl fmt::Display for CmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ConnectionRefused => f.write_str("connection refused"),
+            Self::Unreachable => f.write_str("network or host unreachable"),
+            Self::Timeout => f.write_str("timed out"),
+            Self::MpaTimeout => f.write_str("MPA exchange timed out"),
+            Self::Rejected { private_data } => {
+                write!(
+                    f,
+                    "rejected by the peer ({} bytes of private data)",
+                    private_data.len()
+                )
+            }
+            Self::Mpa(e) => write!(f, "MPA exchange failed: {e}"),
+            Self::Closed => f.write_str("the peer closed the connection during setup"),
+            Self::Io(k) => write!(f, "socket error: {k}"),
+            Self::Verbs(e) => write!(f, "verbs error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CmError {}
+
+impl From<io::Error> for CmError {
+    fn from(e: io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc::ECONNREFUSED) => return Self::ConnectionRefused,
+            Some(libc::ENETUNREACH | libc::EHOSTUNREACH) => return Self::Unreachable,
+            Some(libc::ETIMEDOUT) => return Self::Timeout,
+            _ => {}
+        }
+        match e.kind() {
+            io::ErrorKind::ConnectionRefused => Self::ConnectionRefused,
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => Self::Timeout,
+            k => Self::Io(k),
+        }
+    }
+}
+
+impl From<VerbsError> for CmError {
+    fn from(e: VerbsError) -> Self {
+        match e {
+            VerbsError::Connect(HandshakeError::Timeout) => Self::MpaTimeout,
+            VerbsError::Connect(h) => Self::Mpa(h),
+            e => Self::Verbs(e),
+        }
+    }
+}
+
+/// Something that happened to an established connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmEvent {
+    /// The connection closed (our disconnect, or the peer's EOF).
+    Disconnected,
+    /// We detected a protocol violation and sent a Terminate.
+    LocalTerminate(TermCode),
+    /// The peer sent a Terminate.
+    RemoteTerminate(TermCode),
+    /// A socket error ended the connection (followed by `Disconnected`).
+    Error(CmError),
+    /// A completion queue overflowed; the QP moved to Error.
+    CqOverrun,
+}
+
+/// A listening TCP socket. Dropping it closes the socket and every
+/// connection whose request was not taken with [`Self::get_request`].
+#[derive(Debug)]
+pub struct Listener {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) ls: Arc<ListenShared>,
+    pub(crate) addr: SocketAddr,
+}
+
+impl Listener {
+    /// The bound address (with the port the OS chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The next connection whose TCP connection is accepted and whose MPA
+    /// request has arrived. `None` waits forever;
+    /// [`CmError::Timeout`] when `timeout` passes first.
+    pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnRequest, CmError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.shared
+            .wait_for(&self.ls.q, &self.ls.cv, deadline, |q| q.pop_front())
+            .map(|req| ConnRequest {
+                shared: self.shared.clone(),
+                req: Some(req),
+            })
+            .ok_or(CmError::Timeout)
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.shared.engine().remove_listener(&self.ls);
+        lock(&self.ls.q).clear();
+    }
+}
+
+/// An MPA connection request waiting for [`Self::accept`] or
+/// [`Self::reject`]. Dropping it closes the connection without a reply.
+///
+/// How accepting works: the request was
+/// parsed by a standalone responder; `accept` creates the core QP with the
+/// application's PD, CQs and depths and replays the request bytes into it,
+/// so negotiation uses the [`ConnParams`] given to `accept`.
+#[derive(Debug)]
+pub struct ConnRequest {
+    shared: Arc<Shared>,
+    req: Option<Request>,
+}
+
+impl ConnRequest {
+    fn req(&self) -> &Request {
+        self.req.as_ref().expect("taken only by accept/reject")
+    }
+
+    /// The initiator's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.req().peer
+    }
+
+    /// The initiator's ULP private data.
+    pub fn private_data(&self) -> &[u8] {
+        &self.req().request.private_data
+    }
+
+    /// The request: revision, CRC and marker flags, IRD/ORD words.
+    pub fn request(&self) -> &ConnectRequest {
+        &self.req().request
+    }
+
+    /// Accept: create the QP, reply, and return it in RTS. Negotiation
+    /// failures (e.g. [`HandshakeError::NoMatchingRtr`]: the reply then
+    /// carries R=1) are [`CmError::Mpa`].
+    pub fn accept(mut self, qp: QpInit, params: ConnParams) -> Result<Qp, CmError> {
+        let req = self.req.take().expect("taken only once");
+        Qp::accept(&self.shared, req, qp, &params)
+    }
+
+    /// Reject with `private_data`: reply with R=1 and close.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
+        let mut req = self.req.take().expect("taken only once");
+        req.hs.reject(private_data).map_err(CmError::Mpa)?;
+        let mut frame = vec![0; 1024];
+        let n = req.hs.poll_transmit(&mut frame);
+        frame.truncate(n);
+        self.shared.engine().linger(req.sock, frame);
+        self.shared.kick();
+        Ok(())
+    }
+}

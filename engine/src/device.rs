@@ -1,0 +1,753 @@
+//! The backend-agnostic front: devices, protection domains, completion
+//! queues, memory regions and queue pairs.
+
+use std::alloc::Layout;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::net::SocketAddr;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use iwarp::cq::{CqId, QpId, WorkCompletion};
+use iwarp::mem::{Access, MrInfo, PdId};
+use iwarp::mpa::handshake::Negotiated;
+use iwarp::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr, Sge};
+use iwarp::verbs::VerbsError;
+use mio::net::{TcpListener, TcpStream};
+
+use crate::cm::{CmError, CmEvent, ConnParams, Listener};
+use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Request, Shared};
+
+/// Which I/O backend runs the protocol core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Kernel TCP sockets (`std::net`), polled with epoll.
+    Kernel,
+}
+
+/// Who runs the progress engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// A progress thread owned by the device, pinned to `cpu` if given.
+    Thread {
+        /// The core to pin the thread to.
+        cpu: Option<usize>,
+    },
+    /// The application calls [`Device::progress`]. Blocking calls
+    /// (connect, accept, [`Cq::wait`], ...) drive the engine themselves
+    /// while they wait.
+    Manual,
+}
+
+/// How to open a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Who runs the progress engine.
+    pub progress: Progress,
+    /// STag key seed (`None`: drawn from the OS's randomness).
+    pub seed: Option<u64>,
+    /// The progress thread spins instead of sleeping in poll(2).
+    pub busy_poll: bool,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            progress: Progress::Thread { cpu: None },
+            seed: None,
+            busy_poll: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct DeviceInner {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        self.shared.stop();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+        self.shared.engine().shutdown();
+    }
+}
+
+/// An RDMA device: one verbs context and its progress engine. Cloning
+/// gives another handle to the same device; dropping the last handle
+/// stops the progress thread (joins it) and closes every connection.
+#[derive(Clone, Debug)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+impl Device {
+    /// Open a device.
+    pub fn open(backend: Backend, cfg: DeviceConfig) -> io::Result<Self> {
+        let Backend::Kernel = backend;
+        let seed = cfg.seed.unwrap_or_else(|| {
+            let mut h = RandomState::new().build_hasher();
+            h.write_u64(0x1a2b_3c4d);
+            h.finish()
+        });
+        let threaded = matches!(cfg.progress, Progress::Thread { .. });
+        let shared = Arc::new(Shared::new(seed, threaded, cfg.busy_poll)?);
+        let thread = match cfg.progress {
+            Progress::Manual => None,
+            Progress::Thread { cpu } => {
+                let s = shared.clone();
+                let t = std::thread::Builder::new()
+                    .name("iwarp-progress".into())
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            pin(cpu);
+                        }
+                        s.run();
+                    })?;
+                Some(t)
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(DeviceInner {
+                shared,
+                thread: Mutex::new(thread),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// One pass of the engine; returns the work done (0: nothing moved).
+    /// Needed in [`Progress::Manual`] mode; harmless otherwise.
+    pub fn progress(&self) -> usize {
+        self.shared().progress()
+    }
+
+    /// Allocate a protection domain.
+    pub fn alloc_pd(&self) -> Pd {
+        let id = self.shared().engine().ctx.alloc_pd();
+        Pd {
+            id,
+            shared: self.shared().clone(),
+        }
+    }
+
+    /// Create a completion queue holding up to `capacity` completions the
+    /// application has not polled (and as many again inside the core).
+    pub fn create_cq(&self, capacity: usize) -> Cq {
+        let q = Arc::new(CqQueue {
+            q: Mutex::new(std::collections::VecDeque::with_capacity(capacity)),
+            cv: std::sync::Condvar::new(),
+            capacity,
+        });
+        let mut e = self.shared().engine();
+        let id = e.ctx.create_cq(capacity);
+        e.add_cq(id, q.clone());
+        Cq {
+            id,
+            q,
+            shared: self.shared().clone(),
+        }
+    }
+
+    /// Register a zeroed, page-aligned buffer of `len` bytes owned by the
+    /// returned [`Mr`]; deregistered and freed when it is dropped.
+    pub fn reg_mr(&self, pd: &Pd, len: usize, access: Access) -> io::Result<Mr> {
+        if !Arc::ptr_eq(&pd.shared, self.shared()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the PD belongs to another device",
+            ));
+        }
+        let layout = Layout::from_size_align(len.max(1), 4096)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            return Err(io::ErrorKind::OutOfMemory.into());
+        };
+        // SAFETY: the allocation is valid for `len` bytes until `Mr::drop`,
+        // which deregisters the region (under the engine lock) before it
+        // frees the memory; the engine never frees it. The application only
+        // reaches the bytes through `Mr::write`/`Mr::read`, which hold the
+        // engine lock, so the core's copies never race with them.
+        let info = unsafe {
+            self.shared()
+                .engine()
+                .ctx
+                .reg_mr(pd.id, ptr.as_ptr(), len, access)
+        };
+        match info {
+            Ok(info) => Ok(Mr {
+                shared: self.shared().clone(),
+                ptr,
+                layout,
+                info,
+            }),
+            Err(_) => {
+                // SAFETY: allocated above with `layout`, never registered.
+                unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+                Err(io::Error::other("the memory table is full"))
+            }
+        }
+    }
+
+    /// Listen on `addr` (port 0: the OS picks one, see
+    /// [`Listener::local_addr`]).
+    pub fn listen(&self, addr: SocketAddr) -> Result<Listener, CmError> {
+        let std = std::net::TcpListener::bind(addr).map_err(|e| CmError::Io(e.kind()))?;
+        std.set_nonblocking(true)
+            .map_err(|e| CmError::Io(e.kind()))?;
+        let addr = std.local_addr().map_err(|e| CmError::Io(e.kind()))?;
+        let ls = self
+            .shared()
+            .engine()
+            .add_listener(TcpListener::from_std(std))
+            .map_err(|e| CmError::Io(e.kind()))?;
+        self.shared().kick();
+        Ok(Listener {
+            shared: self.shared().clone(),
+            ls,
+            addr,
+        })
+    }
+
+    /// Connect to `addr`: TCP connect, then the MPA exchange as initiator.
+    /// Blocks until the connection is established or fails;
+    /// `params.timeout` bounds both steps together.
+    pub fn connect(&self, addr: SocketAddr, qp: QpInit, params: ConnParams) -> Result<Qp, CmError> {
+        let start = Instant::now();
+        check_init(self.shared(), &qp)?;
+        let std = std::net::TcpStream::connect_timeout(&addr, params.timeout)?;
+        std.set_nodelay(true).map_err(|e| CmError::Io(e.kind()))?;
+        std.set_nonblocking(true)
+            .map_err(|e| CmError::Io(e.kind()))?;
+        let local = std.local_addr().map_err(|e| CmError::Io(e.kind()))?;
+        let sock = TcpStream::from_std(std);
+        let emss = emss_of(&sock);
+        let left = params.timeout.saturating_sub(start.elapsed());
+        let conn = Arc::new(ConnShared::default());
+        let shared = self.shared();
+        let id = {
+            let mut e = shared.engine();
+            let now = e.now();
+            let id = e
+                .ctx
+                .create_qp(qp.pd.id, qp.send_cq.id, qp.recv_cq.id, qp.config(emss))?;
+            if let Err(err) = e
+                .ctx
+                .connect(id, params.mpa_config(left), &params.private_data, now)
+            {
+                let _ = e.ctx.destroy_qp(id);
+                return Err(err.into());
+            }
+            if let Err(err) = e.add_conn(id, sock, Vec::new(), conn.clone()) {
+                e.release_qp(id);
+                return Err(CmError::Io(err.kind()));
+            }
+            id
+        };
+        shared.kick();
+        // The core's handshake deadline fires first (MpaTimeout); ours is
+        // a backstop.
+        let deadline = Instant::now() + left + Duration::from_secs(1);
+        let setup = shared.wait_for(&conn.m, &conn.cv, Some(deadline), |i| i.setup.clone());
+        let result = setup.unwrap_or(Err(CmError::Timeout));
+        let qp = Qp {
+            shared: shared.clone(),
+            id,
+            conn,
+            local,
+            peer: addr,
+        };
+        result.map(|()| qp)
+    }
+}
+
+/// Pin the current thread to core `cpu` (best effort).
+fn pin(cpu: usize) {
+    if let Some(id) = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.id == cpu)
+    {
+        core_affinity::set_for_current(id);
+    }
+}
+
+fn check_init(shared: &Arc<Shared>, qp: &QpInit) -> Result<(), CmError> {
+    let same = |s: &Arc<Shared>| Arc::ptr_eq(s, shared);
+    if same(&qp.pd.shared) && same(&qp.send_cq.shared) && same(&qp.recv_cq.shared) {
+        Ok(())
+    } else {
+        Err(CmError::Verbs(VerbsError::InvalidHandle))
+    }
+}
+
+/// A protection domain.
+#[derive(Clone, Debug)]
+pub struct Pd {
+    id: PdId,
+    shared: Arc<Shared>,
+}
+
+impl Pd {
+    /// The core's identifier.
+    pub fn id(&self) -> PdId {
+        self.id
+    }
+}
+
+/// A completion queue. Clones share the queue.
+#[derive(Clone, Debug)]
+pub struct Cq {
+    id: CqId,
+    q: Arc<CqQueue>,
+    shared: Arc<Shared>,
+}
+
+impl Cq {
+    /// Move up to `out.len()` completions into `out`, oldest first;
+    /// returns how many. Never blocks (in [`Progress::Manual`] mode it
+    /// does not run the engine either: call [`Device::progress`]).
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut q = lock(&self.q.q);
+        let n = out.len().min(q.len());
+        for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Block until at least one completion is there (returns how many were
+    /// moved into `out`, at least 1) or `timeout` passes (returns 0).
+    /// Sleeps on a condition variable: no spinning.
+    pub fn wait(&self, out: &mut [WorkCompletion], timeout: Option<Duration>) -> usize {
+        if out.is_empty() {
+            return 0;
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.shared
+            .wait_for(&self.q.q, &self.q.cv, deadline, |q| {
+                if q.is_empty() {
+                    return None;
+                }
+                let n = out.len().min(q.len());
+                for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
+                    *slot = wc;
+                }
+                Some(n)
+            })
+            .unwrap_or(0)
+    }
+
+    /// The core's identifier.
+    pub fn id(&self) -> CqId {
+        self.id
+    }
+}
+
+/// A registered memory region owning a zeroed, page-aligned buffer.
+///
+/// The buffer's bytes are reached with [`Self::write`] and [`Self::read`],
+/// which take the device's engine lock: the stack only touches registered
+/// memory while holding that lock, so these copies never race with data
+/// the peer places. Out-of-range offsets are the application's bug: they
+/// panic.
+#[derive(Debug)]
+pub struct Mr {
+    shared: Arc<Shared>,
+    ptr: NonNull<u8>,
+    layout: Layout,
+    info: MrInfo,
+}
+
+// SAFETY: `Mr` owns its allocation (like a `Box<[u8]>`); every access to
+// the bytes goes through the engine's mutex, except `read_byte_volatile`,
+// a single-byte volatile read documented as racing with placement.
+unsafe impl Send for Mr {}
+// SAFETY: see `Send`; `&Mr` methods only copy under the engine lock.
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    /// The local key (for SGEs).
+    pub fn lkey(&self) -> u32 {
+        self.info.lkey
+    }
+
+    /// The remote key (for the peer's RDMA Write/Read).
+    pub fn rkey(&self) -> u32 {
+        self.info.rkey
+    }
+
+    /// The tagged offset of byte 0: the buffer's address, as `ibv_reg_mr`.
+    pub fn addr(&self) -> u64 {
+        self.info.iova
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.info.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.info.len == 0
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        let end = offset.checked_add(len);
+        assert!(
+            end.is_some_and(|e| e <= self.info.len),
+            "range {offset}+{len} outside the {}-byte region",
+            self.info.len
+        );
+    }
+
+    /// The SGE of `len` bytes at `offset`. Panics if out of range or if
+    /// `len` exceeds `u32::MAX`.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        self.check(offset, len);
+        Sge {
+            addr: self.info.iova + offset as u64,
+            len: u32::try_from(len).expect("an SGE holds at most 4 GiB - 1"),
+            lkey: self.info.lkey,
+        }
+    }
+
+    /// Copy `src` into the region at `offset`. Panics if out of range.
+    pub fn write(&self, offset: usize, src: &[u8]) {
+        self.check(offset, src.len());
+        let _engine = self.shared.engine();
+        // SAFETY: in bounds (checked above) of an allocation this `Mr`
+        // owns; the engine lock is held, so the stack does not access the
+        // region concurrently; `src` is a distinct Rust borrow and cannot
+        // overlap memory that is never handed out as a reference.
+        unsafe {
+            core::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
+        };
+    }
+
+    /// Copy bytes of the region at `offset` into `dst`. Panics if out of
+    /// range.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) {
+        self.check(offset, dst.len());
+        let _engine = self.shared.engine();
+        // SAFETY: as in `write`, with the copy going the other way.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+    }
+
+    /// A volatile read of the byte at `offset` without taking the engine
+    /// lock, for polling the last byte of an incoming RDMA Write (latency
+    /// benchmarks). It may observe the byte before or after a concurrent
+    /// placement. Panics if out of range.
+    pub fn read_byte_volatile(&self, offset: usize) -> u8 {
+        self.check(offset, 1);
+        // SAFETY: in bounds of the live allocation; a `u8` read has no
+        // alignment requirement and every bit pattern is valid.
+        unsafe { self.ptr.as_ptr().add(offset).read_volatile() }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // Deregister first, under the lock: afterwards the stack cannot
+        // reach the memory.
+        let _ = self.shared.engine().ctx.dereg_mr(self.info.lkey);
+        // SAFETY: allocated in `Device::reg_mr` with `self.layout`, and no
+        // longer registered.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// What a new QP is made of.
+#[derive(Clone, Debug)]
+pub struct QpInit {
+    /// Its protection domain.
+    pub pd: Pd,
+    /// Where send-queue completions go.
+    pub send_cq: Cq,
+    /// Where receive completions go.
+    pub recv_cq: Cq,
+    /// Send queue depth.
+    pub sq_depth: usize,
+    /// Receive queue depth.
+    pub rq_depth: usize,
+    /// Complete every send-queue work request, signaled or not.
+    pub sig_all: bool,
+}
+
+impl QpInit {
+    fn config(&self, emss: usize) -> QpConfig {
+        QpConfig {
+            sq_depth: self.sq_depth,
+            rq_depth: self.rq_depth,
+            emss,
+            sig_all: self.sig_all,
+            ..QpConfig::default()
+        }
+    }
+}
+
+/// A connected queue pair. Dropping it disconnects.
+#[derive(Debug)]
+pub struct Qp {
+    shared: Arc<Shared>,
+    id: QpId,
+    conn: Arc<ConnShared>,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl Qp {
+    /// Responder side of [`crate::ConnRequest::accept`].
+    pub(crate) fn accept(
+        shared: &Arc<Shared>,
+        req: Request,
+        init: QpInit,
+        params: &ConnParams,
+    ) -> Result<Self, CmError> {
+        check_init(shared, &init)?;
+        let conn = Arc::new(ConnShared::default());
+        let mut e = shared.engine();
+        let now = e.now();
+        let id = e.ctx.create_qp(
+            init.pd.id,
+            init.send_cq.id,
+            init.recv_cq.id,
+            init.config(req.emss),
+        )?;
+        let mut result = e.ctx.listen(id, params.mpa_config(params.timeout), now);
+        if result.is_ok() {
+            // Replay the request exactly as received.
+            e.ctx.handle_input(id, &req.frame, now);
+            let mut failed = None;
+            while let Some(ev) = e.ctx.poll_event(id) {
+                if let QpEvent::ConnectFailed(err) = ev {
+                    failed = Some(VerbsError::Connect(err));
+                }
+            }
+            result = match failed {
+                Some(err) => Err(err),
+                None => e.ctx.accept(id, &params.private_data),
+            };
+        }
+        let result = result.map_err(CmError::from);
+        // Even a failed QP may have a reply to send (R=1 on a negotiation
+        // mismatch): the engine sends it and closes.
+        if let Err(err) = e.add_conn(id, req.sock, req.rest, conn.clone()) {
+            e.release_qp(id);
+            return Err(CmError::Io(err.kind()));
+        }
+        if let Err(err) = result {
+            e.release_qp(id);
+            drop(e);
+            shared.kick();
+            return Err(err);
+        }
+        // Established: the event is already queued.
+        e.pass_events(id);
+        drop(e);
+        shared.kick();
+        Ok(Self {
+            shared: shared.clone(),
+            id,
+            conn,
+            local: req.local,
+            peer: req.peer,
+        })
+    }
+
+    /// Post a send-queue work request. Errors are synchronous.
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        let r = self.shared.engine().ctx.post_send(self.id, wr);
+        self.shared.kick();
+        r.map_err(post_error)
+    }
+
+    /// Post a receive work request. Errors are synchronous.
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        let r = self.shared.engine().ctx.post_recv(self.id, wr);
+        self.shared.kick();
+        r.map_err(post_error)
+    }
+
+    /// Graceful close: outstanding work requests are flushed, the TCP
+    /// connection is closed.
+    pub fn disconnect(&self) {
+        self.shared.engine().ctx.disconnect(self.id);
+        self.shared.kick();
+    }
+
+    /// The QP's state.
+    pub fn state(&self) -> QpState {
+        self.shared
+            .engine()
+            .ctx
+            .qp_state(self.id)
+            .unwrap_or(QpState::Error)
+    }
+
+    /// What the MPA exchange settled.
+    pub fn negotiated(&self) -> Negotiated {
+        lock(&self.conn.m)
+            .negotiated
+            .clone()
+            .expect("a Qp is handed out established")
+    }
+
+    /// The peer's ULP private data from the MPA exchange.
+    pub fn peer_private_data(&self) -> Vec<u8> {
+        lock(&self.conn.m).peer_private_data.clone()
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The next connection event, if any.
+    pub fn poll_event(&self) -> Option<CmEvent> {
+        lock(&self.conn.m).events.pop_front()
+    }
+
+    /// Wait up to `timeout` for the next connection event.
+    pub fn wait_event(&self, timeout: Duration) -> Option<CmEvent> {
+        let deadline = Instant::now() + timeout;
+        self.shared
+            .wait_for(&self.conn.m, &self.conn.cv, Some(deadline), |i| {
+                i.events.pop_front()
+            })
+    }
+
+    /// The core's identifier.
+    pub fn id(&self) -> QpId {
+        self.id
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.shared.engine().release_qp(self.id);
+        self.shared.kick();
+    }
+}
+
+fn post_error(e: VerbsError) -> PostError {
+    match e {
+        VerbsError::Post(p) => p,
+        _ => PostError::InvalidState,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::ConnParams;
+
+    fn manual() -> Device {
+        let cfg = DeviceConfig {
+            progress: Progress::Manual,
+            seed: Some(1),
+            busy_poll: false,
+        };
+        Device::open(Backend::Kernel, cfg).unwrap()
+    }
+
+    fn init(dev: &Device) -> QpInit {
+        let cq = dev.create_cq(16);
+        QpInit {
+            pd: dev.alloc_pd(),
+            send_cq: cq.clone(),
+            recv_cq: cq,
+            sq_depth: 4,
+            rq_depth: 4,
+            sig_all: false,
+        }
+    }
+
+    /// Progress both devices until `f` holds (bounded).
+    fn drive_until(a: &Device, b: &Device, mut f: impl FnMut() -> bool) {
+        for _ in 0..20_000 {
+            if f() {
+                return;
+            }
+            a.progress();
+            b.progress();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        panic!("condition not reached");
+    }
+
+    #[test]
+    fn dropped_qps_are_destroyed_after_close() {
+        let (a, b) = (manual(), manual());
+        let l = b.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let bi = init(&b);
+        let b2 = b.clone();
+        let t = std::thread::spawn(move || {
+            let req = l.get_request(Some(Duration::from_secs(30))).unwrap();
+            let qp = req.accept(bi, ConnParams::default()).unwrap();
+            // Keep driving until the client is through.
+            for _ in 0..50 {
+                b2.progress();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            qp
+        });
+        let qa = a.connect(addr, init(&a), ConnParams::default()).unwrap();
+        let qb = t.join().unwrap();
+        assert_eq!(a.inner.shared.engine().conn_count(), 1);
+        assert_eq!(b.inner.shared.engine().conn_count(), 1);
+        drop(qa);
+        drop(qb);
+        drive_until(&a, &b, || {
+            a.inner.shared.engine().conn_count() == 0 && b.inner.shared.engine().conn_count() == 0
+        });
+    }
+
+    #[test]
+    fn mr_is_zeroed_aligned_and_bounds_checked() {
+        let dev = manual();
+        let pd = dev.alloc_pd();
+        let mr = dev.reg_mr(&pd, 10_000, Access::LOCAL_WRITE).unwrap();
+        assert_eq!(mr.addr() % 4096, 0);
+        assert_eq!(mr.len(), 10_000);
+        let mut buf = vec![1; 10_000];
+        mr.read(0, &mut buf);
+        assert!(buf.iter().all(|&b| b == 0));
+        mr.write(9_998, &[5, 6]);
+        assert_eq!(mr.read_byte_volatile(9_999), 6);
+        let sge = mr.sge(10, 20);
+        assert_eq!(
+            (sge.addr, sge.len, sge.lkey),
+            (mr.addr() + 10, 20, mr.lkey())
+        );
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mr.write(9_999, &[1, 2])));
+        assert!(r.is_err());
+        let other = manual().alloc_pd();
+        assert!(dev.reg_mr(&other, 16, Access::LOCAL_WRITE).is_err());
+        let empty = dev.reg_mr(&pd, 0, Access::LOCAL_WRITE).unwrap();
+        assert!(empty.is_empty());
+    }
+}

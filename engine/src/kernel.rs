@@ -1,0 +1,848 @@
+//! The kernel-socket backend: the protocol core driven over `std::net` TCP
+//! sockets in non-blocking mode.
+//!
+//! One [`Engine`] per device, behind one mutex ([`Shared::engine`]), holds
+//! the verbs [`Context`] and every socket. Application calls (posts,
+//! connection setup) lock it and call the core directly, so their errors
+//! are synchronous; then they [`Shared::kick`] the progress thread. A
+//! progress pass ([`Engine::pass`]) locks it and, for every socket, reads
+//! into a reused buffer and feeds the core, writes what the core transmits
+//! (keeping what the socket did not take), runs due timers, turns QP
+//! events into connection-manager state and moves completions from the
+//! core's CQs into the application's [`CqQueue`]s.
+//!
+//! Sleeping: the progress thread blocks in `mio::Poll` (epoll) until a
+//! socket is ready, a timer is due, or a [`mio::Waker`] is rung by
+//! [`Shared::kick`]. Every pass tries every socket until it would block, so
+//! the edge-triggered readiness of mio never loses a wake-up: a pass that
+//! did any work is followed by another pass without sleeping, and the
+//! thread only sleeps after a pass in which every socket would block.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use iwarp::cq::{CqId, QpId, WorkCompletion};
+use iwarp::mpa::handshake::{self, ConnectRequest, Handshake, HandshakeError, Negotiated};
+use iwarp::qp::QpEvent;
+use iwarp::time::Instant as CoreInstant;
+use iwarp::verbs::Context;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+
+use crate::cm::{CmError, CmEvent};
+
+/// Size of the receive buffer and of each transmit batch.
+const IO_BUF: usize = 256 * 1024;
+/// Reads (and transmit batches) per socket and pass, for fairness.
+const IO_BUDGET: usize = 8;
+/// The waker's token; sockets get tokens from 1 on.
+const WAKER: Token = Token(0);
+/// Upper bound of one sleep of a thread that drives a manual device.
+const MANUAL_SLICE: Duration = Duration::from_millis(10);
+
+/// Lock a mutex, ignoring poisoning (the protected state stays consistent:
+/// no engine code panics while holding a lock on peer input).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The application-side queue of one completion queue.
+#[derive(Debug)]
+pub(crate) struct CqQueue {
+    pub(crate) q: Mutex<VecDeque<WorkCompletion>>,
+    pub(crate) cv: Condvar,
+    pub(crate) capacity: usize,
+}
+
+/// Connection-manager state of one QP, shared with the application's `Qp`.
+#[derive(Debug, Default)]
+pub(crate) struct ConnShared {
+    pub(crate) m: Mutex<ConnInfo>,
+    pub(crate) cv: Condvar,
+}
+
+/// See [`ConnShared`].
+#[derive(Debug, Default)]
+pub(crate) struct ConnInfo {
+    /// `None` while the MPA exchange runs.
+    pub(crate) setup: Option<Result<(), CmError>>,
+    pub(crate) negotiated: Option<Negotiated>,
+    pub(crate) peer_private_data: Vec<u8>,
+    pub(crate) events: VecDeque<CmEvent>,
+}
+
+/// A TCP connection whose MPA request has arrived, waiting for the
+/// application's decision (the socket is no longer polled).
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub(crate) sock: TcpStream,
+    pub(crate) peer: SocketAddr,
+    pub(crate) local: SocketAddr,
+    pub(crate) emss: usize,
+    /// The standalone responder that parsed the request (used to reject).
+    pub(crate) hs: Handshake,
+    pub(crate) request: ConnectRequest,
+    /// The request frame exactly as received.
+    pub(crate) frame: Vec<u8>,
+    /// Bytes received after the frame.
+    pub(crate) rest: Vec<u8>,
+}
+
+/// Connection requests of one listener, shared with the application's
+/// `Listener`.
+#[derive(Debug, Default)]
+pub(crate) struct ListenShared {
+    pub(crate) q: Mutex<VecDeque<Request>>,
+    pub(crate) cv: Condvar,
+}
+
+/// A connection driven by the core.
+#[derive(Debug)]
+struct Conn {
+    qp: QpId,
+    sock: Option<TcpStream>,
+    /// Bytes from `poll_transmit` the socket has not taken yet.
+    out: Vec<u8>,
+    out_pos: usize,
+    out_len: usize,
+    /// Received bytes the core has not consumed yet.
+    input: Vec<u8>,
+    eof: bool,
+    shared: Arc<ConnShared>,
+    /// The application no longer holds the QP: destroy it once closed.
+    orphan: bool,
+}
+
+/// An accepted TCP connection whose MPA request is still arriving.
+#[derive(Debug)]
+struct Pending {
+    sock: TcpStream,
+    peer: SocketAddr,
+    hs: Handshake,
+    frame: Vec<u8>,
+    listener: Arc<ListenShared>,
+}
+
+#[derive(Debug)]
+struct Listening {
+    sock: TcpListener,
+    shared: Arc<ListenShared>,
+}
+
+/// A socket that only has bytes left to send before it is closed (an MPA
+/// reply rejecting a request).
+#[derive(Debug)]
+struct Lingering {
+    sock: TcpStream,
+    out: Vec<u8>,
+    pos: usize,
+}
+
+/// The state of one device. See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub(crate) ctx: Context,
+    epoch: std::time::Instant,
+    registry: Registry,
+    next_token: usize,
+    conns: Vec<Conn>,
+    pending: Vec<Pending>,
+    listeners: Vec<Listening>,
+    lingering: Vec<Lingering>,
+    cqs: Vec<(CqId, Arc<CqQueue>)>,
+    rx_buf: Vec<u8>,
+}
+
+impl Engine {
+    pub(crate) fn new(seed: u64, registry: Registry) -> Self {
+        Self {
+            ctx: Context::new(seed),
+            epoch: std::time::Instant::now(),
+            registry,
+            next_token: 1,
+            conns: Vec::new(),
+            pending: Vec::new(),
+            listeners: Vec::new(),
+            lingering: Vec::new(),
+            cqs: Vec::new(),
+            rx_buf: vec![0; IO_BUF],
+        }
+    }
+
+    /// The core's clock: time since the device was opened.
+    pub(crate) fn now(&self) -> CoreInstant {
+        let us = self.epoch.elapsed().as_micros();
+        CoreInstant::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
+    }
+
+    fn token(&mut self) -> Token {
+        let t = Token(self.next_token);
+        self.next_token += 1;
+        t
+    }
+
+    pub(crate) fn add_cq(&mut self, id: CqId, q: Arc<CqQueue>) {
+        self.cqs.push((id, q));
+    }
+
+    pub(crate) fn add_listener(&mut self, mut sock: TcpListener) -> io::Result<Arc<ListenShared>> {
+        let token = self.token();
+        self.registry
+            .register(&mut sock, token, Interest::READABLE)?;
+        let shared = Arc::new(ListenShared::default());
+        self.listeners.push(Listening {
+            sock,
+            shared: shared.clone(),
+        });
+        Ok(shared)
+    }
+
+    /// Stop listening: close the socket and every connection whose request
+    /// has not reached the application yet.
+    pub(crate) fn remove_listener(&mut self, shared: &Arc<ListenShared>) {
+        let registry = &self.registry;
+        self.listeners.retain_mut(|l| {
+            let keep = !Arc::ptr_eq(&l.shared, shared);
+            if !keep {
+                let _ = registry.deregister(&mut l.sock);
+            }
+            keep
+        });
+        self.pending.retain_mut(|p| {
+            let keep = !Arc::ptr_eq(&p.listener, shared);
+            if !keep {
+                let _ = registry.deregister(&mut p.sock);
+            }
+            keep
+        });
+    }
+
+    /// Drive `qp` over `sock`; `input` are bytes already received.
+    pub(crate) fn add_conn(
+        &mut self,
+        qp: QpId,
+        mut sock: TcpStream,
+        input: Vec<u8>,
+        shared: Arc<ConnShared>,
+    ) -> io::Result<()> {
+        let token = self.token();
+        self.registry
+            .register(&mut sock, token, Interest::READABLE | Interest::WRITABLE)?;
+        self.conns.push(Conn {
+            qp,
+            sock: Some(sock),
+            out: Vec::new(),
+            out_pos: 0,
+            out_len: 0,
+            input,
+            eof: false,
+            shared,
+            orphan: false,
+        });
+        Ok(())
+    }
+
+    /// The application dropped its handle of `qp`: close gracefully and
+    /// destroy the core QP once the socket is closed.
+    pub(crate) fn release_qp(&mut self, qp: QpId) {
+        self.ctx.disconnect(qp);
+        match self.conns.iter_mut().find(|c| c.qp == qp) {
+            Some(c) => c.orphan = true,
+            None => {
+                let _ = self.ctx.destroy_qp(qp);
+            }
+        }
+    }
+
+    /// Turn pending QP events of `qp` into connection-manager state now.
+    pub(crate) fn pass_events(&mut self, qp: QpId) {
+        if let Some(c) = self.conns.iter().find(|c| c.qp == qp) {
+            drain_events(&mut self.ctx, qp, &c.shared);
+        }
+    }
+
+    /// Send `bytes`, then close `sock`.
+    pub(crate) fn linger(&mut self, mut sock: TcpStream, bytes: Vec<u8>) {
+        let token = self.token();
+        if self
+            .registry
+            .register(&mut sock, token, Interest::WRITABLE)
+            .is_ok()
+        {
+            self.lingering.push(Lingering {
+                sock,
+                out: bytes,
+                pos: 0,
+            });
+        }
+    }
+
+    /// Close every socket (the device is going away).
+    pub(crate) fn shutdown(&mut self) {
+        for c in &mut self.conns {
+            if let Some(mut s) = c.sock.take() {
+                let _ = self.registry.deregister(&mut s);
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            self.ctx.handle_eof(c.qp);
+        }
+        self.listeners.clear();
+        self.pending.clear();
+        self.lingering.clear();
+        self.move_completions();
+        for c in &self.conns {
+            drain_events(&mut self.ctx, c.qp, &c.shared);
+        }
+    }
+
+    /// When the next timer is due, if any.
+    pub(crate) fn next_deadline(&self) -> Option<CoreInstant> {
+        let conns = self
+            .conns
+            .iter()
+            .filter_map(|c| self.ctx.poll_timeout(c.qp));
+        let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
+        conns.chain(pending).min()
+    }
+
+    /// The time until the next timer, capped at `cap`.
+    fn sleep_for(&self, cap: Option<Duration>) -> Option<Duration> {
+        let timer = self
+            .next_deadline()
+            .map(|d| d.saturating_duration_since(self.now()));
+        match (timer, cap) {
+            (Some(t), Some(c)) => Some(t.min(c)),
+            (t, c) => t.or(c),
+        }
+    }
+
+    /// One progress pass. Returns a measure of the work done (0: nothing
+    /// happened, the caller may sleep).
+    pub(crate) fn pass(&mut self) -> usize {
+        let now = self.now();
+        let mut work = 0;
+        work += self.accept_new();
+        work += self.pump_pending(now);
+        for i in 0..self.conns.len() {
+            work += self.pump_conn(i, now);
+        }
+        work += self.pump_lingering();
+        work += self.move_completions();
+        work += self.reap();
+        work
+    }
+
+    fn accept_new(&mut self) -> usize {
+        let mut work = 0;
+        let now = self.now();
+        for li in 0..self.listeners.len() {
+            loop {
+                let (mut sock, peer) = match self.listeners[li].sock.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break, // WouldBlock, or a connection reset before accept
+                };
+                work += 1;
+                let _ = sock.set_nodelay(true);
+                let token = self.token();
+                if self
+                    .registry
+                    .register(&mut sock, token, Interest::READABLE)
+                    .is_err()
+                {
+                    continue;
+                }
+                // Parse the request with a responder that accepts any
+                // offer: the application's parameters decide at accept
+                // time, when the core QP replays the same bytes.
+                let config = handshake::Config {
+                    ird: iwarp::wire::mpa::IrdOrd::MAX,
+                    ord: iwarp::wire::mpa::IrdOrd::MAX,
+                    rtr: handshake::RtrSet::ALL,
+                    ..handshake::Config::default()
+                };
+                self.pending.push(Pending {
+                    sock,
+                    peer,
+                    hs: Handshake::responder(config, now),
+                    frame: Vec::new(),
+                    listener: self.listeners[li].shared.clone(),
+                });
+            }
+        }
+        work
+    }
+
+    /// Read MPA requests of accepted connections; hand complete ones to
+    /// their listener.
+    fn pump_pending(&mut self, now: CoreInstant) -> usize {
+        let mut work = 0;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            let mut outcome = None;
+            if p.hs.poll_timeout().is_some_and(|d| now >= d) {
+                outcome = Some(Err(()));
+            }
+            while outcome.is_none() {
+                // Small reads: what follows the request stays in the socket
+                // until the QP exists.
+                let mut s: &TcpStream = &p.sock;
+                match s.read(&mut self.rx_buf[..4096]) {
+                    Ok(0) => outcome = Some(Err(())),
+                    Ok(n) => {
+                        work += n;
+                        let chunk = &self.rx_buf[..n];
+                        match p.hs.handle_input(chunk, now) {
+                            Ok(used) => {
+                                p.frame.extend_from_slice(&chunk[..used]);
+                                if let Some(handshake::Event::ConnectRequest(req)) =
+                                    p.hs.poll_event()
+                                {
+                                    outcome = Some(Ok((req, chunk[used..].to_vec())));
+                                }
+                            }
+                            Err(_) => outcome = Some(Err(())),
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => outcome = Some(Err(())),
+                }
+            }
+            match outcome {
+                None => i += 1,
+                Some(r) => {
+                    // swap_remove moves another entry to `i`.
+                    let mut p = self.pending.swap_remove(i);
+                    let _ = self.registry.deregister(&mut p.sock);
+                    work += 1;
+                    if let Ok((request, rest)) = r {
+                        hand_over(p, request, rest);
+                    }
+                }
+            }
+        }
+        work
+    }
+
+    fn pump_conn(&mut self, i: usize, now: CoreInstant) -> usize {
+        let mut work = 0;
+        let qp = self.conns[i].qp;
+        // Timers first: a handshake past its deadline fails before more
+        // input is looked at.
+        if self.ctx.poll_timeout(qp).is_some_and(|d| d <= now) {
+            self.ctx.handle_timeout(qp, now);
+            work += 1;
+        }
+        let c = &mut self.conns[i];
+        let Some(sock) = c.sock.as_ref() else {
+            return work + drain_events(&mut self.ctx, qp, &c.shared);
+        };
+        // Input.
+        if !c.input.is_empty() {
+            let used = self.ctx.handle_input(qp, &c.input, now);
+            c.input.drain(..used.min(c.input.len()));
+            work += used;
+        }
+        let mut broken = None;
+        let mut s: &TcpStream = sock;
+        if c.input.is_empty() && !c.eof {
+            for _ in 0..IO_BUDGET {
+                match s.read(&mut self.rx_buf) {
+                    Ok(0) => {
+                        c.eof = true;
+                        self.ctx.handle_eof(qp);
+                        work += 1;
+                        break;
+                    }
+                    Ok(n) => {
+                        work += n;
+                        let used = self.ctx.handle_input(qp, &self.rx_buf[..n], now);
+                        if used < n {
+                            c.input.extend_from_slice(&self.rx_buf[used..n]);
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        broken = Some(e.kind());
+                        break;
+                    }
+                }
+            }
+        }
+        // Output.
+        let mut drained = false;
+        if broken.is_none() {
+            for _ in 0..IO_BUDGET {
+                if c.out_pos < c.out_len {
+                    match s.write(&c.out[c.out_pos..c.out_len]) {
+                        Ok(n) => {
+                            c.out_pos += n;
+                            work += n;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => {
+                            broken = Some(e.kind());
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                if c.out.len() < IO_BUF {
+                    c.out.resize(IO_BUF, 0);
+                }
+                let n = self.ctx.poll_transmit(qp, &mut c.out);
+                c.out_len = n;
+                c.out_pos = 0;
+                if n == 0 {
+                    drained = true;
+                    break;
+                }
+            }
+        }
+        if let Some(kind) = broken {
+            // A reset or a write to a closed connection: the stream ended.
+            c.eof = true;
+            c.out_len = 0;
+            c.out_pos = 0;
+            self.ctx.handle_eof(qp);
+            push_event(&c.shared, CmEvent::Error(CmError::Io(kind)));
+            work += 1;
+        }
+        work += drain_events(&mut self.ctx, qp, &c.shared);
+        // Close once the core asks and everything it sent left.
+        let flushed = broken.is_some() || (drained && c.out_pos >= c.out_len);
+        if flushed && self.ctx.wants_close(qp) {
+            if let Some(mut s) = c.sock.take() {
+                let _ = self.registry.deregister(&mut s);
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            c.out = Vec::new();
+            c.input = Vec::new();
+            work += 1;
+        }
+        work
+    }
+
+    fn pump_lingering(&mut self) -> usize {
+        let mut work = 0;
+        self.lingering.retain_mut(|l| loop {
+            if l.pos >= l.out.len() {
+                let _ = l.sock.shutdown(Shutdown::Write);
+                work += 1;
+                return false;
+            }
+            match (&mut &l.sock).write(&l.out[l.pos..]) {
+                Ok(n) => {
+                    l.pos += n;
+                    work += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(_) => return false,
+            }
+        });
+        work
+    }
+
+    /// Move completions from the core's CQs into the application's queues.
+    /// A queue holding `capacity` entries takes no more: the core's CQ
+    /// fills and eventually overruns, as a verbs CQ would.
+    pub(crate) fn move_completions(&mut self) -> usize {
+        let mut work = 0;
+        for (id, q) in &self.cqs {
+            let Some(core) = self.ctx.cq(*id) else {
+                continue;
+            };
+            if core.is_empty() {
+                continue;
+            }
+            if Arc::strong_count(q) == 1 {
+                // Nobody holds the queue any more: discard.
+                while core.poll_one().is_some() {}
+                continue;
+            }
+            let mut app = lock(&q.q);
+            let mut n = 0;
+            while app.len() < q.capacity {
+                let Some(wc) = core.poll_one() else { break };
+                app.push_back(wc);
+                n += 1;
+            }
+            drop(app);
+            if n > 0 {
+                work += n;
+                q.cv.notify_all();
+            }
+        }
+        work
+    }
+
+    /// Destroy the core QPs of closed connections the application dropped.
+    fn reap(&mut self) -> usize {
+        let before = self.conns.len();
+        let ctx = &mut self.ctx;
+        self.conns.retain(|c| {
+            let gone = c.orphan && c.sock.is_none();
+            if gone {
+                drain_events(ctx, c.qp, &c.shared);
+                let _ = ctx.destroy_qp(c.qp);
+            }
+            !gone
+        });
+        before - self.conns.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+}
+
+/// Queue the request of a pending connection for the application.
+fn hand_over(p: Pending, request: ConnectRequest, rest: Vec<u8>) {
+    let local = p.sock.local_addr().unwrap_or(p.peer);
+    let emss = emss_of(&p.sock);
+    let req = Request {
+        sock: p.sock,
+        peer: p.peer,
+        local,
+        emss,
+        hs: p.hs,
+        request,
+        frame: p.frame,
+        rest,
+    };
+    lock(&p.listener.q).push_back(req);
+    p.listener.cv.notify_all();
+}
+
+/// The largest FPDU we send on `sock`: the TCP MSS (`TCP_MAXSEG`), at
+/// most 16 KiB (loopback reports ~64 KiB), at least 512 bytes.
+pub(crate) fn emss_of(sock: &TcpStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_raw_fd();
+    let mut mss: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket owned by `sock` for the duration of
+    // the call; `mss` and `len` are valid, writable and sized as the
+    // option requires (an int).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&raw mut mss).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 || mss <= 0 {
+        return 1460;
+    }
+    usize::try_from(mss).unwrap_or(1460).clamp(512, 16384)
+}
+
+fn push_event(shared: &ConnShared, ev: CmEvent) {
+    lock(&shared.m).events.push_back(ev);
+    shared.cv.notify_all();
+}
+
+/// Turn the QP's events into connection-manager state.
+fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> usize {
+    let mut n = 0;
+    while let Some(ev) = ctx.poll_event(qp) {
+        n += 1;
+        let mut info = lock(&shared.m);
+        match ev {
+            QpEvent::ConnectRequest(_) => {}
+            QpEvent::Established {
+                negotiated,
+                private_data,
+            } => {
+                info.negotiated = Some(negotiated);
+                info.peer_private_data = private_data;
+                info.setup = Some(Ok(()));
+            }
+            QpEvent::Rejected { private_data } => {
+                info.setup = Some(Err(CmError::Rejected { private_data }));
+            }
+            QpEvent::ConnectFailed(e) => {
+                info.setup = Some(Err(match e {
+                    HandshakeError::Timeout => CmError::MpaTimeout,
+                    e => CmError::Mpa(e),
+                }));
+            }
+            QpEvent::Disconnected => {
+                if info.setup.is_none() {
+                    info.setup = Some(Err(CmError::Closed));
+                } else {
+                    info.events.push_back(CmEvent::Disconnected);
+                }
+            }
+            QpEvent::LocalTerminate(t) => info.events.push_back(CmEvent::LocalTerminate(t)),
+            QpEvent::RemoteTerminate(t) => info.events.push_back(CmEvent::RemoteTerminate(t)),
+            QpEvent::CqOverrun => info.events.push_back(CmEvent::CqOverrun),
+        }
+        drop(info);
+        shared.cv.notify_all();
+    }
+    n
+}
+
+/// What the application and the progress thread share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) engine: Mutex<Engine>,
+    /// The poller, while no progress thread owns it (manual progress).
+    poll: Mutex<Option<(Poll, Events)>>,
+    waker: Waker,
+    /// A progress thread runs the engine.
+    pub(crate) threaded: bool,
+    busy_poll: bool,
+    /// Work was submitted since the progress thread's last pass.
+    dirty: AtomicBool,
+    /// The progress thread is (about to be) asleep in the poller.
+    sleeping: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn new(seed: u64, threaded: bool, busy_poll: bool) -> io::Result<Self> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let registry = poll.registry().try_clone()?;
+        Ok(Self {
+            engine: Mutex::new(Engine::new(seed, registry)),
+            poll: Mutex::new(Some((poll, Events::with_capacity(256)))),
+            waker,
+            threaded,
+            busy_poll,
+            dirty: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn engine(&self) -> MutexGuard<'_, Engine> {
+        lock(&self.engine)
+    }
+
+    /// New work for the engine: wake the progress thread if it sleeps.
+    pub(crate) fn kick(&self) {
+        self.dirty.store(true, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// One progress pass.
+    pub(crate) fn progress(&self) -> usize {
+        self.engine().pass()
+    }
+
+    /// Ask the progress thread to stop.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.sleeping.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+
+    /// The progress thread's loop.
+    pub(crate) fn run(&self) {
+        let Some((mut poll, mut events)) = lock(&self.poll).take() else {
+            return;
+        };
+        while !self.stop.load(Ordering::SeqCst) {
+            self.dirty.store(false, Ordering::SeqCst);
+            let work = self.progress();
+            if work > 0 {
+                continue;
+            }
+            if self.busy_poll {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleeping.store(true, Ordering::SeqCst);
+            if !self.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
+                let timeout = self.engine().sleep_for(None);
+                let _ = poll.poll(&mut events, timeout);
+            }
+            self.sleeping.store(false, Ordering::SeqCst);
+        }
+        *lock(&self.poll) = Some((poll, events));
+    }
+
+    /// Manual progress: sleep until a socket is ready, a timer is due, or
+    /// at most `max` (and at most a short slice, so that conditions
+    /// another thread creates are seen).
+    fn idle_wait(&self, max: Duration) {
+        let cap = max.min(MANUAL_SLICE);
+        let timeout = self.engine().sleep_for(Some(cap)).unwrap_or(cap);
+        match self.poll.try_lock() {
+            Ok(mut g) => match g.as_mut() {
+                Some((poll, events)) => {
+                    let _ = poll.poll(events, Some(timeout));
+                }
+                None => std::thread::sleep(timeout),
+            },
+            // Another thread sleeps in the poller and drives the engine.
+            Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
+        }
+    }
+
+    /// Block until `f` yields a value or `deadline` passes. With a
+    /// progress thread this waits on `cv` (no spinning); a manual device
+    /// is driven by the waiting thread itself, which sleeps in the poller
+    /// between passes.
+    pub(crate) fn wait_for<T, R>(
+        &self,
+        m: &Mutex<T>,
+        cv: &Condvar,
+        deadline: Option<std::time::Instant>,
+        mut f: impl FnMut(&mut T) -> Option<R>,
+    ) -> Option<R> {
+        if self.threaded {
+            let mut g = lock(m);
+            loop {
+                if let Some(r) = f(&mut g) {
+                    return Some(r);
+                }
+                match deadline {
+                    None => g = cv.wait(g).unwrap_or_else(|e| e.into_inner()),
+                    Some(d) => {
+                        let left = d.saturating_duration_since(std::time::Instant::now());
+                        if left.is_zero() {
+                            return None;
+                        }
+                        g = cv
+                            .wait_timeout(g, left)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                }
+            }
+        }
+        loop {
+            self.progress();
+            if let Some(r) = f(&mut lock(m)) {
+                return Some(r);
+            }
+            let left = match deadline {
+                None => MANUAL_SLICE,
+                Some(d) => d.saturating_duration_since(std::time::Instant::now()),
+            };
+            if left.is_zero() {
+                return None;
+            }
+            self.idle_wait(left);
+        }
+    }
+}

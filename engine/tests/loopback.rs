@@ -1,0 +1,733 @@
+//! Two devices in one process, connected over loopback TCP.
+//!
+//! Every wait is bounded by a generous timeout; nothing asserts timing.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use iwarp_engine::{
+    Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp,
+    QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    EMPTY_WC,
+};
+
+const WAIT: Duration = Duration::from_secs(30);
+const SIZES: [usize; 7] = [1, 7, 1000, 16 * 1024 + 3, 65537, 1 << 20, 4 << 20];
+
+fn any_addr() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Both devices have a progress thread.
+    Thread,
+    /// Both devices are manual: the client is driven only by its own
+    /// blocking calls, the server by a driver thread (and its calls).
+    Manual,
+}
+
+/// Drives a manual device until dropped.
+struct Driver {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Driver {
+    fn start(dev: &Device) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, d) = (stop.clone(), dev.clone());
+        let handle = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if d.progress() == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        });
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            h.join().unwrap();
+        }
+    }
+}
+
+struct Side {
+    qp: Qp,
+    pd: Pd,
+    cq: Cq,
+    dev: Device,
+}
+
+impl Side {
+    fn mr(&self, len: usize) -> Mr {
+        self.dev
+            .reg_mr(
+                &self.pd,
+                len,
+                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .unwrap()
+    }
+
+    fn wait_one(&self) -> WorkCompletion {
+        let mut wc = [EMPTY_WC; 1];
+        assert_eq!(self.cq.wait(&mut wc, Some(WAIT)), 1, "no completion");
+        wc[0]
+    }
+}
+
+struct Conn {
+    client: Side,
+    server: Side,
+    _driver: Option<Driver>,
+}
+
+fn open(manual: bool) -> Device {
+    let progress = if manual {
+        Progress::Manual
+    } else {
+        Progress::Thread { cpu: None }
+    };
+    Device::open(
+        Backend::Kernel,
+        DeviceConfig {
+            progress,
+            seed: Some(7),
+            busy_poll: false,
+        },
+    )
+    .unwrap()
+}
+
+fn init(dev: &Device) -> (Pd, Cq, QpInit) {
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(1024);
+    let init = QpInit {
+        pd: pd.clone(),
+        send_cq: cq.clone(),
+        recv_cq: cq.clone(),
+        sq_depth: 128,
+        rq_depth: 128,
+        sig_all: false,
+    };
+    (pd, cq, init)
+}
+
+/// Connect a client and a server device; `server_params` is what the
+/// server accepts with.
+fn connect(mode: Mode, client_params: ConnParams, server_params: ConnParams) -> Conn {
+    let manual = mode == Mode::Manual;
+    let (cdev, sdev) = (open(manual), open(manual));
+    let driver = manual.then(|| Driver::start(&sdev));
+    let listener = sdev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    let (spd, scq, sinit) = init(&sdev);
+    let server = std::thread::spawn(move || {
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        req.accept(sinit, server_params).unwrap()
+    });
+    let (cpd, ccq, cinit) = init(&cdev);
+    let cqp = cdev.connect(addr, cinit, client_params).unwrap();
+    let sqp = server.join().unwrap();
+    Conn {
+        client: Side {
+            qp: cqp,
+            pd: cpd,
+            cq: ccq,
+            dev: cdev,
+        },
+        server: Side {
+            qp: sqp,
+            pd: spd,
+            cq: scq,
+            dev: sdev,
+        },
+        _driver: driver,
+    }
+}
+
+#[test]
+fn connect_accept_private_data() {
+    for mode in [Mode::Thread, Mode::Manual] {
+        let manual = mode == Mode::Manual;
+        let (cdev, sdev) = (open(manual), open(manual));
+        let _driver = manual.then(|| Driver::start(&sdev));
+        let listener = sdev.listen(any_addr()).unwrap();
+        let addr = listener.local_addr();
+        let (_spd, _scq, sinit) = init(&sdev);
+        let server = std::thread::spawn(move || {
+            let req = listener.get_request(Some(WAIT)).unwrap();
+            assert_eq!(req.private_data(), b"hello from the client");
+            assert_eq!(req.request().revision, 2);
+            assert!(req.request().ird_ord.is_some());
+            let peer = req.peer_addr();
+            let params = ConnParams {
+                private_data: b"hello from the server".to_vec(),
+                ird: 8,
+                ord: 4,
+                ..ConnParams::default()
+            };
+            let qp = req.accept(sinit, params).unwrap();
+            assert_eq!(qp.state(), QpState::Rts);
+            assert_eq!(qp.peer_addr(), peer);
+            (qp, peer)
+        });
+        let (_cpd, _ccq, cinit) = init(&cdev);
+        let params = ConnParams {
+            private_data: b"hello from the client".to_vec(),
+            ..ConnParams::default()
+        };
+        let cqp = cdev.connect(addr, cinit, params).unwrap();
+        let (sqp, peer) = server.join().unwrap();
+        assert_eq!(cqp.state(), QpState::Rts, "{mode:?}");
+        assert_eq!(cqp.peer_private_data(), b"hello from the server");
+        assert_eq!(sqp.peer_private_data(), b"hello from the client");
+        assert_eq!(cqp.peer_addr(), addr);
+        assert_eq!(cqp.local_addr(), peer);
+        assert_eq!(sqp.local_addr(), addr);
+        // IRD/ORD: the server clamps to the request (16/16) and advertises
+        // 8/4; the client's ORD is capped by the server's IRD.
+        let (cn, sn) = (cqp.negotiated(), sqp.negotiated());
+        assert_eq!((sn.ird, sn.ord), (8, 4));
+        assert_eq!((cn.ird, cn.ord), (16, 8));
+        assert!(!cn.crc && !sn.crc);
+        assert_eq!(cqp.poll_event(), None);
+    }
+}
+
+/// Send/Recv, RDMA Write (then a Send, so the data is placed when the
+/// receive completes) and RDMA Read of every size, data verified.
+fn transfers(c: &Conn) {
+    let max = *SIZES.iter().max().unwrap();
+    let (cli, srv) = (&c.client, &c.server);
+    let cmr = cli.mr(max);
+    let smr = srv.mr(max);
+    for (round, &len) in SIZES.iter().enumerate() {
+        let seed = round as u8;
+        // Send/Recv.
+        let data = pattern(len, seed);
+        cmr.write(0, &data);
+        srv.qp
+            .post_recv(&RecvWr {
+                wr_id: 100 + round as u64,
+                sgl: &[smr.sge(0, max)],
+            })
+            .unwrap();
+        cli.qp
+            .post_send(&SendWr {
+                wr_id: 200 + round as u64,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[cmr.sge(0, len)],
+                signaled: true,
+            })
+            .unwrap();
+        let wc = cli.wait_one();
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (200 + round as u64, WcStatus::Success)
+        );
+        let wc = srv.wait_one();
+        assert_eq!(wc.status, WcStatus::Success, "recv {len}");
+        assert_eq!((wc.opcode, wc.byte_len as usize), (WcOpcode::Recv, len));
+        let mut got = vec![0; len];
+        smr.read(0, &mut got);
+        assert!(got == data, "send/recv of {len} bytes");
+
+        // RDMA Write, then a Send that completes after placement.
+        let data = pattern(len, seed.wrapping_add(100));
+        cmr.write(0, &data);
+        srv.qp
+            .post_recv(&RecvWr {
+                wr_id: 300,
+                sgl: &[],
+            })
+            .unwrap();
+        cli.qp
+            .post_send(&SendWr {
+                wr_id: 400,
+                op: SendOp::Write {
+                    remote_addr: smr.addr(),
+                    rkey: smr.rkey(),
+                },
+                sgl: &[cmr.sge(0, len)],
+                signaled: true,
+            })
+            .unwrap();
+        cli.qp
+            .post_send(&SendWr {
+                wr_id: 401,
+                op: SendOp::Send {
+                    solicited: true,
+                    invalidate: None,
+                },
+                sgl: &[],
+                signaled: false,
+            })
+            .unwrap();
+        let wc = cli.wait_one();
+        assert_eq!((wc.wr_id, wc.status), (400, WcStatus::Success));
+        let wc = srv.wait_one();
+        assert_eq!((wc.wr_id, wc.status), (300, WcStatus::Success));
+        let mut got = vec![0; len];
+        smr.read(0, &mut got);
+        assert!(got == data, "write of {len} bytes");
+        assert_eq!(smr.read_byte_volatile(len - 1), data[len - 1]);
+
+        // RDMA Read of the server's buffer into the client's.
+        let data = pattern(len, seed.wrapping_add(200));
+        smr.write(0, &data);
+        cmr.write(0, &vec![0; len]);
+        cli.qp
+            .post_send(&SendWr {
+                wr_id: 500,
+                op: SendOp::Read {
+                    remote_addr: smr.addr(),
+                    rkey: smr.rkey(),
+                },
+                sgl: &[cmr.sge(0, len)],
+                signaled: true,
+            })
+            .unwrap();
+        let wc = cli.wait_one();
+        assert_eq!((wc.wr_id, wc.status), (500, WcStatus::Success));
+        assert_eq!(wc.opcode, WcOpcode::RdmaRead);
+        let mut got = vec![0; len];
+        cmr.read(0, &mut got);
+        assert!(got == data, "read of {len} bytes");
+    }
+}
+
+#[test]
+fn transfers_thread_mode() {
+    let c = connect(Mode::Thread, ConnParams::default(), ConnParams::default());
+    transfers(&c);
+}
+
+#[test]
+fn transfers_manual_mode() {
+    let c = connect(Mode::Manual, ConnParams::default(), ConnParams::default());
+    transfers(&c);
+}
+
+#[test]
+fn transfers_busy_poll() {
+    let cdev = Device::open(
+        Backend::Kernel,
+        DeviceConfig {
+            progress: Progress::Thread { cpu: Some(0) },
+            seed: None,
+            busy_poll: true,
+        },
+    )
+    .unwrap();
+    let sdev = open(false);
+    let listener = sdev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    let (spd, scq, sinit) = init(&sdev);
+    let server = std::thread::spawn(move || {
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        req.accept(sinit, ConnParams::default()).unwrap()
+    });
+    let (cpd, ccq, cinit) = init(&cdev);
+    let cqp = cdev.connect(addr, cinit, ConnParams::default()).unwrap();
+    let sqp = server.join().unwrap();
+    let c = Conn {
+        client: Side {
+            qp: cqp,
+            pd: cpd,
+            cq: ccq,
+            dev: cdev,
+        },
+        server: Side {
+            qp: sqp,
+            pd: spd,
+            cq: scq,
+            dev: sdev,
+        },
+        _driver: None,
+    };
+    transfers(&c);
+}
+
+#[test]
+fn crc_if_either_side_asks_and_markers() {
+    let cases = [
+        // (client crc, server crc, client markers, server markers)
+        (true, false, false, false),
+        (false, true, false, false),
+        (false, false, true, false),
+        (true, true, true, true),
+    ];
+    for (i, &(ccrc, scrc, cmark, smark)) in cases.iter().enumerate() {
+        let mode = if i % 2 == 0 {
+            Mode::Thread
+        } else {
+            Mode::Manual
+        };
+        let c = connect(
+            mode,
+            ConnParams {
+                crc: ccrc,
+                markers: cmark,
+                ..ConnParams::default()
+            },
+            ConnParams {
+                crc: scrc,
+                markers: smark,
+                ..ConnParams::default()
+            },
+        );
+        let (cn, sn) = (c.client.qp.negotiated(), c.server.qp.negotiated());
+        assert_eq!(cn.crc, ccrc || scrc);
+        assert_eq!(sn.crc, ccrc || scrc);
+        assert_eq!((cn.markers_rx, cn.markers_tx), (cmark, smark));
+        assert_eq!((sn.markers_rx, sn.markers_tx), (smark, cmark));
+        transfers(&c);
+    }
+}
+
+#[test]
+fn reject_with_private_data() {
+    for mode in [Mode::Thread, Mode::Manual] {
+        let manual = mode == Mode::Manual;
+        let (cdev, sdev) = (open(manual), open(manual));
+        let _driver = manual.then(|| Driver::start(&sdev));
+        let listener = sdev.listen(any_addr()).unwrap();
+        let addr = listener.local_addr();
+        let server = std::thread::spawn(move || {
+            let req = listener.get_request(Some(WAIT)).unwrap();
+            req.reject(b"go away").unwrap();
+            listener
+        });
+        let (_pd, _cq, cinit) = init(&cdev);
+        let err = cdev
+            .connect(addr, cinit, ConnParams::default())
+            .unwrap_err();
+        assert_eq!(
+            err,
+            CmError::Rejected {
+                private_data: b"go away".to_vec()
+            }
+        );
+        drop(server.join().unwrap());
+    }
+}
+
+#[test]
+fn connection_refused() {
+    // A port nobody listens on: bind, note it, close.
+    let port = std::net::TcpListener::bind(any_addr())
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    for manual in [false, true] {
+        let dev = open(manual);
+        let (_pd, _cq, init) = init(&dev);
+        let err = dev.connect(port, init, ConnParams::default()).unwrap_err();
+        assert_eq!(err, CmError::ConnectionRefused);
+    }
+}
+
+#[test]
+fn mpa_timeout() {
+    // Accepts the TCP connection and never answers the MPA request.
+    let raw = std::net::TcpListener::bind(any_addr()).unwrap();
+    let addr = raw.local_addr().unwrap();
+    let holder = std::thread::spawn(move || {
+        let mut socks = Vec::new();
+        for _ in 0..2 {
+            socks.push(raw.accept().unwrap().0);
+        }
+        socks
+    });
+    for manual in [false, true] {
+        let dev = open(manual);
+        let (_pd, _cq, init) = init(&dev);
+        let params = ConnParams {
+            timeout: Duration::from_millis(500),
+            ..ConnParams::default()
+        };
+        let start = Instant::now();
+        let err = dev.connect(addr, init, params).unwrap_err();
+        assert_eq!(err, CmError::MpaTimeout);
+        // A generous bound: the wait ends (no timing assert beyond that).
+        assert!(start.elapsed() < WAIT);
+    }
+    drop(holder.join().unwrap());
+}
+
+/// The peer goes away while large Writes are outstanding: every WR
+/// completes (flushed if not done), the QP reaches Error, and an event is
+/// delivered.
+fn peer_vanishes(drop_device: bool) {
+    let (cdev, sdev) = (open(false), open(true));
+    let listener = sdev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    let (spd, _scq, sinit) = init(&sdev);
+    let connected = Arc::new(AtomicBool::new(false));
+    let flag = connected.clone();
+    let sdev2 = sdev.clone();
+    let server = std::thread::spawn(move || {
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        let qp = req.accept(sinit, ConnParams::default()).unwrap();
+        // Send the reply, then stop driving the device: the server reads
+        // nothing more, so the client's Writes back up.
+        while !flag.load(Ordering::SeqCst) {
+            sdev2.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        qp
+    });
+    let (cpd, ccq, cinit) = init(&cdev);
+    let cqp = cdev.connect(addr, cinit, ConnParams::default()).unwrap();
+    connected.store(true, Ordering::SeqCst);
+    let sqp = server.join().unwrap();
+    let len = 4 << 20;
+    let smr = sdev.reg_mr(&spd, len, Access::REMOTE_WRITE).unwrap();
+    let cmr = cdev.reg_mr(&cpd, len, Access::LOCAL_WRITE).unwrap();
+    let n = 32u64;
+    for i in 0..n {
+        cqp.post_send(&SendWr {
+            wr_id: i,
+            op: SendOp::Write {
+                remote_addr: smr.addr(),
+                rkey: smr.rkey(),
+            },
+            sgl: &[cmr.sge(0, len)],
+            signaled: true,
+        })
+        .unwrap();
+    }
+    if drop_device {
+        drop(sdev);
+        drop(smr);
+        drop(sqp);
+    } else {
+        drop(sqp);
+        // Let the graceful close reach the socket.
+        for _ in 0..100 {
+            sdev.progress();
+        }
+    }
+    let mut wcs = vec![EMPTY_WC; 64];
+    let mut seen = Vec::new();
+    while (seen.len() as u64) < n {
+        let k = ccq.wait(&mut wcs, Some(WAIT));
+        assert!(k > 0, "only {} of {n} completions", seen.len());
+        seen.extend_from_slice(&wcs[..k]);
+    }
+    let mut flushed = 0;
+    for (i, wc) in seen.iter().enumerate() {
+        assert_eq!(wc.wr_id, i as u64, "completions in posting order");
+        assert_eq!(wc.opcode, WcOpcode::RdmaWrite);
+        match wc.status {
+            WcStatus::Success => assert_eq!(flushed, 0, "success after a flush"),
+            WcStatus::WrFlushError => flushed += 1,
+            s => panic!("unexpected status {s:?}"),
+        }
+    }
+    assert!(
+        flushed > 0,
+        "the server read nothing: some Writes were outstanding"
+    );
+    assert_eq!(cqp.state(), QpState::Error);
+    let ev = cqp.wait_event(WAIT).expect("an event");
+    assert!(
+        matches!(ev, CmEvent::Disconnected | CmEvent::Error(_)),
+        "{ev:?}"
+    );
+    // Posting now completes at once with a flush.
+    cqp.post_send(&SendWr {
+        wr_id: 99,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sgl: &[],
+        signaled: true,
+    })
+    .unwrap();
+    let mut wc = [EMPTY_WC; 1];
+    assert_eq!(ccq.wait(&mut wc, Some(WAIT)), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (99, WcStatus::WrFlushError));
+}
+
+#[test]
+fn peer_device_dropped_mid_transfer() {
+    peer_vanishes(true);
+}
+
+#[test]
+fn peer_qp_dropped_mid_transfer() {
+    peer_vanishes(false);
+}
+
+#[test]
+fn cq_wait_blocks_and_wakes() {
+    for mode in [Mode::Thread, Mode::Manual] {
+        let c = connect(mode, ConnParams::default(), ConnParams::default());
+        let smr = c.server.mr(64);
+        // Nothing arrives: a bounded wait returns 0.
+        let mut wc = [EMPTY_WC; 4];
+        assert_eq!(
+            c.server.cq.wait(&mut wc, Some(Duration::from_millis(50))),
+            0
+        );
+        c.server
+            .qp
+            .post_recv(&RecvWr {
+                wr_id: 7,
+                sgl: &[smr.sge(0, 64)],
+            })
+            .unwrap();
+        let Conn { client, server, .. } = c;
+        let waiter = std::thread::spawn(move || {
+            let mut wc = [EMPTY_WC; 4];
+            let n = server.cq.wait(&mut wc, None);
+            (n, wc[0], server, smr)
+        });
+        // The completion arrives from another thread while `waiter` sleeps.
+        std::thread::sleep(Duration::from_millis(100));
+        let cmr = client.mr(64);
+        cmr.write(0, b"wake up");
+        client
+            .qp
+            .post_send(&SendWr {
+                wr_id: 1,
+                op: SendOp::Send {
+                    solicited: true,
+                    invalidate: None,
+                },
+                sgl: &[cmr.sge(0, 7)],
+                signaled: true,
+            })
+            .unwrap();
+        assert_eq!(client.wait_one().status, WcStatus::Success);
+        let (n, wc, _server, smr) = waiter.join().unwrap();
+        assert_eq!(n, 1, "{mode:?}");
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (7, WcStatus::Success, 7)
+        );
+        let mut got = [0; 7];
+        smr.read(0, &mut got);
+        assert_eq!(&got, b"wake up");
+    }
+}
+
+#[test]
+fn p2p_rtr_mismatch() {
+    for mode in [Mode::Thread, Mode::Manual] {
+        let manual = mode == Mode::Manual;
+        let (cdev, sdev) = (open(manual), open(manual));
+        let _driver = manual.then(|| Driver::start(&sdev));
+        let listener = sdev.listen(any_addr()).unwrap();
+        let addr = listener.local_addr();
+        let (_spd, _scq, sinit) = init(&sdev);
+        let server = std::thread::spawn(move || {
+            let req = listener.get_request(Some(WAIT)).unwrap();
+            let params = ConnParams {
+                rtr: RtrSet::only(RtrType::Write),
+                ..ConnParams::default()
+            };
+            req.accept(sinit, params).unwrap_err()
+        });
+        let (_pd, _cq, cinit) = init(&cdev);
+        let params = ConnParams {
+            p2p: true,
+            rtr: RtrSet::only(RtrType::Read),
+            ..ConnParams::default()
+        };
+        let err = cdev.connect(addr, cinit, params).unwrap_err();
+        // The responder replies with R=1 (RFC 6581): on the wire the
+        // initiator sees a rejection without private data.
+        assert_eq!(
+            err,
+            CmError::Rejected {
+                private_data: Vec::new()
+            },
+            "{mode:?}"
+        );
+        assert_eq!(
+            server.join().unwrap(),
+            CmError::Mpa(iwarp_engine::HandshakeError::NoMatchingRtr)
+        );
+    }
+}
+
+#[test]
+fn p2p_connects_with_a_common_rtr() {
+    let c = connect(
+        Mode::Thread,
+        ConnParams {
+            p2p: true,
+            rtr: RtrSet::only(RtrType::Read),
+            ..ConnParams::default()
+        },
+        ConnParams::default(),
+    );
+    assert_eq!(c.client.qp.negotiated().rtr, Some(RtrType::Read));
+    assert_eq!(c.server.qp.negotiated().rtr, Some(RtrType::Read));
+    transfers(&c);
+}
+
+#[test]
+fn graceful_disconnect_reaches_the_peer() {
+    let c = connect(Mode::Thread, ConnParams::default(), ConnParams::default());
+    let smr = c.server.mr(16);
+    c.server
+        .qp
+        .post_recv(&RecvWr {
+            wr_id: 5,
+            sgl: &[smr.sge(0, 16)],
+        })
+        .unwrap();
+    c.client.qp.disconnect();
+    assert_eq!(c.client.qp.wait_event(WAIT), Some(CmEvent::Disconnected));
+    assert_eq!(c.server.qp.wait_event(WAIT), Some(CmEvent::Disconnected));
+    let wc = c.server.wait_one();
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushError));
+    assert_eq!(c.server.qp.state(), QpState::Error);
+}
+
+#[test]
+fn post_errors_are_synchronous() {
+    let c = connect(Mode::Thread, ConnParams::default(), ConnParams::default());
+    let mr = c.client.mr(16);
+    let sges = [mr.sge(0, 1); 5];
+    let err = c
+        .client
+        .qp
+        .post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sgl: &sges,
+            signaled: true,
+        })
+        .unwrap_err();
+    assert_eq!(err, iwarp_engine::PostError::InvalidSgl);
+}
