@@ -628,26 +628,13 @@ fn hand_over(p: Pending, request: ConnectRequest, rest: Vec<u8>) {
 /// The largest FPDU we send on `sock`: the TCP MSS (`TCP_MAXSEG`), at
 /// most 16 KiB (loopback reports ~64 KiB), at least 512 bytes.
 pub(crate) fn emss_of(sock: &TcpStream) -> usize {
-    use std::os::fd::AsRawFd;
-    let fd = sock.as_raw_fd();
-    let mut mss: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `fd` is an open socket owned by `sock` for the duration of
-    // the call; `mss` and `len` are valid, writable and sized as the
-    // option requires (an int).
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_MAXSEG,
-            (&raw mut mss).cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 || mss <= 0 {
-        return 1460;
-    }
-    usize::try_from(mss).unwrap_or(1460).clamp(512, 16384)
+    socket2::SockRef::from(sock)
+        .mss()
+        .ok()
+        .and_then(|m| usize::try_from(m).ok())
+        .filter(|&m| m > 0)
+        .unwrap_or(1460)
+        .clamp(512, 16384)
 }
 
 fn push_event(shared: &ConnShared, ev: CmEvent) {
