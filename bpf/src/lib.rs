@@ -1,1 +1,640 @@
 //! The XDP program that steers the stack's traffic to AF_XDP sockets, and its loader.
+//!
+//! `src/bpf/steer.bpf.c` is compiled by `build.rs` (libbpf-cargo) and embedded
+//! as a skeleton generated into `OUT_DIR`. [`Steering::attach`] loads it,
+//! attaches it to one interface and hands out the three maps through a safe
+//! API:
+//!
+//! | map | type | key → value |
+//! |---|---|---|
+//! | `xsks` | `XSKMAP`, [`MAX_QUEUES`] entries | receive queue → AF_XDP socket fd ([`Steering::set_xsk`]) |
+//! | `steer_cfg` | `ARRAY`, 1 entry | 0 → [`SteerConfig`] ([`Steering::update_config`]) |
+//! | `counters` | `PERCPU_ARRAY` | [`Counter`] → per-CPU `u64` ([`Steering::counters`]) |
+//!
+//! # What is steered
+//!
+//! IPv4/TCP to one of the configured local addresses whose destination
+//! (local) port lies in a configured range, or every such TCP segment in
+//! "all TCP" mode. The engine's ephemeral ports for active opens must lie in
+//! a configured range too, since replies are matched by their destination
+//! port. IP fragments are steered only in "all TCP" mode (a non-first
+//! fragment has no port to match). Everything else, IPv6 and 802.1Q-tagged
+//! frames included, is passed to the kernel.
+//!
+//! # ARP
+//!
+//! By default ARP goes to the kernel: the stack's address is then configured
+//! on the interface and the engine reads the kernel's neighbour table (or the
+//! peers have static entries). With [`SteerConfig::arp`] the program also
+//! redirects Ethernet/IPv4 ARP whose target protocol address is a configured
+//! address — requests for it and replies to it — so a user-space stack can
+//! answer and learn by itself; the kernel then never sees them.
+//!
+//! # Stale programs
+//!
+//! The program is attached through netlink (`bpf_xdp_attach`), which outlives
+//! the process, so a crashed engine leaves its program on the interface.
+//! [`Steering::attach`] attaches with `XDP_FLAGS_UPDATE_IF_NOEXIST`, so it never
+//! replaces a program silently. When the interface already carries a program
+//! (in either mode) whose name is [`PROG_NAME`], it is taken as a stale one of
+//! ours, detached, and the new one attached; any other program is left alone
+//! and the attach fails with [`Error::Busy`]. Dropping a [`Steering`] detaches
+//! its program, unless something else has replaced it meanwhile.
+//!
+//! ```no_run
+//! use iwarp_bpf::{AttachMode, SteerConfig, Steering};
+//!
+//! let config = SteerConfig::new()
+//!     .addr("198.18.0.1".parse().unwrap())
+//!     .port(7174)
+//!     .ports(49152..=65535);
+//! let steering = Steering::attach("veth0", AttachMode::Auto, &config)?;
+//! // steering.set_xsk(0, &xsk_fd)?;
+//! println!("{:?}", steering.counters()?);
+//! # Ok::<(), iwarp_bpf::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::net::Ipv4Addr;
+use std::ops::RangeInclusive;
+use std::os::fd::{AsFd, AsRawFd};
+
+use libbpf_rs::query::ProgInfoIter;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags, OpenObject, Xdp, XdpFlags};
+
+#[allow(clippy::all, unused_qualifications, elided_lifetimes_in_paths)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/steer.skel.rs"));
+}
+
+use skel::{SteerSkel, SteerSkelBuilder};
+
+/// Name of the XDP program in the kernel; identifies a stale program of ours.
+pub const PROG_NAME: &str = "iwarp_steer";
+/// Entries of the XSKMAP: receive queues `0..MAX_QUEUES` can be steered.
+pub const MAX_QUEUES: u32 = 64;
+/// Most local IPv4 addresses a [`SteerConfig`] can hold.
+pub const MAX_ADDRS: usize = 4;
+/// Most port ranges a [`SteerConfig`] can hold.
+pub const MAX_PORT_RANGES: usize = 16;
+
+// Flags of `struct steer_config` (steer.bpf.c).
+const F_ALL_TCP: u32 = 1 << 0;
+const F_ARP: u32 = 1 << 1;
+const F_DROP_NO_XSK: u32 = 1 << 2;
+// Byte layout of `struct steer_config`: four-byte aligned, no padding.
+const CFG_ADDRS: usize = 8;
+const CFG_N_RANGES: usize = CFG_ADDRS + 4 * MAX_ADDRS;
+const CFG_RANGES: usize = CFG_N_RANGES + 4;
+const CFG_SIZE: usize = CFG_RANGES + 4 * MAX_PORT_RANGES;
+
+/// How to attach the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    /// Driver (native) mode, `XDP_FLAGS_DRV_MODE`. On veth the peer end
+    /// needs an XDP program too before frames reach it in this mode.
+    Native,
+    /// Generic (skb) mode, `XDP_FLAGS_SKB_MODE`: works on every interface.
+    Generic,
+    /// Native, falling back to generic when the driver refuses.
+    Auto,
+}
+
+/// The mode a program actually runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActiveMode {
+    /// Driver (native) mode.
+    Native,
+    /// Generic (skb) mode.
+    Generic,
+}
+
+impl ActiveMode {
+    fn flags(self) -> XdpFlags {
+        match self {
+            Self::Native => XdpFlags::DRV_MODE,
+            Self::Generic => XdpFlags::SKB_MODE,
+        }
+    }
+}
+
+/// The interface to attach to: a name or an index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interface {
+    /// Interface name, resolved in the calling thread's network namespace.
+    Name(String),
+    /// Interface index.
+    Index(u32),
+}
+
+impl From<&str> for Interface {
+    fn from(name: &str) -> Self {
+        Self::Name(name.to_owned())
+    }
+}
+
+impl From<String> for Interface {
+    fn from(name: String) -> Self {
+        Self::Name(name)
+    }
+}
+
+impl From<u32> for Interface {
+    fn from(index: u32) -> Self {
+        Self::Index(index)
+    }
+}
+
+/// What belongs to the engine. Built with the chained setters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SteerConfig {
+    /// The engine's local IPv4 addresses (at most [`MAX_ADDRS`]).
+    pub addrs: Vec<Ipv4Addr>,
+    /// Local TCP port ranges, inclusive (at most [`MAX_PORT_RANGES`]).
+    pub ports: Vec<RangeInclusive<u16>>,
+    /// Steer all TCP to the addresses, whatever the port.
+    pub all_tcp: bool,
+    /// Also steer ARP whose target address is one of the addresses.
+    pub arp: bool,
+    /// Drop the engine's frames when their queue has no socket, instead of
+    /// passing them to the kernel (which would answer a SYN with a RST).
+    pub drop_without_xsk: bool,
+}
+
+impl SteerConfig {
+    /// Nothing steered: every frame goes to the kernel.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a local address.
+    pub fn addr(mut self, addr: Ipv4Addr) -> Self {
+        self.addrs.push(addr);
+        self
+    }
+
+    /// Adds one local port.
+    pub fn port(self, port: u16) -> Self {
+        self.ports(port..=port)
+    }
+
+    /// Adds a range of local ports.
+    pub fn ports(mut self, range: RangeInclusive<u16>) -> Self {
+        self.ports.push(range);
+        self
+    }
+
+    /// Steers all TCP to the addresses (ports are then ignored).
+    pub fn all_tcp(mut self, on: bool) -> Self {
+        self.all_tcp = on;
+        self
+    }
+
+    /// Steers ARP for the addresses too.
+    pub fn arp(mut self, on: bool) -> Self {
+        self.arp = on;
+        self
+    }
+
+    /// Drops the engine's frames on queues without a socket.
+    pub fn drop_without_xsk(mut self, on: bool) -> Self {
+        self.drop_without_xsk = on;
+        self
+    }
+
+    /// The map value: `struct steer_config` of steer.bpf.c.
+    fn to_bytes(&self) -> Result<[u8; CFG_SIZE]> {
+        if self.addrs.len() > MAX_ADDRS {
+            return Err(Error::Config("more than MAX_ADDRS addresses"));
+        }
+        if self.ports.len() > MAX_PORT_RANGES {
+            return Err(Error::Config("more than MAX_PORT_RANGES port ranges"));
+        }
+        if self.ports.iter().any(|r| r.start() > r.end()) {
+            return Err(Error::Config("empty port range"));
+        }
+        let mut flags = 0;
+        if self.all_tcp {
+            flags |= F_ALL_TCP;
+        }
+        if self.arp {
+            flags |= F_ARP;
+        }
+        if self.drop_without_xsk {
+            flags |= F_DROP_NO_XSK;
+        }
+        let mut out = [0u8; CFG_SIZE];
+        let mut put = |at: usize, bytes: &[u8]| out[at..at + bytes.len()].copy_from_slice(bytes);
+        put(0, &flags.to_ne_bytes());
+        // Lengths are bounded by the checks above.
+        put(4, &(self.addrs.len() as u32).to_ne_bytes());
+        for (i, addr) in self.addrs.iter().enumerate() {
+            // Network byte order, as in the IPv4 header.
+            put(CFG_ADDRS + 4 * i, &addr.octets());
+        }
+        put(CFG_N_RANGES, &(self.ports.len() as u32).to_ne_bytes());
+        for (i, range) in self.ports.iter().enumerate() {
+            put(CFG_RANGES + 4 * i, &range.start().to_ne_bytes());
+            put(CFG_RANGES + 4 * i + 2, &range.end().to_ne_bytes());
+        }
+        Ok(out)
+    }
+}
+
+/// The program's counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// The engine's frames handed to an AF_XDP socket.
+    pub redirected: u64,
+    /// Frames that are not the engine's, passed to the kernel.
+    pub passed: u64,
+    /// The engine's frames whose queue had no socket, passed to the kernel.
+    pub no_xsk: u64,
+    /// The engine's frames whose queue had no socket, dropped
+    /// ([`SteerConfig::drop_without_xsk`]).
+    pub dropped: u64,
+    /// Truncated or malformed IPv4/TCP/ARP headers, passed to the kernel.
+    pub malformed: u64,
+}
+
+impl Counters {
+    /// Counts since `earlier` (saturating, for counters read in that order).
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            redirected: self.redirected.saturating_sub(earlier.redirected),
+            passed: self.passed.saturating_sub(earlier.passed),
+            no_xsk: self.no_xsk.saturating_sub(earlier.no_xsk),
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+            malformed: self.malformed.saturating_sub(earlier.malformed),
+        }
+    }
+}
+
+/// Index of each counter in the `counters` map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// [`Counters::redirected`].
+    Redirected = 0,
+    /// [`Counters::passed`].
+    Passed = 1,
+    /// [`Counters::no_xsk`].
+    NoXsk = 2,
+    /// [`Counters::dropped`].
+    Dropped = 3,
+    /// [`Counters::malformed`].
+    Malformed = 4,
+}
+
+impl Counter {
+    const ALL: [Self; 5] = [
+        Self::Redirected,
+        Self::Passed,
+        Self::NoXsk,
+        Self::Dropped,
+        Self::Malformed,
+    ];
+}
+
+/// Errors of the loader.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The interface name does not resolve in this network namespace.
+    Interface(String, std::io::Error),
+    /// The configuration does not fit the program's map.
+    Config(&'static str),
+    /// A queue number outside `0..MAX_QUEUES`.
+    Queue(u32),
+    /// Another (not ours) XDP program is attached to the interface.
+    Busy {
+        /// Its program id.
+        prog_id: u32,
+        /// Its name, as the kernel reports it.
+        name: String,
+    },
+    /// A libbpf call failed; the string says which step.
+    Bpf(&'static str, libbpf_rs::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Interface(name, e) => write!(f, "interface {name:?}: {e}"),
+            Self::Config(what) => write!(f, "steering config: {what}"),
+            Self::Queue(q) => write!(f, "queue {q} outside 0..{MAX_QUEUES}"),
+            Self::Busy { prog_id, name } => {
+                write!(
+                    f,
+                    "interface carries another XDP program: id {prog_id} {name:?}"
+                )
+            }
+            Self::Bpf(step, e) => write!(f, "{step}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Interface(_, e) => Some(e),
+            Self::Bpf(_, e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Result of the loader.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn bpf(step: &'static str) -> impl FnOnce(libbpf_rs::Error) -> Error {
+    move |e| Error::Bpf(step, e)
+}
+
+/// The steering program, loaded and attached to one interface. Dropping it
+/// detaches the program.
+pub struct Steering {
+    skel: SteerSkel<'static>,
+    ifindex: i32,
+    mode: ActiveMode,
+    prog_id: u32,
+}
+
+impl fmt::Debug for Steering {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Steering")
+            .field("ifindex", &self.ifindex)
+            .field("mode", &self.mode)
+            .field("prog_id", &self.prog_id)
+            .finish()
+    }
+}
+
+impl Steering {
+    /// Loads the program with `config`, replaces a stale program of ours on
+    /// the interface if there is one, and attaches in `mode`.
+    pub fn attach(
+        interface: impl Into<Interface>,
+        mode: AttachMode,
+        config: &SteerConfig,
+    ) -> Result<Self> {
+        let ifindex = resolve(&interface.into())?;
+        let cfg = config.to_bytes()?;
+
+        // The skeleton borrows its object storage for its whole life; the
+        // storage is one pointer-sized `OpenObject` slot (the libbpf object
+        // itself is freed when the skeleton drops), leaked once per attach.
+        let storage: &'static mut MaybeUninit<OpenObject> =
+            Box::leak(Box::new(MaybeUninit::uninit()));
+        let open = SteerSkelBuilder::default()
+            .open(storage)
+            .map_err(bpf("open the BPF object"))?;
+        let skel = open.load().map_err(bpf("load the XDP program"))?;
+        skel.maps
+            .steer_cfg
+            .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
+            .map_err(bpf("write the config map"))?;
+        let prog_fd = skel.progs.iwarp_steer.as_fd();
+        let prog_id = libbpf_rs::Program::id_from_fd(prog_fd).map_err(bpf("program id"))?;
+        let xdp = Xdp::new(prog_fd);
+
+        remove_stale(&xdp, ifindex)?;
+        let attach = |m: ActiveMode| xdp.attach(ifindex, XdpFlags::UPDATE_IF_NOEXIST | m.flags());
+        let mode = match mode {
+            AttachMode::Native => attach(ActiveMode::Native)
+                .map(|()| ActiveMode::Native)
+                .map_err(bpf("attach in native mode"))?,
+            AttachMode::Generic => attach(ActiveMode::Generic)
+                .map(|()| ActiveMode::Generic)
+                .map_err(bpf("attach in generic mode"))?,
+            AttachMode::Auto => match attach(ActiveMode::Native) {
+                Ok(()) => ActiveMode::Native,
+                Err(_) => attach(ActiveMode::Generic)
+                    .map(|()| ActiveMode::Generic)
+                    .map_err(bpf("attach in generic mode (native refused)"))?,
+            },
+        };
+        Ok(Self {
+            skel,
+            ifindex,
+            mode,
+            prog_id,
+        })
+    }
+
+    /// The interface index the program is attached to.
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex as u32
+    }
+
+    /// The mode the program runs in.
+    pub fn mode(&self) -> ActiveMode {
+        self.mode
+    }
+
+    /// The kernel's id of the attached program.
+    pub fn prog_id(&self) -> u32 {
+        self.prog_id
+    }
+
+    /// Steers the engine's frames received on `queue` to the AF_XDP socket
+    /// `xsk` (bound to this interface and queue).
+    pub fn set_xsk(&self, queue: u32, xsk: &impl AsRawFd) -> Result<()> {
+        if queue >= MAX_QUEUES {
+            return Err(Error::Queue(queue));
+        }
+        let fd = xsk.as_raw_fd() as u32;
+        self.skel
+            .maps
+            .xsks
+            .update(&queue.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+            .map_err(bpf("set an XSKMAP entry"))
+    }
+
+    /// Empties the XSKMAP slot of `queue` (no error if it was empty).
+    pub fn remove_xsk(&self, queue: u32) -> Result<()> {
+        if queue >= MAX_QUEUES {
+            return Err(Error::Queue(queue));
+        }
+        match self.skel.maps.xsks.delete(&queue.to_ne_bytes()) {
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            r => r.map_err(bpf("clear an XSKMAP entry")),
+        }
+    }
+
+    /// Replaces the configuration; frames already in flight may see either.
+    pub fn update_config(&self, config: &SteerConfig) -> Result<()> {
+        let cfg = config.to_bytes()?;
+        self.skel
+            .maps
+            .steer_cfg
+            .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
+            .map_err(bpf("write the config map"))
+    }
+
+    /// The counters, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters> {
+        let mut sums = [0u64; Counter::ALL.len()];
+        for (sum, which) in sums.iter_mut().zip(Counter::ALL) {
+            let per_cpu = self
+                .skel
+                .maps
+                .counters
+                .lookup_percpu(&(which as u32).to_ne_bytes(), MapFlags::ANY)
+                .map_err(bpf("read the counters"))?
+                .unwrap_or_default();
+            *sum = per_cpu
+                .iter()
+                .filter_map(|v| v.get(..8)?.try_into().ok())
+                .map(u64::from_ne_bytes)
+                .fold(0u64, u64::wrapping_add);
+        }
+        let [redirected, passed, no_xsk, dropped, malformed] = sums;
+        Ok(Counters {
+            redirected,
+            passed,
+            no_xsk,
+            dropped,
+            malformed,
+        })
+    }
+
+    /// Detaches the program now, reporting errors (dropping does the same
+    /// silently).
+    pub fn detach(self) -> Result<()> {
+        // Drop runs afterwards and finds nothing of ours attached.
+        self.detach_ref()
+    }
+
+    fn detach_ref(&self) -> Result<()> {
+        let xdp = Xdp::new(self.skel.progs.iwarp_steer.as_fd());
+        let q = xdp
+            .query(self.ifindex, XdpFlags::NONE)
+            .map_err(bpf("query the interface"))?;
+        let current = match self.mode {
+            ActiveMode::Native => q.drv_prog_id,
+            ActiveMode::Generic => q.skb_prog_id,
+        };
+        // Someone replaced us (a newer engine after `attach`): leave it.
+        if current != self.prog_id {
+            return Ok(());
+        }
+        xdp.detach(self.ifindex, self.mode.flags())
+            .map_err(bpf("detach"))
+    }
+}
+
+impl Drop for Steering {
+    fn drop(&mut self) {
+        // The interface may be gone already (namespace deleted): nothing to do.
+        let _ = self.detach_ref();
+    }
+}
+
+fn resolve(interface: &Interface) -> Result<i32> {
+    let index = match interface {
+        Interface::Index(i) => *i,
+        Interface::Name(name) => nix::net::if_::if_nametoindex(name.as_str())
+            .map_err(|e| Error::Interface(name.clone(), e.into()))?,
+    };
+    i32::try_from(index).map_err(|_| {
+        Error::Interface(
+            index.to_string(),
+            std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        )
+    })
+}
+
+/// Detaches a program named [`PROG_NAME`] from `ifindex` (in whichever mode
+/// it runs); refuses with [`Error::Busy`] if another program is there.
+fn remove_stale(xdp: &Xdp<'_>, ifindex: i32) -> Result<()> {
+    let q = xdp
+        .query(ifindex, XdpFlags::NONE)
+        .map_err(bpf("query the interface"))?;
+    // Offloaded (hw) programs are never ours: `None` makes them Busy.
+    for (id, mode) in [
+        (q.drv_prog_id, Some(XdpFlags::DRV_MODE)),
+        (q.skb_prog_id, Some(XdpFlags::SKB_MODE)),
+        (q.hw_prog_id, None),
+    ] {
+        if id == 0 {
+            continue;
+        }
+        let name = ProgInfoIter::default()
+            .find(|info| info.id == id)
+            .map(|info| info.name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(mode) = mode.filter(|_| name == PROG_NAME) else {
+            return Err(Error::Busy { prog_id: id, name });
+        };
+        xdp.detach(ifindex, mode)
+            .map_err(bpf("detach a stale program"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_layout_matches_the_c_struct() {
+        assert_eq!(CFG_SIZE, size_of::<skel::types::steer_config>());
+        let cfg = SteerConfig::new()
+            .addr(Ipv4Addr::new(198, 18, 0, 1))
+            .port(7174)
+            .ports(49152..=65535)
+            .arp(true)
+            .to_bytes()
+            .unwrap();
+        assert_eq!(cfg[0..4], F_ARP.to_ne_bytes());
+        assert_eq!(cfg[4..8], 1u32.to_ne_bytes());
+        assert_eq!(cfg[CFG_ADDRS..CFG_ADDRS + 4], [198, 18, 0, 1]);
+        assert_eq!(cfg[CFG_N_RANGES..CFG_N_RANGES + 4], 2u32.to_ne_bytes());
+        assert_eq!(cfg[CFG_RANGES..CFG_RANGES + 2], 7174u16.to_ne_bytes());
+        assert_eq!(cfg[CFG_RANGES + 2..CFG_RANGES + 4], 7174u16.to_ne_bytes());
+        assert_eq!(cfg[CFG_RANGES + 4..CFG_RANGES + 6], 49152u16.to_ne_bytes());
+        assert_eq!(cfg[CFG_RANGES + 6..CFG_RANGES + 8], 65535u16.to_ne_bytes());
+    }
+
+    #[test]
+    fn config_limits() {
+        let mut c = SteerConfig::new();
+        for i in 0..=MAX_ADDRS as u8 {
+            c = c.addr(Ipv4Addr::new(198, 18, 0, i));
+        }
+        assert!(matches!(c.to_bytes(), Err(Error::Config(_))));
+        let mut c = SteerConfig::new();
+        for p in 0..=MAX_PORT_RANGES as u16 {
+            c = c.port(p);
+        }
+        assert!(matches!(c.to_bytes(), Err(Error::Config(_))));
+        #[allow(clippy::reversed_empty_ranges)]
+        let c = SteerConfig::new().ports(10..=9);
+        assert!(matches!(c.to_bytes(), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn counters_since_saturates() {
+        let a = Counters {
+            redirected: 5,
+            passed: 1,
+            ..Counters::default()
+        };
+        let b = Counters {
+            redirected: 7,
+            ..Counters::default()
+        };
+        let d = b.since(&a);
+        assert_eq!((d.redirected, d.passed), (2, 0));
+    }
+
+    #[test]
+    fn bad_queue_and_interface_are_errors() {
+        let e = Steering::attach("no-such-if-xyz", AttachMode::Generic, &SteerConfig::new());
+        assert!(matches!(e, Err(Error::Interface(..))));
+    }
+}
