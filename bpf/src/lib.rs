@@ -57,10 +57,14 @@
 #![warn(missing_docs)]
 
 use std::fmt;
+use std::fs::File;
 use std::mem::MaybeUninit;
 use std::net::Ipv4Addr;
 use std::ops::RangeInclusive;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::MetadataExt;
+
+use nix::sched::{setns, CloneFlags};
 
 use libbpf_rs::query::ProgInfoIter;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -358,6 +362,9 @@ fn bpf(step: &'static str) -> impl FnOnce(libbpf_rs::Error) -> Error {
 /// detaches the program.
 pub struct Steering {
     skel: SteerSkel<'static>,
+    /// The network namespace the program was attached in: interface indices
+    /// are per namespace, so detaching must happen there too.
+    netns: File,
     ifindex: i32,
     mode: ActiveMode,
     prog_id: u32,
@@ -382,6 +389,7 @@ impl Steering {
         config: &SteerConfig,
     ) -> Result<Self> {
         let ifindex = resolve(&interface.into())?;
+        let netns = File::open(THIS_NETNS).map_err(|e| Error::Interface(THIS_NETNS.into(), e))?;
         let cfg = config.to_bytes()?;
 
         // The skeleton borrows its object storage for its whole life; the
@@ -419,6 +427,7 @@ impl Steering {
         };
         Ok(Self {
             skel,
+            netns,
             ifindex,
             mode,
             prog_id,
@@ -510,7 +519,14 @@ impl Steering {
     }
 
     fn detach_ref(&self) -> Result<()> {
-        let xdp = Xdp::new(self.skel.progs.iwarp_steer.as_fd());
+        let prog_fd = self.skel.progs.iwarp_steer.as_fd();
+        in_netns(&self.netns, || self.detach_here(prog_fd))
+            .map_err(|e| Error::Interface("network namespace of the attach".into(), e))?
+    }
+
+    /// Detaches, in the network namespace of the attach.
+    fn detach_here(&self, prog_fd: BorrowedFd<'_>) -> Result<()> {
+        let xdp = Xdp::new(prog_fd);
         let q = xdp
             .query(self.ifindex, XdpFlags::NONE)
             .map_err(bpf("query the interface"))?;
@@ -532,6 +548,28 @@ impl Drop for Steering {
         // The interface may be gone already (namespace deleted): nothing to do.
         let _ = self.detach_ref();
     }
+}
+
+/// The calling thread's network namespace.
+const THIS_NETNS: &str = "/proc/thread-self/ns/net";
+
+/// Runs `f` in the network namespace `ns`: directly when the calling thread
+/// is already there, else on a short-lived thread that enters it (`setns`
+/// changes only the calling thread).
+fn in_netns<T: Send>(ns: &File, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
+    let want = ns.metadata()?;
+    let here = std::fs::metadata(THIS_NETNS)?;
+    if (want.dev(), want.ino()) == (here.dev(), here.ino()) {
+        return Ok(f());
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("namespace thread panicked")))
+    })
 }
 
 fn resolve(interface: &Interface) -> Result<i32> {
