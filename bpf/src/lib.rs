@@ -392,19 +392,7 @@ impl Steering {
         let netns = File::open(THIS_NETNS).map_err(|e| Error::Interface(THIS_NETNS.into(), e))?;
         let cfg = config.to_bytes()?;
 
-        // The skeleton borrows its object storage for its whole life; the
-        // storage is one pointer-sized `OpenObject` slot (the libbpf object
-        // itself is freed when the skeleton drops), leaked once per attach.
-        let storage: &'static mut MaybeUninit<OpenObject> =
-            Box::leak(Box::new(MaybeUninit::uninit()));
-        let open = SteerSkelBuilder::default()
-            .open(storage)
-            .map_err(bpf("open the BPF object"))?;
-        let skel = open.load().map_err(bpf("load the XDP program"))?;
-        skel.maps
-            .steer_cfg
-            .update(&0u32.to_ne_bytes(), &cfg, MapFlags::ANY)
-            .map_err(bpf("write the config map"))?;
+        let skel = load(&cfg)?;
         let prog_fd = skel.progs.iwarp_steer.as_fd();
         let prog_id = libbpf_rs::Program::id_from_fd(prog_fd).map_err(bpf("program id"))?;
         let xdp = Xdp::new(prog_fd);
@@ -486,29 +474,7 @@ impl Steering {
 
     /// The counters, summed over CPUs.
     pub fn counters(&self) -> Result<Counters> {
-        let mut sums = [0u64; Counter::ALL.len()];
-        for (sum, which) in sums.iter_mut().zip(Counter::ALL) {
-            let per_cpu = self
-                .skel
-                .maps
-                .counters
-                .lookup_percpu(&(which as u32).to_ne_bytes(), MapFlags::ANY)
-                .map_err(bpf("read the counters"))?
-                .unwrap_or_default();
-            *sum = per_cpu
-                .iter()
-                .filter_map(|v| v.get(..8)?.try_into().ok())
-                .map(u64::from_ne_bytes)
-                .fold(0u64, u64::wrapping_add);
-        }
-        let [redirected, passed, no_xsk, dropped, malformed] = sums;
-        Ok(Counters {
-            redirected,
-            passed,
-            no_xsk,
-            dropped,
-            malformed,
-        })
+        read_counters(&self.skel)
     }
 
     /// Detaches the program now, reporting errors (dropping does the same
@@ -548,6 +514,50 @@ impl Drop for Steering {
         // The interface may be gone already (namespace deleted): nothing to do.
         let _ = self.detach_ref();
     }
+}
+
+/// Opens and loads the program (verifier included) with `cfg` in its config
+/// map; attaches nothing.
+fn load(cfg: &[u8; CFG_SIZE]) -> Result<SteerSkel<'static>> {
+    // The skeleton borrows its object storage for its whole life; the
+    // storage is one pointer-sized `OpenObject` slot (the libbpf object
+    // itself is freed when the skeleton drops), leaked once per load.
+    let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+    let open = SteerSkelBuilder::default()
+        .open(storage)
+        .map_err(bpf("open the BPF object"))?;
+    let skel = open.load().map_err(bpf("load the XDP program"))?;
+    skel.maps
+        .steer_cfg
+        .update(&0u32.to_ne_bytes(), cfg, MapFlags::ANY)
+        .map_err(bpf("write the config map"))?;
+    Ok(skel)
+}
+
+/// Sums the per-CPU counters of a loaded program.
+fn read_counters(skel: &SteerSkel<'_>) -> Result<Counters> {
+    let mut sums = [0u64; Counter::ALL.len()];
+    for (sum, which) in sums.iter_mut().zip(Counter::ALL) {
+        let per_cpu = skel
+            .maps
+            .counters
+            .lookup_percpu(&(which as u32).to_ne_bytes(), MapFlags::ANY)
+            .map_err(bpf("read the counters"))?
+            .unwrap_or_default();
+        *sum = per_cpu
+            .iter()
+            .filter_map(|v| v.get(..8)?.try_into().ok())
+            .map(u64::from_ne_bytes)
+            .fold(0u64, u64::wrapping_add);
+    }
+    let [redirected, passed, no_xsk, dropped, malformed] = sums;
+    Ok(Counters {
+        redirected,
+        passed,
+        no_xsk,
+        dropped,
+        malformed,
+    })
 }
 
 /// The calling thread's network namespace.
@@ -668,6 +678,188 @@ mod tests {
         };
         let d = b.since(&a);
         assert_eq!((d.redirected, d.passed), (2, 0));
+    }
+
+    /// The program run by the kernel on hand-made frames
+    /// (`BPF_PROG_TEST_RUN`): no interface, no socket in the XSKMAP.
+    mod prog_test_run {
+        use super::*;
+        use libbpf_rs::ProgramInput;
+
+        const XDP_DROP: u32 = 1;
+        const XDP_PASS: u32 = 2;
+        const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+        const OTHER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 9);
+
+        fn config() -> SteerConfig {
+            SteerConfig::new().addr(A).port(7174).ports(40000..=40010)
+        }
+
+        fn eth(ethertype: u16) -> Vec<u8> {
+            let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+            f.extend_from_slice(&ethertype.to_be_bytes());
+            f
+        }
+
+        /// IPv4 (with `opt_words` words of options) carrying `proto`, and a
+        /// 20-byte TCP-like header to `port`.
+        fn ipv4(dst: Ipv4Addr, proto: u8, port: u16, opt_words: u8, frag: u16) -> Vec<u8> {
+            let mut f = eth(0x0800);
+            let total = 20 + 4 * u16::from(opt_words) + 20;
+            f.push(0x40 | (5 + opt_words));
+            f.push(0);
+            f.extend_from_slice(&total.to_be_bytes());
+            f.extend_from_slice(&[0, 1]);
+            f.extend_from_slice(&frag.to_be_bytes());
+            f.extend_from_slice(&[64, proto, 0, 0]);
+            f.extend_from_slice(&[198, 18, 0, 2]);
+            f.extend_from_slice(&dst.octets());
+            f.extend(std::iter::repeat_n(1u8, 4 * usize::from(opt_words)));
+            f.extend_from_slice(&40000u16.to_be_bytes());
+            f.extend_from_slice(&port.to_be_bytes());
+            f.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0]);
+            f
+        }
+
+        fn tcp(dst: Ipv4Addr, port: u16) -> Vec<u8> {
+            ipv4(dst, 6, port, 0, 0x4000)
+        }
+
+        fn arp(tpa: Ipv4Addr) -> Vec<u8> {
+            let mut f = eth(0x0806);
+            f.extend_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
+            f.extend_from_slice(&[0x02, 0, 0, 0, 0, 2, 198, 18, 0, 2]);
+            f.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+            f.extend_from_slice(&tpa.octets());
+            f
+        }
+
+        /// Runs `frame` through a fresh program with `config`: the action
+        /// and the counters it moved.
+        fn run(config: &SteerConfig, frame: &[u8]) -> (u32, Counters) {
+            let skel = load(&config.to_bytes().unwrap()).expect("load");
+            let input = ProgramInput {
+                data_in: Some(frame),
+                ..ProgramInput::default()
+            };
+            let out = skel.progs.iwarp_steer.test_run(input).expect("test run");
+            (out.return_value, read_counters(&skel).unwrap())
+        }
+
+        fn is_root() -> bool {
+            let root = nix::unistd::geteuid().is_root();
+            if !root {
+                println!("note: not root, skipping (loading BPF needs CAP_BPF)");
+            }
+            root
+        }
+
+        const ZERO: Counters = Counters {
+            redirected: 0,
+            passed: 0,
+            no_xsk: 0,
+            dropped: 0,
+            malformed: 0,
+        };
+        const NO_XSK: Counters = Counters { no_xsk: 1, ..ZERO };
+        const PASSED: Counters = Counters { passed: 1, ..ZERO };
+        const MALFORMED: Counters = Counters {
+            malformed: 1,
+            ..ZERO
+        };
+        const DROPPED: Counters = Counters { dropped: 1, ..ZERO };
+
+        #[test]
+        fn classification() {
+            if !is_root() {
+                return;
+            }
+            let all_tcp = SteerConfig::new().addr(A).all_tcp(true);
+            let with_arp = config().arp(true);
+            let mut short_tcp = tcp(A, 7174);
+            short_tcp.truncate(14 + 20 + 10);
+            let mut short_ip = tcp(A, 7174);
+            short_ip.truncate(14 + 12);
+            let mut bad_ihl = tcp(A, 7174);
+            bad_ihl[14] = 0x44;
+            let mut short_arp = arp(A);
+            short_arp.truncate(14 + 20);
+            let mut vlan = eth(0x8100);
+            vlan.extend_from_slice(&tcp(A, 7174)[12..]);
+            let cases: [(&str, &SteerConfig, Vec<u8>, u32, Counters); 19] = [
+                ("steered port", &config(), tcp(A, 7174), XDP_PASS, NO_XSK),
+                ("port range", &config(), tcp(A, 40005), XDP_PASS, NO_XSK),
+                ("range end", &config(), tcp(A, 40010), XDP_PASS, NO_XSK),
+                ("past the range", &config(), tcp(A, 40011), XDP_PASS, PASSED),
+                ("other port", &config(), tcp(A, 9), XDP_PASS, PASSED),
+                (
+                    "other address",
+                    &config(),
+                    tcp(OTHER_IP, 7174),
+                    XDP_PASS,
+                    PASSED,
+                ),
+                ("UDP", &config(), ipv4(A, 17, 7174, 0, 0), XDP_PASS, PASSED),
+                (
+                    "IP options",
+                    &config(),
+                    ipv4(A, 6, 7174, 3, 0),
+                    XDP_PASS,
+                    NO_XSK,
+                ),
+                (
+                    "fragment",
+                    &config(),
+                    ipv4(A, 6, 7174, 0, 0x2000),
+                    XDP_PASS,
+                    PASSED,
+                ),
+                (
+                    "fragment, all TCP",
+                    &all_tcp,
+                    ipv4(A, 6, 7174, 0, 0x2000),
+                    XDP_PASS,
+                    NO_XSK,
+                ),
+                ("all TCP", &all_tcp, tcp(A, 9), XDP_PASS, NO_XSK),
+                (
+                    "drop mode",
+                    &config().drop_without_xsk(true),
+                    tcp(A, 7174),
+                    XDP_DROP,
+                    DROPPED,
+                ),
+                ("truncated TCP", &config(), short_tcp, XDP_PASS, MALFORMED),
+                ("truncated IPv4", &config(), short_ip, XDP_PASS, MALFORMED),
+                ("IHL < 5", &config(), bad_ihl, XDP_PASS, MALFORMED),
+                ("ARP, option off", &config(), arp(A), XDP_PASS, PASSED),
+                ("ARP for us", &with_arp, arp(A), XDP_PASS, NO_XSK),
+                (
+                    "ARP for another",
+                    &with_arp,
+                    arp(OTHER_IP),
+                    XDP_PASS,
+                    PASSED,
+                ),
+                ("truncated ARP", &with_arp, short_arp, XDP_PASS, MALFORMED),
+            ];
+            for (what, config, frame, action, counters) in cases {
+                assert_eq!(run(config, &frame), (action, counters), "{what}");
+            }
+            let more: [(&str, Vec<u8>); 3] = [
+                ("802.1Q", vlan),
+                ("IPv6", eth(0x86dd)),
+                ("nothing configured", tcp(A, 7174)),
+            ];
+            for (what, frame) in more {
+                let cfg = if what == "nothing configured" {
+                    SteerConfig::new()
+                } else {
+                    config()
+                };
+                assert_eq!(run(&cfg, &frame), (XDP_PASS, PASSED), "{what}");
+            }
+        }
     }
 
     #[test]

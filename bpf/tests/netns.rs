@@ -71,11 +71,14 @@ impl Topo {
         run(&["ip", "netns", "add", &t.a]);
         run(&["ip", "netns", "add", &t.b]);
         for ns in [&t.a, &t.b] {
-            // No IPv6 chatter (router solicitations) in the counters.
-            for key in ["all", "default"] {
-                let k = format!("net.ipv6.conf.{key}.disable_ipv6=1");
-                run(&["ip", "netns", "exec", ns, "sysctl", "-qw", &k]);
-            }
+            // No IPv6 chatter (router solicitations) in the counters;
+            // /proc/sys/net is the one of the writing thread's namespace.
+            in_ns(ns, || {
+                for key in ["all", "default"] {
+                    let k = format!("/proc/sys/net/ipv6/conf/{key}/disable_ipv6");
+                    std::fs::write(&k, "1").unwrap_or_else(|e| panic!("{k}: {e}"));
+                }
+            });
             run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
         }
         run(&[
