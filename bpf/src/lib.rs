@@ -38,8 +38,15 @@
 //! replaces a program silently. When the interface already carries a program
 //! (in either mode) whose name is [`PROG_NAME`], it is taken as a stale one of
 //! ours, detached, and the new one attached; any other program is left alone
-//! and the attach fails with [`Error::Busy`]. Dropping a [`Steering`] detaches
-//! its program, unless something else has replaced it meanwhile.
+//! and the attach fails with [`Error::Busy`]. The name cannot tell a crashed
+//! engine from a live one, so there is one [`Steering`] per interface: a
+//! second attach takes over. Dropping a [`Steering`] detaches its program,
+//! unless something else has replaced it meanwhile, and does so in the
+//! network namespace it was attached in (interface indices are per
+//! namespace), whichever thread drops it.
+//!
+//! Between detaching the stale program and attaching the new one, frames go
+//! to the kernel; a restart has no socket to receive them anyway.
 //!
 //! ```no_run
 //! use iwarp_bpf::{AttachMode, SteerConfig, Steering};
