@@ -170,8 +170,11 @@ pub struct LinkConfig {
     pub latency: Duration,
     /// Bits per second; 0: no serialisation delay.
     pub rate_bps: u64,
-    /// Ethernet frame size limit of both ports (header included).
+    /// Ethernet frame size limit of A's port, and of B's unless
+    /// [`LinkConfig::mtu_b`] says otherwise (header included).
     pub mtu: usize,
+    /// B's frame size limit, when it differs from A's.
+    pub mtu_b: Option<usize>,
     /// Faults, the same both ways.
     pub faults: Faults,
     /// Seed of the fault generator.
@@ -184,6 +187,7 @@ impl Default for LinkConfig {
             latency: Duration::from_micros(50),
             rate_bps: 10_000_000_000,
             mtu: 1514,
+            mtu_b: None,
             faults: Faults::default(),
             seed: 1,
         }
@@ -320,7 +324,7 @@ impl Sim {
             now,
         );
         let mut sb = Stack::new(
-            SimPort::new(link.mtu),
+            SimPort::new(link.mtu_b.unwrap_or(link.mtu)),
             Self::MAC_B,
             Self::IP_B,
             24,
