@@ -38,7 +38,12 @@ pub(crate) struct MssTable {
 }
 
 impl MssTable {
-    pub(crate) fn get(&self, remote: Ipv4Address, remote_port: u16, local_port: u16) -> Option<u16> {
+    pub(crate) fn get(
+        &self,
+        remote: Ipv4Address,
+        remote_port: u16,
+        local_port: u16,
+    ) -> Option<u16> {
         let key = (remote, remote_port, local_port);
         self.entries
             .iter()
@@ -268,12 +273,7 @@ mod tests {
         let mut p = Ipv4Packet::new_unchecked(f.payload_mut());
         ip.emit(&mut p, &caps);
         let mut t = TcpPacket::new_unchecked(p.payload_mut());
-        tcp.emit(
-            &mut t,
-            &IpAddress::Ipv4(src),
-            &IpAddress::Ipv4(dst),
-            &caps,
-        );
+        tcp.emit(&mut t, &IpAddress::Ipv4(src), &IpAddress::Ipv4(dst), &caps);
         if corrupt {
             let n = buf.len();
             buf[n - 1] ^= 0x10;

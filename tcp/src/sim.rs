@@ -107,7 +107,7 @@ impl Device for SimPort {
     }
 
     fn transmit(&mut self, _timestamp: Instant) -> Option<SimTx<'_>> {
-        (self.tx.len() < self.tx_limit).then(|| SimTx(&mut self.tx))
+        (self.tx.len() < self.tx_limit).then_some(SimTx(&mut self.tx))
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
@@ -161,6 +161,13 @@ pub enum Capture {
     /// As they arrive, after the faults (no lost frames, duplicates twice,
     /// reordered, flipped bits).
     Delivered,
+    /// As sent, but each byte of a TCP stream only in its first
+    /// transmission: retransmissions are left out, and one that also
+    /// carries new bytes is trimmed to them (headers and checksums
+    /// rewritten). Every stream appears exactly once and in order, which
+    /// is what dissectors that reassemble upper-layer PDUs (tshark's MPA)
+    /// need; TCP-level loss recovery is not visible in this view.
+    FirstTransmission,
 }
 
 /// Link settings.
@@ -225,6 +232,8 @@ struct Lane {
     snd_max: Option<u32>,
     /// Highest ACK number the other way.
     ack_max: Option<u32>,
+    /// End of the sequence space written to a first-transmission capture.
+    captured_to: Option<u32>,
 }
 
 impl Lane {
@@ -235,6 +244,7 @@ impl Lane {
             stats: LaneStats::default(),
             snd_max: None,
             ack_max: None,
+            captured_to: None,
         }
     }
 }
@@ -414,10 +424,7 @@ impl Sim {
             }
         }
         for dir in 0..2 {
-            loop {
-                let Some(entry) = self.lanes[dir].queue.first_entry() else {
-                    break;
-                };
+            while let Some(entry) = self.lanes[dir].queue.first_entry() {
                 if entry.key().0 > now {
                     break;
                 }
@@ -436,6 +443,19 @@ impl Sim {
         did
     }
 
+    fn record_first(&mut self, dir: usize, frame: &[u8]) {
+        if !matches!(self.pcap, Some((_, Capture::FirstTransmission))) {
+            return;
+        }
+        let now = self.now;
+        let Some(trimmed) = first_transmission(&mut self.lanes[dir].captured_to, frame) else {
+            return;
+        };
+        if let Some((sink, _)) = &mut self.pcap {
+            sink.packet(now, trimmed.as_deref().unwrap_or(frame));
+        }
+    }
+
     fn record(&mut self, at: Capture, frame: &[u8]) {
         if let Some((sink, want)) = &mut self.pcap {
             if *want == at {
@@ -446,6 +466,7 @@ impl Sim {
 
     fn send(&mut self, dir: usize, mut frame: Vec<u8>) {
         self.record(Capture::Sent, &frame);
+        self.record_first(dir, &frame);
         self.track(dir, &frame);
         let f = self.link.faults;
         let now = self.now;
@@ -609,4 +630,49 @@ fn tcp_layout(frame: &[u8]) -> Option<(Ipv4Address, Ipv4Address, usize, usize, u
     let tcp_off = EthernetFrame::<&[u8]>::header_len() + ip_hdr;
     let payload_off = tcp_off + usize::from(tcp.header_len());
     Some((ip.src_addr(), ip.dst_addr(), tcp_off, payload_off, tcp_len))
+}
+
+/// For [`Capture::FirstTransmission`]: `None` to leave the frame out,
+/// `Some(None)` to write it as is, `Some(Some(f))` to write the trimmed `f`.
+#[allow(clippy::option_option)]
+fn first_transmission(captured_to: &mut Option<u32>, frame: &[u8]) -> Option<Option<Vec<u8>>> {
+    let Some((src, dst, tcp_off, payload_off, tcp_len)) = tcp_layout(frame) else {
+        return Some(None);
+    };
+    let tcp = TcpPacket::new_checked(&frame[tcp_off..tcp_off + tcp_len]).ok()?;
+    let seq = tcp.seq_number().0 as u32;
+    let payload = (tcp_len - (payload_off - tcp_off)) as u32;
+    if tcp.syn() {
+        *captured_to = Some(seq.wrapping_add(1));
+        return Some(None);
+    }
+    let space = payload + u32::from(tcp.fin());
+    let Some(to) = *captured_to else {
+        return Some(None);
+    };
+    let end = seq.wrapping_add(space);
+    if space == 0 {
+        return Some(None); // a pure ACK
+    }
+    if end.wrapping_sub(to) as i32 <= 0 {
+        return None; // nothing new
+    }
+    *captured_to = Some(end);
+    let skip = to.wrapping_sub(seq) as i32;
+    if skip <= 0 {
+        return Some(None);
+    }
+    // Trim the first `skip` payload bytes.
+    let skip = skip as usize;
+    let mut out = Vec::with_capacity(frame.len() - skip);
+    out.extend_from_slice(&frame[..payload_off]);
+    out.extend_from_slice(frame.get(payload_off + skip..tcp_off + tcp_len)?);
+    let ip_off = EthernetFrame::<&[u8]>::header_len();
+    let mut ip = Ipv4Packet::new_unchecked(&mut out[ip_off..]);
+    ip.set_total_len((tcp_off - ip_off + tcp_len - skip) as u16);
+    ip.fill_checksum();
+    let mut t = TcpPacket::new_unchecked(&mut out[tcp_off..]);
+    t.set_seq_number(smoltcp::wire::TcpSeqNumber(to as i32));
+    t.fill_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst));
+    Some(Some(out))
 }

@@ -265,7 +265,6 @@ impl<D: Device> Stack<D> {
         buf
     }
 
-
     /// Listen on `port`. Incoming connections show up in [`Stack::accept`];
     /// the port keeps listening after each one (up to the backlog).
     pub fn listen(&mut self, port: u16) -> Result<(), Error> {
@@ -285,7 +284,6 @@ impl<D: Device> Stack<D> {
         self.listeners.push(l);
         Ok(())
     }
-
 
     /// Stop listening on `port`. Connections already accepted stay; half
     /// open and unaccepted ones are aborted.
@@ -345,14 +343,21 @@ impl<D: Device> Stack<D> {
     /// returns how many it consumed. Returns the total consumed; `Ok(0)`
     /// before the connection is established or when nothing is there.
     /// `Err(Finished)` once the peer has closed and everything was read.
-    pub fn recv<F: FnMut(&[u8]) -> usize>(&mut self, conn: ConnId, mut f: F) -> Result<usize, Error> {
+    pub fn recv<F: FnMut(&[u8]) -> usize>(
+        &mut self,
+        conn: ConnId,
+        mut f: F,
+    ) -> Result<usize, Error> {
         let fin = self
             .conns
             .get(&conn.0)
             .ok_or(Error::UnknownConnection)?
             .fin_received;
         let s = self.socket(conn)?;
-        if matches!(s.state(), State::SynSent | State::SynReceived | State::Listen) {
+        if matches!(
+            s.state(),
+            State::SynSent | State::SynReceived | State::Listen
+        ) {
             return Ok(0);
         }
         let mut total = 0;
@@ -388,7 +393,11 @@ impl<D: Device> Stack<D> {
     /// largest contiguous piece, then the rest after a wrap) and returns
     /// how many bytes it wrote there. Returns the total written; `Ok(0)`
     /// while the handshake is still going on.
-    pub fn send<F: FnMut(&mut [u8]) -> usize>(&mut self, conn: ConnId, mut f: F) -> Result<usize, Error> {
+    pub fn send<F: FnMut(&mut [u8]) -> usize>(
+        &mut self,
+        conn: ConnId,
+        mut f: F,
+    ) -> Result<usize, Error> {
         let s = self.socket(conn)?;
         if matches!(s.state(), State::SynSent | State::SynReceived) {
             return Ok(0);
@@ -628,7 +637,9 @@ impl<D: Device> Stack<D> {
                 let s = self.sockets.get::<tcp::Socket<'static>>(h);
                 if s.state() != State::Listen {
                     let mut c = Conn::new(s.state(), l.port);
-                    c.remote = s.remote_endpoint().and_then(|ep| Some((v4(ep.addr)?, ep.port)));
+                    c.remote = s
+                        .remote_endpoint()
+                        .and_then(|ep| Some((v4(ep.addr)?, ep.port)));
                     self.conns.insert(h, c);
                     l.half_open.push(h);
                     l.socket = None;
@@ -677,7 +688,9 @@ impl<D: Device> Stack<D> {
             }
             changed = true;
             if c.remote.is_none() {
-                c.remote = s.remote_endpoint().and_then(|ep| Some((v4(ep.addr)?, ep.port)));
+                c.remote = s
+                    .remote_endpoint()
+                    .and_then(|ep| Some((v4(ep.addr)?, ep.port)));
             }
             match state {
                 State::Established => c.established = true,
@@ -693,10 +706,8 @@ impl<D: Device> Stack<D> {
                     }
                 }
                 State::Closed => {
-                    let orderly = matches!(
-                        c.last,
-                        State::LastAck | State::TimeWait | State::Closing
-                    );
+                    let orderly =
+                        matches!(c.last, State::LastAck | State::TimeWait | State::Closing);
                     if !orderly && !c.reset {
                         c.reset = true;
                         self.counters.resets += 1;

@@ -18,9 +18,8 @@ fn one_way(sim: &mut Sim, len: usize) -> Vec<u8> {
     sim.run(limit, |s| {
         let n = s.a.send_slice(a, &out[sent..]).unwrap();
         sent += n;
-        let m = s
-            .b
-            .recv(b, |buf| {
+        let m =
+            s.b.recv(b, |buf| {
                 got.extend_from_slice(buf);
                 buf.len()
             })
@@ -53,7 +52,10 @@ fn window_scaling_allows_more_than_64k_in_flight() {
     assert_eq!(got, data(4 << 20, 7));
     let in_flight = sim.a_to_b().max_in_flight;
     assert!(in_flight > 65535, "{in_flight}");
-    assert!(in_flight <= Config::default().rx_buffer as u64, "{in_flight}");
+    assert!(
+        in_flight <= Config::default().rx_buffer as u64,
+        "{in_flight}"
+    );
 }
 
 #[test]
@@ -274,8 +276,14 @@ fn connect_to_closed_port_is_reset() {
     let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
     let a = sim.a.connect((Sim::IP_B, 9), 40000).unwrap();
     let limit = sim.now + Duration::from_secs(1);
-    sim.run(limit, |s| if s.a.is_reset(a) { Step::Done } else { Step::Idle })
-        .unwrap();
+    sim.run(limit, |s| {
+        if s.a.is_reset(a) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
 }
 
 /// Flips with a fixed TCP checksum get through TCP (only a CRC above can
@@ -318,8 +326,20 @@ fn same_seed_same_run() {
         seed: 99,
         ..LinkConfig::default()
     };
-    let r1 = bulk(Config::default(), link, 256 * 1024, true, Duration::from_secs(120));
-    let r2 = bulk(Config::default(), link, 256 * 1024, true, Duration::from_secs(120));
+    let r1 = bulk(
+        Config::default(),
+        link,
+        256 * 1024,
+        true,
+        Duration::from_secs(120),
+    );
+    let r2 = bulk(
+        Config::default(),
+        link,
+        256 * 1024,
+        true,
+        Duration::from_secs(120),
+    );
     assert_eq!(r1.took, r2.took);
     assert_eq!(r1.sim.a_to_b(), r2.sim.a_to_b());
     assert_eq!(r1.sim.b_to_a(), r2.sim.b_to_a());

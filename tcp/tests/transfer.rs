@@ -47,7 +47,13 @@ fn ten_mb_each_way_1pct_loss_reorder_dup() {
         seed: 11,
         ..LinkConfig::default()
     };
-    let b = bulk(Config::default(), link, LEN, false, Duration::from_secs(120));
+    let b = bulk(
+        Config::default(),
+        link,
+        LEN,
+        false,
+        Duration::from_secs(120),
+    );
     report("1%", &b);
     let s = b.sim.a_to_b();
     assert!(s.dropped > 0 && s.duplicated > 0 && s.reordered > 0 && s.corrupted > 0);
@@ -67,7 +73,13 @@ fn ten_mb_each_way_5pct_loss_reorder_dup() {
         seed: 55,
         ..LinkConfig::default()
     };
-    let b = bulk(Config::default(), link, LEN, false, Duration::from_secs(6000));
+    let b = bulk(
+        Config::default(),
+        link,
+        LEN,
+        false,
+        Duration::from_secs(6000),
+    );
     report("5%", &b);
     let s = b.sim.b_to_a();
     assert!(s.dropped > 0 && s.duplicated > 0 && s.reordered > 0);

@@ -79,17 +79,15 @@ pub fn bulk(
             sent_b += n;
             progress |= n > 0;
         }
-        let n = s
-            .b
-            .recv(cb, |buf| {
+        let n =
+            s.b.recv(cb, |buf| {
                 assert_eq!(buf, &out_a[got_b..got_b + buf.len()], "A→B at {got_b}");
                 got_b += buf.len();
                 buf.len()
             })
             .unwrap_or(0);
-        let m = s
-            .a
-            .recv(ca, |buf| {
+        let m =
+            s.a.recv(ca, |buf| {
                 assert_eq!(buf, &out_b[got_a..got_a + buf.len()], "B→A at {got_a}");
                 got_a += buf.len();
                 buf.len()
@@ -120,10 +118,7 @@ pub fn bulk(
     }
     assert_eq!((got_a, got_b), (len, len));
     assert!(!sim.a.is_reset(ca) && !sim.b.is_reset(cb));
-    assert_eq!(
-        sim.a.recv(ca, |b| b.len()),
-        Err(iwarp_tcp::Error::Finished)
-    );
+    assert_eq!(sim.a.recv(ca, |b| b.len()), Err(iwarp_tcp::Error::Finished));
     let took = sim.now - start;
     Bulk { sim, took }
 }
