@@ -1,1 +1,60 @@
-//! User-space TCP for the AF_XDP data path: smoltcp configured for iWARP (no Nagle, tuned delayed ACK, window scaling, explicit congestion control), generic over `smoltcp::phy::Device`, and an in-memory link with fault injection and pcap output for tests.
+//! User-space TCP for the AF_XDP data path: smoltcp configured for iWARP
+//! (no Nagle, short delayed ACK, window scaling, Reno congestion control
+//! set on every socket), generic over `smoltcp::phy::Device`, and an
+//! in-memory link with fault injection and pcap output for tests
+//! ([`sim`]).
+//!
+//! Like the `iwarp` core this crate is sans-IO: no sockets, no threads, no
+//! clock reads. Time enters as a `smoltcp::time::Instant` argument; frames
+//! enter and leave only through the device.
+//!
+//! One pass of the caller's loop:
+//!
+//! 1. [`Stack::poll`]`(now)`: up to [`Config::ingress_budget`] frames in
+//!    (TCP payload lands in the connections' receive rings), new passive
+//!    connections handed to [`Stack::accept`], then egress.
+//! 2. For each connection, [`Stack::recv`] hands the received bytes to a
+//!    closure (for iWARP: `Context::handle_input`) and [`Stack::send`]
+//!    lets a closure fill the transmit ring (`Context::poll_transmit`),
+//!    whole FPDUs sized from [`Stack::emss`].
+//! 3. [`Stack::poll`] again to send what was written; repeat while it
+//!    returns true, then wait until [`Stack::poll_at`].
+//!
+//! ```
+//! use iwarp_tcp::sim::{LinkConfig, Sim, Step};
+//! use iwarp_tcp::Config;
+//! use smoltcp::time::Duration;
+//!
+//! let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+//! sim.b.listen(7174).unwrap();
+//! let a = sim.a.connect((Sim::IP_B, 7174), 40000).unwrap();
+//! let mut b = None;
+//! let mut got = Vec::new();
+//! let limit = sim.now + Duration::from_secs(1);
+//! sim.run(limit, |s| {
+//!     if b.is_none() {
+//!         b = s.b.accept(7174);
+//!     }
+//!     if s.a.is_established(a) && s.a.send_queue(a) == 0 && got.is_empty() {
+//!         s.a.send_slice(a, b"hello").unwrap();
+//!     }
+//!     if let Some(b) = b {
+//!         let _ = s.b.recv(b, |buf| { got.extend_from_slice(buf); buf.len() });
+//!     }
+//!     if got == b"hello" { Step::Done } else { Step::Idle }
+//! })
+//! .unwrap();
+//! assert_eq!(sim.a.emss(a), Some(1460));
+//! ```
+
+#![warn(missing_docs)]
+
+mod config;
+mod port;
+pub mod sim;
+mod stack;
+
+pub use config::{Config, MAX_BUFFER, MIN_BUFFER};
+pub use smoltcp;
+pub use smoltcp::socket::tcp::{CongestionControl, State};
+pub use stack::{ConnId, Counters, Error, Stack};

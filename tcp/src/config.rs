@@ -1,0 +1,140 @@
+//! Stack and socket settings, chosen for iWARP.
+
+use smoltcp::socket::tcp::CongestionControl;
+use smoltcp::time::Duration;
+
+/// Largest receive buffer smoltcp accepts (RFC 7323: window ≤ 2^30).
+pub const MAX_BUFFER: usize = 1 << 30;
+
+/// Smallest buffer [`Config::fit_rx_frames`] will choose: a few segments.
+pub const MIN_BUFFER: usize = 4 * 1024;
+
+/// Settings of a [`Stack`](crate::Stack) and of every socket it opens.
+///
+/// The defaults are the iWARP choices:
+///
+/// * **Nagle off.** The iWARP layer writes whole FPDUs and a small one (a
+///   Read Request, a short Send) must leave at once; RFC 5044 §8 asks for
+///   it too.
+/// * **Delayed ACK 1 ms.** smoltcp already ACKs at once as soon as more
+///   than one MSS is unacknowledged, so the delay only applies to a lone
+///   tail segment. Most iWARP exchanges answer such a segment (Read
+///   Request → Read Response, Send → reply), and the answer carries the
+///   ACK; 1 ms saves those pure ACKs (each one costs a copy-mode AF_XDP
+///   transmit, ~1.5 µs of the sender's core) while staying far below the
+///   1 s minimum RTO and the smoltcp default of 10 ms, which would hold a
+///   sender's buffer space for a long time when nobody answers.
+/// * **Reno congestion control, set on every socket.** On a LAN with an
+///   RTT of tens of µs Reno reaches the window in a few round trips;
+///   CUBIC's cubic growth pays off on long fat paths, and smoltcp makes
+///   it the silent default as soon as the `socket-tcp-cubic` feature is
+///   on anywhere in the build, so the choice is explicit. Without any
+///   congestion control smoltcp collapses after drops.
+/// * **Window scaling** follows from the buffer size: smoltcp derives the
+///   shift from the receive buffer's capacity and offers it in the SYN;
+///   256 KiB buffers give a shift of 3 and a window four times what fits
+///   in 16 bits.
+/// * **No TCP timestamps**: smoltcp uses them only with a generator, and
+///   without them no option eats into the MSS, so FPDUs fill segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Receive buffer of each connection (bytes), the most the advertised
+    /// window can reach. At most [`MAX_BUFFER`].
+    pub rx_buffer: usize,
+    /// Transmit buffer of each connection (bytes).
+    pub tx_buffer: usize,
+    /// Nagle's algorithm (off for iWARP).
+    pub nagle: bool,
+    /// Delayed-ACK timeout; `None` ACKs every segment at once.
+    pub ack_delay: Option<Duration>,
+    /// Congestion control of every socket.
+    pub congestion: CongestionControl,
+    /// Most frames handled per [`Stack::poll`](crate::Stack::poll) on
+    /// ingress (smoltcp's "DoS warning": unbounded ingress starves the
+    /// rest of the loop).
+    pub ingress_budget: usize,
+    /// Most egress rounds per poll (each round lets every socket emit at
+    /// most one segment).
+    pub egress_budget: usize,
+    /// Connections per listening port that may be half open or waiting
+    /// for [`Stack::accept`](crate::Stack::accept); beyond it the port
+    /// stops listening until the application accepts.
+    pub backlog: usize,
+    /// Abort a connection whose peer has not acknowledged for this long.
+    pub timeout: Option<Duration>,
+    /// Keep-alive interval.
+    pub keep_alive: Option<Duration>,
+    /// Seed of smoltcp's generator (initial sequence numbers, ephemeral
+    /// choices): fixed for reproducible runs.
+    pub seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            rx_buffer: 256 * 1024,
+            tx_buffer: 256 * 1024,
+            nagle: false,
+            ack_delay: Some(Duration::from_millis(1)),
+            congestion: CongestionControl::Reno,
+            ingress_budget: 64,
+            egress_budget: 64,
+            backlog: 8,
+            timeout: None,
+            keep_alive: None,
+            seed: 0x5eed_1a2b,
+        }
+    }
+}
+
+impl Config {
+    /// Size the receive buffers against a receive-frame budget: with
+    /// `connections` connections sharing `rx_frames` frames of which each
+    /// carries at most `mss` payload bytes, a window of `rx_frames × mss /
+    /// connections` per connection is the most the peers can have in
+    /// flight at once, so an AF_XDP fill ring of `rx_frames` cannot run
+    /// dry from TCP data alone. Rounded down to a multiple of `mss`,
+    /// clamped to [`MIN_BUFFER`]`..=`[`MAX_BUFFER`]. The transmit buffer
+    /// is set to the same size (what the peer's equal window can take).
+    pub fn fit_rx_frames(mut self, rx_frames: usize, mss: usize, connections: usize) -> Self {
+        let mss = mss.max(1);
+        let per_conn = rx_frames.saturating_mul(mss) / connections.max(1);
+        let size = (per_conn / mss * mss).clamp(MIN_BUFFER, MAX_BUFFER);
+        self.rx_buffer = size;
+        self.tx_buffer = size;
+        self
+    }
+
+    /// The window scale shift smoltcp will offer for `rx_buffer`.
+    pub fn window_shift(&self) -> u8 {
+        let bits = usize::BITS - self.rx_buffer.leading_zeros();
+        bits.saturating_sub(16) as u8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_rx_frames_keeps_window_within_frames() {
+        let c = Config::default().fit_rx_frames(4096, 1460, 4);
+        assert_eq!(c.rx_buffer, 1024 * 1460);
+        assert!(c.rx_buffer * 4 <= 4096 * 1460);
+        let c = Config::default().fit_rx_frames(10, 1460, 100);
+        assert_eq!(c.rx_buffer, MIN_BUFFER);
+        let c = Config::default().fit_rx_frames(usize::MAX, 9000, 1);
+        assert_eq!(c.rx_buffer, MAX_BUFFER);
+        let c = Config::default().fit_rx_frames(100, 0, 0);
+        assert!(c.rx_buffer >= MIN_BUFFER);
+    }
+
+    #[test]
+    fn default_window_needs_scaling() {
+        let c = Config::default();
+        assert!(c.rx_buffer > 65535);
+        assert_eq!(c.window_shift(), 3);
+        assert!(!c.nagle);
+        assert_eq!(c.congestion, CongestionControl::Reno);
+    }
+}

@@ -1,0 +1,772 @@
+//! [`Stack`]: one smoltcp `Interface` and its TCP sockets over any
+//! `phy::Device`, sans-IO: time comes in as an argument, the device is
+//! the only way bytes enter or leave.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+
+use smoltcp::iface::{Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult};
+use smoltcp::iface::{SocketHandle, SocketSet};
+use smoltcp::phy::{Device, Medium};
+use smoltcp::socket::tcp::{self, State};
+use smoltcp::time::{Duration, Instant};
+use smoltcp::wire::{
+    ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol,
+    EthernetRepr, HardwareAddress, IpAddress, IpCidr, IpEndpoint, Ipv4Address, IPV4_HEADER_LEN,
+    TCP_HEADER_LEN,
+};
+
+use crate::config::Config;
+use crate::port::Port;
+
+/// How long a static neighbour entry lives in smoltcp's cache before it is
+/// refreshed (smoltcp's entries expire after 60 s).
+const NEIGHBOR_REFRESH: Duration = Duration::from_secs(30);
+
+/// smoltcp's assumption when the peer's SYN carried no MSS option.
+const DEFAULT_REMOTE_MSS: usize = 536;
+
+/// A connection of a [`Stack`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(SocketHandle);
+
+/// Why an operation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// No such connection (never existed, or released).
+    UnknownConnection,
+    /// The port already listens.
+    AlreadyListening,
+    /// The port or address cannot be used (zero port, unspecified address).
+    Unaddressable,
+    /// The connection is in a state that does not allow the operation
+    /// (for example sending after close, or after a reset).
+    InvalidState,
+    /// The peer closed its direction and every byte has been read.
+    Finished,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::UnknownConnection => "unknown connection",
+            Self::AlreadyListening => "port already listening",
+            Self::Unaddressable => "unaddressable endpoint",
+            Self::InvalidState => "invalid connection state",
+            Self::Finished => "peer closed the stream",
+        })
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Stack counters (monotonic).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Frames received from the device.
+    pub rx_frames: u64,
+    /// Bytes of those frames.
+    pub rx_bytes: u64,
+    /// Frames handed to the device.
+    pub tx_frames: u64,
+    /// Bytes of those frames.
+    pub tx_bytes: u64,
+    /// Polls that stopped ingress at [`Config::ingress_budget`].
+    pub ingress_budget_hits: u64,
+    /// Polls that stopped egress at [`Config::egress_budget`].
+    pub egress_budget_hits: u64,
+    /// Connections opened with [`Stack::connect`].
+    pub connects: u64,
+    /// Connections that reached Established from a listening port.
+    pub accepted: u64,
+    /// Connections that ended without the FIN exchange (RST or timeout).
+    pub resets: u64,
+    /// Half-open passive connections that fell back (RST in SYN-RECEIVED).
+    pub half_open_dropped: u64,
+    /// Times a port stopped listening because its backlog was full.
+    pub backlog_full: u64,
+    /// Synthetic ARP replies injected for static neighbours.
+    pub neighbor_refreshes: u64,
+}
+
+/// What the stack knows about one connection beyond smoltcp's state.
+#[derive(Clone, Copy, Debug)]
+struct Conn {
+    last: State,
+    established: bool,
+    fin_received: bool,
+    reset: bool,
+    local_port: u16,
+    remote: Option<(Ipv4Address, u16)>,
+}
+
+impl Conn {
+    fn new(state: State, local_port: u16) -> Self {
+        Self {
+            last: state,
+            established: false,
+            fin_received: false,
+            reset: false,
+            local_port,
+            remote: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Listener {
+    port: u16,
+    /// The socket currently in Listen, if the backlog allows one.
+    socket: Option<SocketHandle>,
+    /// Passive connections past Listen, not yet Established.
+    half_open: Vec<SocketHandle>,
+    /// Established, waiting for [`Stack::accept`].
+    ready: VecDeque<SocketHandle>,
+}
+
+/// A user-space TCP/IPv4 stack over one Ethernet device. See the crate
+/// documentation for the polling order.
+pub struct Stack<D: Device> {
+    port: Port<D>,
+    iface: Interface,
+    sockets: SocketSet<'static>,
+    config: Config,
+    mac: EthernetAddress,
+    ip: Ipv4Address,
+    neighbors: Vec<(Ipv4Address, EthernetAddress)>,
+    neighbor_refresh_at: Instant,
+    listeners: Vec<Listener>,
+    conns: HashMap<SocketHandle, Conn>,
+    counters: Counters,
+}
+
+impl<D: Device> fmt::Debug for Stack<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stack")
+            .field("mac", &self.mac)
+            .field("ip", &self.ip)
+            .field("connections", &self.conns.len())
+            .field("counters", &self.counters())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> Stack<D> {
+    /// A stack on `device` with address `ip/prefix` and an optional default
+    /// gateway (which must lie inside that prefix). Panics if the device
+    /// is not an Ethernet device.
+    pub fn new(
+        device: D,
+        mac: EthernetAddress,
+        ip: Ipv4Address,
+        prefix: u8,
+        gateway: Option<Ipv4Address>,
+        config: Config,
+        now: Instant,
+    ) -> Self {
+        let mut port = Port::new(device);
+        assert_eq!(
+            port.inner.capabilities().medium,
+            Medium::Ethernet,
+            "the stack runs over Ethernet devices"
+        );
+        let mut ic = IfaceConfig::new(HardwareAddress::Ethernet(mac));
+        ic.random_seed = config.seed;
+        let mut iface = Interface::new(ic, &mut port, now);
+        iface.update_ip_addrs(|a| {
+            // A fresh interface has room for at least one address.
+            let _ = a.push(IpCidr::new(IpAddress::Ipv4(ip), prefix));
+        });
+        if let Some(gw) = gateway {
+            // The route table has room for the default route.
+            let _ = iface.routes_mut().add_default_ipv4_route(gw);
+        }
+        Self {
+            port,
+            iface,
+            sockets: SocketSet::new(Vec::new()),
+            config,
+            mac,
+            ip,
+            neighbors: Vec::new(),
+            neighbor_refresh_at: now,
+            listeners: Vec::new(),
+            conns: HashMap::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Our IPv4 address.
+    pub fn ip(&self) -> Ipv4Address {
+        self.ip
+    }
+
+    /// Our MAC address.
+    pub fn mac(&self) -> EthernetAddress {
+        self.mac
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.port.inner
+    }
+
+    /// The device, mutably (for example to move frames in a simulation).
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.port.inner
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> Counters {
+        let c = &self.port.counters;
+        Counters {
+            rx_frames: c.rx_frames.get(),
+            rx_bytes: c.rx_bytes.get(),
+            tx_frames: c.tx_frames.get(),
+            tx_bytes: c.tx_bytes.get(),
+            ..self.counters
+        }
+    }
+
+    /// A static neighbour: `ip` is at `mac`, without asking ARP. ARP stays
+    /// enabled for every other address. The entry is fed to smoltcp as a
+    /// synthetic ARP reply at the next poll and refreshed before smoltcp's
+    /// cache would expire it. `ip` must be inside our prefix.
+    pub fn add_neighbor(&mut self, ip: Ipv4Address, mac: EthernetAddress) {
+        self.neighbors.retain(|(i, _)| *i != ip);
+        self.neighbors.push((ip, mac));
+        self.port.inject.push_back(self.arp_reply(ip, mac));
+        self.counters.neighbor_refreshes += 1;
+    }
+
+    fn arp_reply(&self, ip: Ipv4Address, mac: EthernetAddress) -> Vec<u8> {
+        let arp = ArpRepr::EthernetIpv4 {
+            operation: ArpOperation::Reply,
+            source_hardware_addr: mac,
+            source_protocol_addr: ip,
+            target_hardware_addr: self.mac,
+            target_protocol_addr: self.ip,
+        };
+        let eth = EthernetRepr {
+            src_addr: mac,
+            dst_addr: self.mac,
+            ethertype: EthernetProtocol::Arp,
+        };
+        let mut buf = vec![0; eth.buffer_len() + arp.buffer_len()];
+        let mut frame = EthernetFrame::new_unchecked(&mut buf[..]);
+        eth.emit(&mut frame);
+        arp.emit(&mut ArpPacket::new_unchecked(frame.payload_mut()));
+        buf
+    }
+
+    /// Listen on `port`. Incoming connections show up in [`Stack::accept`];
+    /// the port keeps listening after each one (up to the backlog).
+    pub fn listen(&mut self, port: u16) -> Result<(), Error> {
+        if port == 0 {
+            return Err(Error::Unaddressable);
+        }
+        if self.listeners.iter().any(|l| l.port == port) {
+            return Err(Error::AlreadyListening);
+        }
+        let mut l = Listener {
+            port,
+            socket: None,
+            half_open: Vec::new(),
+            ready: VecDeque::new(),
+        };
+        arm(&mut self.sockets, &self.config, &mut l)?;
+        self.listeners.push(l);
+        Ok(())
+    }
+
+    /// Stop listening on `port`. Connections already accepted stay; half
+    /// open and unaccepted ones are aborted.
+    pub fn unlisten(&mut self, port: u16) {
+        let Some(i) = self.listeners.iter().position(|l| l.port == port) else {
+            return;
+        };
+        let l = self.listeners.swap_remove(i);
+        for h in l.socket.into_iter().chain(l.half_open).chain(l.ready) {
+            self.conns.remove(&h);
+            self.sockets.remove(h);
+        }
+    }
+
+    /// Take one established connection that arrived on `port`.
+    pub fn accept(&mut self, port: u16) -> Option<ConnId> {
+        let l = self.listeners.iter_mut().find(|l| l.port == port)?;
+        let h = l.ready.pop_front()?;
+        if l.socket.is_none() {
+            // The backlog has room again.
+            let _ = arm(&mut self.sockets, &self.config, l);
+        }
+        Some(ConnId(h))
+    }
+
+    /// Open a connection to `remote` from `local_port`.
+    pub fn connect(
+        &mut self,
+        remote: (Ipv4Address, u16),
+        local_port: u16,
+    ) -> Result<ConnId, Error> {
+        let mut s = new_socket(&self.config);
+        let ep = IpEndpoint::new(IpAddress::Ipv4(remote.0), remote.1);
+        s.connect(self.iface.context(), ep, local_port)
+            .map_err(|e| match e {
+                tcp::ConnectError::Unaddressable => Error::Unaddressable,
+                _ => Error::InvalidState,
+            })?;
+        let state = s.state();
+        let h = self.sockets.add(s);
+        let mut c = Conn::new(state, local_port);
+        c.remote = Some(remote);
+        self.conns.insert(h, c);
+        self.counters.connects += 1;
+        Ok(ConnId(h))
+    }
+
+    fn socket(&mut self, conn: ConnId) -> Result<&mut tcp::Socket<'static>, Error> {
+        if !self.conns.contains_key(&conn.0) {
+            return Err(Error::UnknownConnection);
+        }
+        Ok(self.sockets.get_mut::<tcp::Socket<'static>>(conn.0))
+    }
+
+    /// Read from the connection's receive ring: `f` sees the received bytes
+    /// (the largest contiguous piece, then the rest after a wrap) and
+    /// returns how many it consumed. Returns the total consumed; `Ok(0)`
+    /// before the connection is established or when nothing is there.
+    /// `Err(Finished)` once the peer has closed and everything was read.
+    pub fn recv<F: FnMut(&[u8]) -> usize>(
+        &mut self,
+        conn: ConnId,
+        mut f: F,
+    ) -> Result<usize, Error> {
+        let fin = self
+            .conns
+            .get(&conn.0)
+            .ok_or(Error::UnknownConnection)?
+            .fin_received;
+        let s = self.socket(conn)?;
+        if matches!(
+            s.state(),
+            State::SynSent | State::SynReceived | State::Listen
+        ) {
+            return Ok(0);
+        }
+        let mut total = 0;
+        for _ in 0..2 {
+            if !s.can_recv() {
+                break;
+            }
+            let r = s.recv(|buf| {
+                let n = f(buf).min(buf.len());
+                (n, (n, n == buf.len()))
+            });
+            match r {
+                Ok((n, whole)) => {
+                    total += n;
+                    if !whole || n == 0 {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        if total == 0 && !s.may_recv() {
+            return Err(if s.recv_queue() == 0 && (fin || fin_state(s.state())) {
+                Error::Finished
+            } else {
+                Error::InvalidState
+            });
+        }
+        Ok(total)
+    }
+
+    /// Write into the connection's transmit ring: `f` gets free space (the
+    /// largest contiguous piece, then the rest after a wrap) and returns
+    /// how many bytes it wrote there. Returns the total written; `Ok(0)`
+    /// while the handshake is still going on.
+    pub fn send<F: FnMut(&mut [u8]) -> usize>(
+        &mut self,
+        conn: ConnId,
+        mut f: F,
+    ) -> Result<usize, Error> {
+        let s = self.socket(conn)?;
+        if matches!(s.state(), State::SynSent | State::SynReceived) {
+            return Ok(0);
+        }
+        if !s.may_send() {
+            return Err(Error::InvalidState);
+        }
+        let mut total = 0;
+        for _ in 0..2 {
+            if !s.can_send() {
+                break;
+            }
+            let r = s.send(|buf| {
+                let n = f(buf).min(buf.len());
+                (n, (n, n == buf.len()))
+            });
+            match r {
+                Ok((n, whole)) => {
+                    total += n;
+                    if !whole || n == 0 {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        Ok(total)
+    }
+
+    /// Copy `data` into the transmit ring (as much as fits).
+    pub fn send_slice(&mut self, conn: ConnId, data: &[u8]) -> Result<usize, Error> {
+        let mut off = 0;
+        self.send(conn, |buf| {
+            let n = buf.len().min(data.len() - off);
+            buf[..n].copy_from_slice(&data[off..off + n]);
+            off += n;
+            n
+        })
+    }
+
+    /// Copy received bytes into `out`.
+    pub fn recv_slice(&mut self, conn: ConnId, out: &mut [u8]) -> Result<usize, Error> {
+        let mut off = 0;
+        self.recv(conn, |buf| {
+            let n = buf.len().min(out.len() - off);
+            out[off..off + n].copy_from_slice(&buf[..n]);
+            off += n;
+            n
+        })
+    }
+
+    /// Close our direction (FIN after the queued data).
+    pub fn close(&mut self, conn: ConnId) -> Result<(), Error> {
+        self.socket(conn)?.close();
+        Ok(())
+    }
+
+    /// Abort the connection (RST at the next poll).
+    pub fn abort(&mut self, conn: ConnId) -> Result<(), Error> {
+        self.socket(conn)?.abort();
+        Ok(())
+    }
+
+    /// Forget a connection and free its buffers. A connection that is
+    /// still open is dropped without telling the peer; call it after
+    /// [`Stack::is_closed`], or after [`Stack::abort`] and a poll.
+    pub fn release(&mut self, conn: ConnId) -> Result<(), Error> {
+        let c = self.conns.remove(&conn.0).ok_or(Error::UnknownConnection)?;
+        if let Some((ip, port)) = c.remote {
+            self.port.mss.forget(ip, port, c.local_port);
+        }
+        self.sockets.remove(conn.0);
+        Ok(())
+    }
+
+    /// smoltcp's state of the connection.
+    pub fn state(&self, conn: ConnId) -> Option<State> {
+        self.conns
+            .get(&conn.0)
+            .map(|_| self.sockets.get::<tcp::Socket<'static>>(conn.0).state())
+    }
+
+    /// Whether the connection is established (data may flow both ways).
+    pub fn is_established(&self, conn: ConnId) -> bool {
+        self.state(conn) == Some(State::Established)
+    }
+
+    /// The peer closed its direction and every byte was read.
+    pub fn is_eof(&self, conn: ConnId) -> bool {
+        let Some(c) = self.conns.get(&conn.0) else {
+            return false;
+        };
+        let s = self.sockets.get::<tcp::Socket<'static>>(conn.0);
+        c.fin_received_now(s) && s.recv_queue() == 0
+    }
+
+    /// The connection ended without the FIN exchange: the peer reset it,
+    /// we aborted it, or it timed out.
+    pub fn is_reset(&self, conn: ConnId) -> bool {
+        self.conns.get(&conn.0).is_some_and(|c| c.reset)
+    }
+
+    /// The connection is fully closed (nothing more will happen on it).
+    pub fn is_closed(&self, conn: ConnId) -> bool {
+        matches!(self.state(conn), Some(State::Closed | State::TimeWait))
+    }
+
+    /// Bytes waiting in the receive ring.
+    pub fn recv_queue(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn.0).map_or(0, |_| {
+            self.sockets
+                .get::<tcp::Socket<'static>>(conn.0)
+                .recv_queue()
+        })
+    }
+
+    /// Bytes in the transmit ring not yet acknowledged by the peer.
+    pub fn send_queue(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn.0).map_or(0, |_| {
+            self.sockets
+                .get::<tcp::Socket<'static>>(conn.0)
+                .send_queue()
+        })
+    }
+
+    /// Local and remote endpoints.
+    pub fn endpoints(&self, conn: ConnId) -> Option<(IpEndpoint, IpEndpoint)> {
+        self.conns.get(&conn.0)?;
+        let s = self.sockets.get::<tcp::Socket<'static>>(conn.0);
+        Some((s.local_endpoint()?, s.remote_endpoint()?))
+    }
+
+    /// The effective MSS of an established connection: the most payload
+    /// one segment carries, min(our MTU's MSS, the peer's SYN MSS) less
+    /// options (none: no timestamps). The iWARP layer sizes FPDUs
+    /// (MULPDU) from it. `None` before the handshake completes.
+    pub fn emss(&self, conn: ConnId) -> Option<usize> {
+        let c = self.conns.get(&conn.0)?;
+        if !c.established {
+            return None;
+        }
+        let (ip, port) = c.remote?;
+        let local = self.local_mss();
+        let remote = self
+            .port
+            .mss
+            .get(ip, port, c.local_port)
+            .map_or(DEFAULT_REMOTE_MSS, usize::from);
+        Some(local.min(remote))
+    }
+
+    /// The MSS our MTU allows (what our SYNs announce).
+    pub fn local_mss(&self) -> usize {
+        let caps = self.port.inner.capabilities();
+        caps.max_transmission_unit
+            .saturating_sub(EthernetFrame::<&[u8]>::header_len())
+            .saturating_sub(IPV4_HEADER_LEN + TCP_HEADER_LEN)
+    }
+
+    /// Process up to [`Config::ingress_budget`] received frames, hand new
+    /// passive connections to their listeners, then let every socket send
+    /// (up to [`Config::egress_budget`] rounds). Returns whether anything
+    /// happened (a frame in or out, or a state change); call again while it
+    /// returns true, then sleep until [`Stack::poll_at`].
+    pub fn poll(&mut self, now: Instant) -> bool {
+        let mut did = false;
+        if now >= self.neighbor_refresh_at {
+            self.neighbor_refresh_at = now + NEIGHBOR_REFRESH;
+            let frames: Vec<_> = self
+                .neighbors
+                .iter()
+                .map(|&(ip, mac)| self.arp_reply(ip, mac))
+                .collect();
+            self.counters.neighbor_refreshes += frames.len() as u64;
+            self.port.inject.extend(frames);
+        }
+        let mut budget_hit = true;
+        for _ in 0..self.config.ingress_budget {
+            match self
+                .iface
+                .poll_ingress_single(now, &mut self.port, &mut self.sockets)
+            {
+                PollIngressSingleResult::None => {
+                    budget_hit = false;
+                    break;
+                }
+                PollIngressSingleResult::PacketProcessed => did = true,
+                PollIngressSingleResult::SocketStateChanged => {
+                    did = true;
+                    self.update_listeners();
+                }
+            }
+        }
+        if budget_hit {
+            self.counters.ingress_budget_hits += 1;
+        }
+        self.update_listeners();
+        let mut budget_hit = true;
+        for _ in 0..self.config.egress_budget {
+            match self
+                .iface
+                .poll_egress(now, &mut self.port, &mut self.sockets)
+            {
+                PollResult::None => {
+                    budget_hit = false;
+                    break;
+                }
+                PollResult::SocketStateChanged => did = true,
+            }
+        }
+        if budget_hit {
+            self.counters.egress_budget_hits += 1;
+        }
+        self.iface.poll_maintenance(now);
+        did |= self.update_conns();
+        did
+    }
+
+    /// When to poll next at the latest (`now` or earlier: at once).
+    pub fn poll_at(&mut self, now: Instant) -> Option<Instant> {
+        if !self.port.inject.is_empty() {
+            return Some(now);
+        }
+        let t = self.iface.poll_at(now, &self.sockets);
+        let refresh = (!self.neighbors.is_empty()).then_some(self.neighbor_refresh_at);
+        match (t, refresh) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Move passive sockets that left Listen to their listener's half-open
+    /// list and re-arm the port; hand established ones to `accept`.
+    fn update_listeners(&mut self) {
+        for l in &mut self.listeners {
+            if let Some(h) = l.socket {
+                let s = self.sockets.get::<tcp::Socket<'static>>(h);
+                if s.state() != State::Listen {
+                    let mut c = Conn::new(s.state(), l.port);
+                    c.remote = s
+                        .remote_endpoint()
+                        .and_then(|ep| Some((v4(ep.addr)?, ep.port)));
+                    self.conns.insert(h, c);
+                    l.half_open.push(h);
+                    l.socket = None;
+                    if l.half_open.len() + l.ready.len() < self.config.backlog {
+                        let _ = arm(&mut self.sockets, &self.config, l);
+                    } else {
+                        self.counters.backlog_full += 1;
+                    }
+                }
+            }
+            let mut i = 0;
+            while i < l.half_open.len() {
+                let h = l.half_open[i];
+                let state = self.sockets.get::<tcp::Socket<'static>>(h).state();
+                match state {
+                    State::SynReceived => i += 1,
+                    State::Listen | State::Closed => {
+                        // Reset during the handshake: smoltcp returns such a
+                        // socket to Listen; the port has its own listener.
+                        l.half_open.swap_remove(i);
+                        self.conns.remove(&h);
+                        self.sockets.remove(h);
+                        self.counters.half_open_dropped += 1;
+                    }
+                    _ => {
+                        l.half_open.swap_remove(i);
+                        l.ready.push_back(h);
+                        self.counters.accepted += 1;
+                    }
+                }
+            }
+            if l.socket.is_none() && l.half_open.len() + l.ready.len() < self.config.backlog {
+                let _ = arm(&mut self.sockets, &self.config, l);
+            }
+        }
+    }
+
+    /// Track transitions: established, FIN received, reset.
+    fn update_conns(&mut self) -> bool {
+        let mut changed = false;
+        for (h, c) in &mut self.conns {
+            let s = self.sockets.get::<tcp::Socket<'static>>(*h);
+            let state = s.state();
+            if state == c.last {
+                continue;
+            }
+            changed = true;
+            if c.remote.is_none() {
+                c.remote = s
+                    .remote_endpoint()
+                    .and_then(|ep| Some((v4(ep.addr)?, ep.port)));
+            }
+            match state {
+                State::Established => c.established = true,
+                State::CloseWait | State::LastAck | State::Closing | State::TimeWait => {
+                    c.established = true;
+                    if matches!(state, State::CloseWait | State::LastAck)
+                        || matches!(c.last, State::CloseWait | State::LastAck)
+                    {
+                        c.fin_received = true;
+                    }
+                    if matches!(state, State::Closing | State::TimeWait) {
+                        c.fin_received = true;
+                    }
+                }
+                State::Closed => {
+                    let orderly =
+                        matches!(c.last, State::LastAck | State::TimeWait | State::Closing);
+                    if !orderly && !c.reset {
+                        c.reset = true;
+                        self.counters.resets += 1;
+                    }
+                }
+                _ => {}
+            }
+            c.last = state;
+        }
+        changed
+    }
+}
+
+impl Conn {
+    /// Whether the peer's FIN has arrived, from what was tracked and the
+    /// socket's present state.
+    fn fin_received_now(&self, s: &tcp::Socket<'_>) -> bool {
+        self.fin_received || fin_state(s.state())
+    }
+}
+
+/// States reached only after the peer's FIN.
+fn fin_state(state: State) -> bool {
+    matches!(
+        state,
+        State::CloseWait | State::LastAck | State::Closing | State::TimeWait
+    )
+}
+
+/// The IPv4 address, if it is one (other families may be compiled in by
+/// another crate's smoltcp features).
+#[allow(unreachable_patterns)]
+fn v4(addr: IpAddress) -> Option<Ipv4Address> {
+    match addr {
+        IpAddress::Ipv4(a) => Some(a),
+        _ => None,
+    }
+}
+
+/// A socket with the stack's settings.
+fn new_socket(config: &Config) -> tcp::Socket<'static> {
+    let rx = tcp::SocketBuffer::new(vec![0; config.rx_buffer.min(crate::MAX_BUFFER)]);
+    let tx = tcp::SocketBuffer::new(vec![0; config.tx_buffer]);
+    let mut s = tcp::Socket::new(rx, tx);
+    s.set_nagle_enabled(config.nagle);
+    s.set_ack_delay(config.ack_delay);
+    s.set_congestion_control(config.congestion);
+    s.set_timeout(config.timeout);
+    s.set_keep_alive(config.keep_alive);
+    s
+}
+
+/// A fresh listening socket for `l`'s port.
+fn arm(sockets: &mut SocketSet<'static>, config: &Config, l: &mut Listener) -> Result<(), Error> {
+    let mut s = new_socket(config);
+    s.listen(l.port).map_err(|e| match e {
+        tcp::ListenError::Unaddressable => Error::Unaddressable,
+        _ => Error::InvalidState,
+    })?;
+    l.socket = Some(sockets.add(s));
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! Configuration in effect (window scaling, no Nagle, MSS), connection
+//! management (listen re-armed, backlog, EOF, reset), faults and
+//! determinism, over the simulated link.
+
+mod common;
+
+use common::{bulk, connect, data, PORT};
+use iwarp_tcp::sim::{Faults, LinkConfig, Sim, Step};
+use iwarp_tcp::{Config, Error, State};
+use smoltcp::time::Duration;
+
+fn one_way(sim: &mut Sim, len: usize) -> Vec<u8> {
+    let (a, b) = connect(sim, 40000, Duration::from_secs(5));
+    let out = data(len, 7);
+    let mut got = Vec::with_capacity(len);
+    let mut sent = 0;
+    let limit = sim.now + Duration::from_secs(60);
+    sim.run(limit, |s| {
+        let n = s.a.send_slice(a, &out[sent..]).unwrap();
+        sent += n;
+        let m =
+            s.b.recv(b, |buf| {
+                got.extend_from_slice(buf);
+                buf.len()
+            })
+            .unwrap();
+        if got.len() == len {
+            Step::Done
+        } else if n + m > 0 {
+            Step::Progress
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    got
+}
+
+/// A long, fast link: the bandwidth-delay product is far above 64 KiB.
+fn long_link() -> LinkConfig {
+    LinkConfig {
+        latency: Duration::from_millis(2),
+        rate_bps: 10_000_000_000,
+        ..LinkConfig::default()
+    }
+}
+
+#[test]
+fn window_scaling_allows_more_than_64k_in_flight() {
+    let mut sim = Sim::new(Config::default(), Config::default(), long_link());
+    let got = one_way(&mut sim, 4 << 20);
+    assert_eq!(got, data(4 << 20, 7));
+    let in_flight = sim.a_to_b().max_in_flight;
+    assert!(in_flight > 65535, "{in_flight}");
+    assert!(
+        in_flight <= Config::default().rx_buffer as u64,
+        "{in_flight}"
+    );
+}
+
+#[test]
+fn small_buffer_bounds_what_is_in_flight() {
+    let small = Config {
+        rx_buffer: 32 * 1024,
+        tx_buffer: 32 * 1024,
+        ..Config::default()
+    };
+    let mut sim = Sim::new(small, small, long_link());
+    let got = one_way(&mut sim, 1 << 20);
+    assert_eq!(got.len(), 1 << 20);
+    let in_flight = sim.a_to_b().max_in_flight;
+    assert!(in_flight <= 32 * 1024, "{in_flight}");
+}
+
+/// Returns the A→B payload bytes on the wire after each of two 10-byte
+/// writes, with no time passing (the first is not acknowledged yet).
+fn two_small_writes(config: Config) -> (u64, u64) {
+    let mut sim = Sim::new(config, config, LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 40000, Duration::from_secs(1));
+    // Let the handshake's last ACK land and settle.
+    let limit = sim.now + Duration::from_millis(10);
+    let _ = sim.run(limit, |_| Step::Idle);
+    let before = sim.a_to_b().payload_bytes;
+    assert_eq!(sim.a.send_slice(a, &[1; 10]), Ok(10));
+    sim.poll();
+    let first = sim.a_to_b().payload_bytes - before;
+    assert_eq!(sim.a.send_slice(a, &[2; 10]), Ok(10));
+    sim.poll();
+    let second = sim.a_to_b().payload_bytes - before;
+    (first, second)
+}
+
+#[test]
+fn no_nagle_small_writes_leave_at_once() {
+    assert_eq!(two_small_writes(Config::default()), (10, 20));
+    // With Nagle the second write waits for the first one's ACK.
+    let nagle = Config {
+        nagle: true,
+        ..Config::default()
+    };
+    assert_eq!(two_small_writes(nagle), (10, 10));
+}
+
+#[test]
+fn emss_is_the_smaller_mss_of_both_ends() {
+    let link = LinkConfig {
+        mtu: 9014,
+        mtu_b: Some(4110),
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(Config::default(), Config::default(), link);
+    assert_eq!(sim.a.local_mss(), 8960);
+    assert_eq!(sim.b.local_mss(), 4056);
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(1));
+    assert_eq!(sim.a.emss(a), Some(4056));
+    assert_eq!(sim.b.emss(b), Some(4056));
+    // Segments on the wire respect it.
+    let got = one_way_on(&mut sim, a, b, 200_000);
+    assert_eq!(got, data(200_000, 9));
+    let s = sim.a_to_b();
+    assert!(s.sent >= 200_000 / 4056);
+}
+
+fn one_way_on(sim: &mut Sim, a: iwarp_tcp::ConnId, b: iwarp_tcp::ConnId, len: usize) -> Vec<u8> {
+    let out = data(len, 9);
+    let mut got = Vec::new();
+    let mut sent = 0;
+    let limit = sim.now + Duration::from_secs(10);
+    sim.run(limit, |s| {
+        sent += s.a.send_slice(a, &out[sent..]).unwrap();
+        s.b.recv(b, |buf| {
+            got.extend_from_slice(buf);
+            buf.len()
+        })
+        .unwrap();
+        if got.len() == len {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    got
+}
+
+#[test]
+fn emss_unknown_before_established() {
+    let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    sim.b.listen(PORT).unwrap();
+    let a = sim.a.connect((Sim::IP_B, PORT), 40000).unwrap();
+    assert_eq!(sim.a.emss(a), None);
+    assert_eq!(sim.a.state(a), Some(State::SynSent));
+    assert_eq!(sim.a.send_slice(a, b"early"), Ok(0));
+    assert_eq!(sim.a.recv(a, |b| b.len()), Ok(0));
+}
+
+#[test]
+fn listener_rearms_and_backlog_limits() {
+    let config = Config {
+        backlog: 2,
+        ..Config::default()
+    };
+    let mut sim = Sim::new(config, config, LinkConfig::default());
+    sim.b.listen(PORT).unwrap();
+    assert_eq!(sim.b.listen(PORT), Err(Error::AlreadyListening));
+    let clients: Vec<_> = (0..3)
+        .map(|i| sim.a.connect((Sim::IP_B, PORT), 41000 + i).unwrap())
+        .collect();
+    let limit = sim.now + Duration::from_secs(5);
+    sim.run(limit, |s| {
+        let done = clients
+            .iter()
+            .all(|&c| s.a.is_established(c) || s.a.is_reset(c));
+        if done && s.b.counters().accepted == 2 {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    let est = clients.iter().filter(|&&c| sim.a.is_established(c)).count();
+    let reset = clients.iter().filter(|&&c| sim.a.is_reset(c)).count();
+    assert_eq!((est, reset), (2, 1), "{:?}", sim.b.counters());
+    assert_eq!(sim.b.counters().backlog_full, 1);
+    let first = sim.b.accept(PORT).unwrap();
+    let second = sim.b.accept(PORT).unwrap();
+    assert_ne!(first, second);
+    assert_eq!(sim.b.accept(PORT), None);
+    assert_eq!(sim.b.counters().accepted, 2);
+    // Accepting made room: the port listens again.
+    let late = sim.a.connect((Sim::IP_B, PORT), 42000).unwrap();
+    let mut third = None;
+    let limit = sim.now + Duration::from_secs(5);
+    sim.run(limit, |s| {
+        third = third.or_else(|| s.b.accept(PORT));
+        if third.is_some() && s.a.is_established(late) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    let (local, remote) = sim.b.endpoints(third.unwrap()).unwrap();
+    assert_eq!((local.port, remote.port), (PORT, 42000));
+}
+
+#[test]
+fn eof_and_half_close() {
+    let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(1));
+    sim.a.send_slice(a, b"last words").unwrap();
+    sim.a.close(a).unwrap();
+    let mut got = Vec::new();
+    let limit = sim.now + Duration::from_secs(1);
+    sim.run(limit, |s| {
+        let _ = s.b.recv(b, |buf| {
+            got.extend_from_slice(buf);
+            buf.len()
+        });
+        if s.b.is_eof(b) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert_eq!(got, b"last words");
+    assert_eq!(sim.b.recv(b, |x| x.len()), Err(Error::Finished));
+    // B's direction is still open.
+    assert_eq!(sim.b.send_slice(b, b"reply"), Ok(5));
+    sim.b.close(b).unwrap();
+    let mut reply = Vec::new();
+    let limit = sim.now + Duration::from_secs(30);
+    sim.run(limit, |s| {
+        let _ = s.a.recv(a, |buf| {
+            reply.extend_from_slice(buf);
+            buf.len()
+        });
+        if s.a.is_eof(a) && s.b.is_closed(b) && s.a.is_closed(a) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert_eq!(reply, b"reply");
+    assert!(!sim.a.is_reset(a) && !sim.b.is_reset(b));
+    sim.a.release(a).unwrap();
+    assert_eq!(sim.a.release(a), Err(Error::UnknownConnection));
+    assert_eq!(sim.a.state(a), None);
+}
+
+#[test]
+fn reset_is_detected() {
+    let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(1));
+    sim.a.abort(a).unwrap();
+    let limit = sim.now + Duration::from_secs(1);
+    sim.run(limit, |s| {
+        if s.b.is_reset(b) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert!(sim.a.is_reset(a));
+    assert!(!sim.b.is_eof(b));
+    assert_eq!(sim.b.send_slice(b, b"x"), Err(Error::InvalidState));
+    assert_eq!(sim.b.recv(b, |x| x.len()), Err(Error::InvalidState));
+    assert_eq!(sim.b.counters().resets, 1);
+}
+
+#[test]
+fn connect_to_closed_port_is_reset() {
+    let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let a = sim.a.connect((Sim::IP_B, 9), 40000).unwrap();
+    let limit = sim.now + Duration::from_secs(1);
+    sim.run(limit, |s| {
+        if s.a.is_reset(a) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+}
+
+/// Flips with a fixed TCP checksum get through TCP (only a CRC above can
+/// see them); flips with a broken checksum are dropped and retransmitted.
+#[test]
+fn bit_flips_with_and_without_checksum_fix() {
+    for fix in [false, true] {
+        let link = LinkConfig {
+            faults: Faults {
+                corrupt: 0.05,
+                fix_checksum: fix,
+                ..Faults::default()
+            },
+            seed: 3,
+            ..LinkConfig::default()
+        };
+        let mut sim = Sim::new(Config::default(), Config::default(), link);
+        let got = one_way(&mut sim, 1 << 20);
+        let want = data(1 << 20, 7);
+        assert!(sim.a_to_b().corrupted > 0);
+        let differ = got.iter().zip(&want).filter(|(x, y)| x != y).count();
+        if fix {
+            assert!(differ > 0, "damaged bytes reach the application");
+        } else {
+            assert_eq!(differ, 0, "the TCP checksum catches every flip");
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_run() {
+    let link = LinkConfig {
+        faults: Faults {
+            drop: 0.02,
+            duplicate: 0.01,
+            reorder: 0.01,
+            reorder_delay: Duration::from_micros(100),
+            ..Faults::default()
+        },
+        seed: 99,
+        ..LinkConfig::default()
+    };
+    let r1 = bulk(
+        Config::default(),
+        link,
+        256 * 1024,
+        true,
+        Duration::from_secs(120),
+    );
+    let r2 = bulk(
+        Config::default(),
+        link,
+        256 * 1024,
+        true,
+        Duration::from_secs(120),
+    );
+    assert_eq!(r1.took, r2.took);
+    assert_eq!(r1.sim.a_to_b(), r2.sim.a_to_b());
+    assert_eq!(r1.sim.b_to_a(), r2.sim.b_to_a());
+    assert_eq!(r1.sim.a.counters(), r2.sim.a.counters());
+}
+
+#[test]
+fn counters_and_static_neighbours() {
+    let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let (a, _b) = connect(&mut sim, 40000, Duration::from_secs(1));
+    // Idle for longer than smoltcp's neighbour lifetime: the static
+    // entry is refreshed, so sending needs no ARP.
+    let limit = sim.now + Duration::from_secs(200);
+    let _ = sim.run(limit, |_| Step::Idle);
+    let before = sim.a_to_b().sent;
+    sim.a.send_slice(a, b"still there").unwrap();
+    sim.poll();
+    assert_eq!(sim.a_to_b().sent, before + 1, "data, not an ARP request");
+    let c = sim.a.counters();
+    assert!(c.neighbor_refreshes >= 6, "{c:?}");
+    assert_eq!(c.connects, 1);
+    assert_eq!(c.tx_frames, sim.a_to_b().sent);
+    assert!(c.rx_frames > 0 && c.rx_bytes > 0 && c.tx_bytes > 0);
+}
