@@ -326,7 +326,8 @@ impl PingpongDest {
     }
 }
 
-/// The bandwidth report the client sends after a bw test: five exchanges
+/// The bandwidth report the client sends after write_bw / read_bw (not
+/// send_bw, where each side measures and prints its own): five exchanges
 /// of 8 bytes each, in this order, all big endian: `size` (u64), `iters`
 /// (u64; 4 bytes if the peer's version < 5.33), `bw_peak`, `bw_avg`,
 /// `msg_rate` (IEEE doubles). The bandwidths are in the printed unit
@@ -444,8 +445,9 @@ pub enum Exchange {
 ///
 /// Observed (siw ↔ siw): bw tests exchange the dests of all QPs twice plus
 /// QP 0 once more before measuring, send_bw one more (the server has
-/// posted its receives by then), the latency tests four times. After a
-/// bw test: Dest 0, the report, Dest 0 (close). send_lat ends with one
+/// posted its receives by then), the latency tests four times. After
+/// write_bw/read_bw: Dest 0, the [`BwReport`], Dest 0 (close). send_bw
+/// (each side prints its own numbers, no report) and send_lat end with one
 /// Dest 0; write_lat with none. ib_read_lat is not in the capture; it is
 /// assumed to end like send_lat (open question).
 pub fn script(test: Test, num_qps: u32) -> Vec<Exchange> {
@@ -471,12 +473,14 @@ pub fn script(test: Test, num_qps: u32) -> Vec<Exchange> {
         v.extend([Dest { qp: 0 }; 4]);
     }
     v.push(Measure);
-    if test.is_bw() {
-        v.push(Dest { qp: 0 });
-        v.extend((0..BwReport::FIELDS as u8).map(|field| Report { field }));
-        v.push(Dest { qp: 0 });
-    } else if matches!(test, Test::SendLat | Test::ReadLat) {
-        v.push(Dest { qp: 0 });
+    match test {
+        Test::WriteBw | Test::ReadBw => {
+            v.push(Dest { qp: 0 });
+            v.extend((0..BwReport::FIELDS as u8).map(|field| Report { field }));
+            v.push(Dest { qp: 0 });
+        }
+        Test::SendBw | Test::SendLat | Test::ReadLat => v.push(Dest { qp: 0 }),
+        Test::WriteLat => {}
     }
     v
 }
@@ -574,7 +578,8 @@ pub fn bw_header(unit: BwUnit) -> &'static str {
     }
 }
 
-/// One result row of a bw test (both sides print the client's numbers).
+/// One result row of a bw test (write/read_bw: both sides print the
+/// client's numbers; send_bw: each side its own).
 pub fn bw_row(r: &BwReport) -> String {
     format!(
         " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
@@ -856,7 +861,7 @@ mod tests {
                 .iter()
                 .filter_map(|s| message_len(*s))
                 .count(),
-            17
+            11
         );
         assert_eq!(script(Test::WriteLat, 1).last(), Some(&Exchange::Measure));
         assert_eq!(
@@ -868,6 +873,34 @@ mod tests {
         );
         assert_eq!(Test::ReadBw.data_ird_ord(128), (128, 128));
         assert_eq!(Test::SendBw.data_ird_ord(128), (0, 0));
+    }
+
+    /// Comm-connection message sizes (one per client→server / server→client
+    /// pair) seen in a `siw-vm-selftest --full --capture` run (siw ↔ siw,
+    /// `-R -s 4096|64 -n 200`); ib_read_lat is missing from that run.
+    #[test]
+    fn script_matches_selftest_capture() {
+        const PRE: [usize; 6] = [16, 4, 4, 2, 56, 56];
+        let observed: [(Test, u32, &[usize]); 6] = [
+            (Test::WriteBw, 1, &[56, 56, 56, 56, 8, 8, 8, 8, 8, 56]),
+            (Test::ReadBw, 1, &[56, 56, 56, 56, 8, 8, 8, 8, 8, 56]),
+            (Test::SendBw, 1, &[56, 56, 56, 56, 56]),
+            (Test::WriteLat, 1, &[56, 56, 56, 56]),
+            (Test::SendLat, 1, &[56, 56, 56, 56, 56]),
+            (
+                Test::WriteBw,
+                4,
+                &[56, 56, 56, 56, 56, 56, 56, 56, 56, 56, 8, 8, 8, 8, 8, 56],
+            ),
+        ];
+        for (test, q, rest) in observed {
+            let want: Vec<usize> = PRE.iter().chain(rest).copied().collect();
+            let got: Vec<usize> = script(test, q)
+                .into_iter()
+                .filter_map(message_len)
+                .collect();
+            assert_eq!(got, want, "{test:?} -q {q}");
+        }
     }
 
     #[test]
