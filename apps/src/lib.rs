@@ -1,0 +1,3 @@
+//! Support code shared by the application binaries (rping, iwarp-perf).
+
+pub mod proto;
