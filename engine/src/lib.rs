@@ -81,9 +81,10 @@
 mod cm;
 mod device;
 mod kernel;
+pub mod xdp;
 
 pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener};
-pub use device::{Backend, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit};
+pub use device::{Backend, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, Stats};
 /// The protocol core, for its types ([`iwarp::qp::SendWr`],
 /// [`iwarp::cq::WorkCompletion`], [`iwarp::mem::Access`], ...).
 pub use iwarp;
@@ -91,6 +92,7 @@ pub use iwarp::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use iwarp::mem::Access;
 pub use iwarp::mpa::handshake::{ConnectRequest, HandshakeError, Negotiated, RtrSet, RtrType};
 pub use iwarp::qp::{PostError, QpState, RecvWr, SendOp, SendWr, Sge};
+pub use xdp::{XdpConfig, XdpStats};
 
 /// A placeholder completion for initialising the buffers passed to
 /// [`Cq::poll`] and [`Cq::wait`].
