@@ -121,13 +121,26 @@ enum Kind {
     Kernel,
 }
 
-fn backend(kind: Kind, dev: &str, ip: Ipv4Addr, busy: bool, pcap: Option<PathBuf>) -> Backend {
+/// How a test runs.
+#[derive(Clone, Debug)]
+struct Opts {
+    /// AF_XDP devices busy-poll.
+    busy: bool,
+    /// Time a stream of 64 KiB writes.
+    stream: bool,
+    mtu: usize,
+    /// Capture the client's traffic (AF_XDP client only).
+    pcap: Option<PathBuf>,
+}
+
+fn backend(kind: Kind, dev: &str, ip: Ipv4Addr, o: &Opts, pcap: Option<PathBuf>) -> Backend {
     match kind {
         Kind::Kernel => Backend::Kernel,
         Kind::Xdp => {
             let mut c = XdpConfig::new(dev, ip, 24);
             c.attach = AttachMode::Native;
-            c.busy_poll = busy;
+            c.busy_poll = o.busy;
+            c.mtu = o.mtu;
             c.pcap = pcap;
             Backend::AfXdp(c)
         }
@@ -196,7 +209,7 @@ struct Server {
 
 fn serve(
     kind: Kind,
-    busy: bool,
+    o: Opts,
     offer: mpsc::Sender<Offer>,
     cmds: mpsc::Receiver<Cmd>,
     ok: mpsc::Sender<()>,
@@ -206,7 +219,7 @@ fn serve(
     } else {
         IP_B
     };
-    let dev = open(backend(kind, "xb", IP_B, busy, None));
+    let dev = open(backend(kind, "xb", IP_B, &o, None));
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(256);
     let mr = dev
@@ -272,14 +285,12 @@ fn serve(
 /// 64 KiB RDMA Writes.
 fn client(
     kind: Kind,
-    busy: bool,
+    o: Opts,
     offer: Offer,
     cmds: mpsc::Sender<Cmd>,
     ok: mpsc::Receiver<()>,
-    stream: bool,
-    pcap: Option<PathBuf>,
 ) -> Device {
-    let dev = open(backend(kind, "xa", IP_A, busy, pcap));
+    let dev = open(backend(kind, "xa", IP_A, &o, o.pcap.clone()));
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(256);
     let src = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
@@ -338,7 +349,7 @@ fn client(
         assert_eq!(wait_one(&cq).opcode, WcOpcode::Send);
         sync(Cmd::ExpectSend(len, seed));
     }
-    if stream {
+    if o.stream {
         const CHUNK: usize = 64 * 1024;
         const TOTAL: usize = 256 << 20;
         const WINDOW: usize = 32;
@@ -371,7 +382,9 @@ fn client(
         let secs = start.elapsed().as_secs_f64();
         let bytes = done * CHUNK;
         println!(
-            "64 KiB RDMA Write stream {kind:?}: {} MiB in {secs:.2} s = {:.2} Gb/s",
+            "64 KiB RDMA Write stream {kind:?} (MTU {}, busy-poll {}): {} MiB in {secs:.2} s = {:.2} Gb/s",
+            o.mtu,
+            o.busy,
             bytes >> 20,
             bytes as f64 * 8.0 / secs / 1e9
         );
@@ -382,22 +395,20 @@ fn client(
     dev
 }
 
-fn pair(server: Kind, client_kind: Kind, busy: bool, stream: bool, mtu: usize) {
+fn pair(server: Kind, client_kind: Kind, o: Opts) {
     let topo = Topo::new(
-        mtu,
+        o.mtu,
         (client_kind == Kind::Kernel).then_some(IP_A),
         (server == Kind::Kernel).then_some(IP_B),
     );
     let (offer_tx, offer_rx) = mpsc::channel();
     let (cmd_tx, cmd_rx) = mpsc::channel();
     let (ok_tx, ok_rx) = mpsc::channel();
-    let srv = spawn_in(&topo.b, move || {
-        serve(server, busy, offer_tx, cmd_rx, ok_tx)
-    });
+    let so = o.clone();
+    let srv = spawn_in(&topo.b, move || serve(server, so, offer_tx, cmd_rx, ok_tx));
     let offer = offer_rx.recv_timeout(WAIT).expect("server up");
-    let pcap = std::env::var_os("IWARP_XDP_PCAP").map(PathBuf::from);
     let cli = spawn_in(&topo.a, move || {
-        client(client_kind, busy, offer, cmd_tx, ok_rx, stream, pcap)
+        client(client_kind, o, offer, cmd_tx, ok_rx)
     });
     let dev = cli.join().expect("client");
     srv.join().expect("server");
@@ -419,7 +430,28 @@ fn xdp_to_xdp_write_read_send() {
     if !is_root() {
         return;
     }
-    pair(Kind::Xdp, Kind::Xdp, false, true, 1500);
+    let o = Opts {
+        busy: false,
+        stream: true,
+        mtu: 1500,
+        pcap: None,
+    };
+    pair(Kind::Xdp, Kind::Xdp, o);
+}
+
+/// Busy-polling workers, MTU 3506 (4 KiB UMEM frames).
+#[test]
+fn xdp_to_xdp_busy_poll_mtu_3506() {
+    if !is_root() {
+        return;
+    }
+    let o = Opts {
+        busy: true,
+        stream: true,
+        mtu: 3506,
+        pcap: None,
+    };
+    pair(Kind::Xdp, Kind::Xdp, o);
 }
 
 #[test]
@@ -427,7 +459,26 @@ fn xdp_client_kernel_server() {
     if !is_root() {
         return;
     }
-    pair(Kind::Kernel, Kind::Xdp, false, false, 1500);
+    let pcap = std::env::temp_dir().join(format!("iwarp-xdp-{}.pcap", std::process::id()));
+    let o = Opts {
+        busy: false,
+        stream: false,
+        mtu: 1500,
+        pcap: Some(pcap.clone()),
+    };
+    pair(Kind::Kernel, Kind::Xdp, o);
+    // The capture: a pcap header and the frames, among them the MPA
+    // request (its key starts the stream of the connection).
+    let bytes = std::fs::read(&pcap).expect("capture written");
+    let _ = std::fs::remove_file(&pcap);
+    assert_eq!(bytes.get(..4), Some(&0xa1b2_c3d4u32.to_le_bytes()[..]));
+    assert!(
+        bytes.len() > 24 + (1 << 20),
+        "{} bytes captured",
+        bytes.len()
+    );
+    let key = b"MPA ID Req Frame";
+    assert!(bytes.windows(key.len()).any(|w| w == key), "no MPA request");
 }
 
 #[test]
@@ -435,5 +486,11 @@ fn kernel_client_xdp_server() {
     if !is_root() {
         return;
     }
-    pair(Kind::Xdp, Kind::Kernel, false, false, 1500);
+    let o = Opts {
+        busy: false,
+        stream: false,
+        mtu: 1500,
+        pcap: None,
+    };
+    pair(Kind::Xdp, Kind::Kernel, o);
 }
