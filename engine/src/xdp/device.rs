@@ -282,3 +282,26 @@ impl phy::Device for XskDevice {
         caps
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pcap_header_and_record() {
+        let path =
+            std::env::temp_dir().join(format!("iwarp-pcap-unit-{}.pcap", std::process::id()));
+        let mut p = Pcap::create(&path).unwrap();
+        p.record(Instant::from_micros(3_000_007), &[0xa5; 60]);
+        p.flush();
+        let b = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(b.len(), 24 + 16 + 60);
+        assert_eq!(b[..4], 0xa1b2_c3d4u32.to_le_bytes());
+        assert_eq!(b[20..24], 1u32.to_le_bytes(), "Ethernet link type");
+        assert_eq!(b[24..28], 3u32.to_le_bytes());
+        assert_eq!(b[28..32], 7u32.to_le_bytes());
+        assert_eq!(b[32..36], 60u32.to_le_bytes());
+        assert!(b[40..].iter().all(|&x| x == 0xa5));
+    }
+}

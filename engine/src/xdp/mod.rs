@@ -1,11 +1,11 @@
 //! The AF_XDP backend: the protocol core over smoltcp over an AF_XDP
 //! socket, with the `iwarp-bpf` steering program in front of it.
 //!
-//! * [`umem`]: the UMEM, the fill/completion/rx/tx rings and the frame
+//! * `umem`: the UMEM, the fill/completion/rx/tx rings and the frame
 //!   pool.
-//! * [`device`]: `XskDevice`, a `smoltcp::phy::Device` whose tokens read
+//! * `device`: `XskDevice`, a `smoltcp::phy::Device` whose tokens read
 //!   and write UMEM frames in place, with an optional pcap capture.
-//! * [`worker`]: `XdpIo`, the state one engine pass works on
+//! * `worker`: `XdpIo`, the state one engine pass works on
 //!   (`XdpIo::run_once`), and the connection manager's side of it.
 //!
 //! Threading, locking and sleeping are the kernel backend's (see
@@ -118,4 +118,23 @@ pub struct XdpStats {
     pub tx_invalid_descs: u64,
     /// Kernel: times the tx ring was found empty when kicked.
     pub tx_ring_empty: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_size_follows_the_mtu() {
+        let mut c = XdpConfig::new("veth0", Ipv4Addr::new(198, 18, 0, 1), 24);
+        assert_eq!((c.mtu, c.frame_size()), (1500, 2048));
+        c.mtu = 1778;
+        assert_eq!(c.frame_size(), 2048);
+        c.mtu = 1779;
+        assert_eq!(c.frame_size(), 4096);
+        c.mtu = 3506;
+        assert_eq!(c.frame_size(), 4096);
+        assert!(c.busy_poll);
+        assert_eq!(c.ephemeral_ports, 49152..=65535);
+    }
 }
