@@ -29,7 +29,7 @@ use iwarp::mpa::handshake::{self, ConnectRequest, HandshakeError, RtrSet};
 use iwarp::verbs::VerbsError;
 
 use crate::device::{Qp, QpInit};
-use crate::kernel::{lock, ListenShared, Request, Shared};
+use crate::kernel::{lock, ListenShared, Request, Shared, Sock};
 
 /// Connection parameters: what we offer (initiator) or accept with
 /// (responder).
@@ -260,7 +260,9 @@ impl ConnRequest {
         Qp::accept(&self.shared, req, qp, &params)
     }
 
-    /// Reject with `private_data`: reply with R=1 and close.
+    /// Reject with `private_data`: reply with R=1 and close (the AF_XDP
+    /// backend closes with a reset after a few seconds if the FIN exchange
+    /// does not finish).
     pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
         let mut req = self.req.take().expect("taken only once");
         req.hs.reject(private_data).map_err(CmError::Mpa)?;
@@ -270,5 +272,18 @@ impl ConnRequest {
         self.shared.engine().linger(req.sock, frame);
         self.shared.kick();
         Ok(())
+    }
+}
+
+impl Drop for ConnRequest {
+    fn drop(&mut self) {
+        // A kernel socket closes itself; a user-space TCP connection is
+        // reset by the engine.
+        if let Some(req) = self.req.take() {
+            if let Sock::Xdp(_) = req.sock {
+                self.shared.engine().drop_sock(req.sock);
+                self.shared.kick();
+            }
+        }
     }
 }

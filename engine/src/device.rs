@@ -19,13 +19,33 @@ use iwarp::verbs::VerbsError;
 use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
-use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Request, Shared};
+use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Request, Shared, Sock};
+use crate::xdp::worker::XdpIo;
+use crate::xdp::{XdpConfig, XdpStats};
 
 /// Which I/O backend runs the protocol core.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// Kernel TCP sockets (`std::net`), polled with epoll.
     Kernel,
+    /// AF_XDP on one interface queue with the user-space TCP (smoltcp)
+    /// and the steering XDP program. Needs root (CAP_NET_ADMIN, CAP_BPF,
+    /// CAP_IPC_LOCK); opened in the calling thread's network namespace.
+    AfXdp(XdpConfig),
+}
+
+/// Counters of a device, readable while it runs ([`Device::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Engine passes run.
+    pub passes: u64,
+    /// Connections driven by the protocol core.
+    pub connections: usize,
+    /// The user-space TCP's counters (AF_XDP backend).
+    pub tcp: Option<iwarp_tcp::Counters>,
+    /// Rings, steering program and kernel socket counters (AF_XDP
+    /// backend).
+    pub xdp: Option<XdpStats>,
 }
 
 /// Who runs the progress engine.
@@ -90,14 +110,24 @@ pub struct Device {
 impl Device {
     /// Open a device.
     pub fn open(backend: Backend, cfg: DeviceConfig) -> io::Result<Self> {
-        let Backend::Kernel = backend;
         let seed = cfg.seed.unwrap_or_else(|| {
             let mut h = RandomState::new().build_hasher();
             h.write_u64(0x1a2b_3c4d);
             h.finish()
         });
         let threaded = matches!(cfg.progress, Progress::Thread { .. });
-        let shared = Arc::new(Shared::new(seed, threaded, cfg.busy_poll)?);
+        let mut shared = Shared::new(seed, threaded, cfg.busy_poll)?;
+        if let Backend::AfXdp(xcfg) = &backend {
+            let mut e = shared.engine();
+            let now = e.now();
+            let io = XdpIo::open(xcfg, now)?;
+            e.set_xdp(Box::new(io))?;
+            drop(e);
+            if xcfg.busy_poll {
+                shared.set_busy_poll(true);
+            }
+        }
+        let shared = Arc::new(shared);
         let thread = match cfg.progress {
             Progress::Manual => None,
             Progress::Thread { cpu } => {
@@ -129,6 +159,23 @@ impl Device {
     /// Needed in [`Progress::Manual`] mode; harmless otherwise.
     pub fn progress(&self) -> usize {
         self.shared().progress()
+    }
+
+    /// Counters: engine passes and, with AF_XDP, the TCP, ring, steering
+    /// and socket counters. Takes the engine lock briefly.
+    pub fn stats(&self) -> Stats {
+        let e = self.shared().engine();
+        let mut s = Stats {
+            passes: e.passes,
+            connections: e.conn_count(),
+            ..Stats::default()
+        };
+        if let Some(x) = e.xdp.as_ref() {
+            let (tcp, xdp) = x.stats();
+            s.tcp = Some(tcp);
+            s.xdp = Some(xdp);
+        }
+        s
     }
 
     /// Allocate a protection domain.
@@ -203,6 +250,14 @@ impl Device {
     /// Listen on `addr` (port 0: the OS picks one, see
     /// [`Listener::local_addr`]).
     pub fn listen(&self, addr: SocketAddr) -> Result<Listener, CmError> {
+        if let Some(x) = self.shared().engine().xdp.as_mut() {
+            let (ls, addr) = x.listen(addr)?;
+            return Ok(Listener {
+                shared: self.shared().clone(),
+                ls,
+                addr,
+            });
+        }
         let std = std::net::TcpListener::bind(addr).map_err(|e| CmError::Io(e.kind()))?;
         std.set_nonblocking(true)
             .map_err(|e| CmError::Io(e.kind()))?;
@@ -226,27 +281,41 @@ impl Device {
     pub fn connect(&self, addr: SocketAddr, qp: QpInit, params: ConnParams) -> Result<Qp, CmError> {
         let start = Instant::now();
         check_init(self.shared(), &qp)?;
-        let std = std::net::TcpStream::connect_timeout(&addr, params.timeout)?;
-        std.set_nodelay(true).map_err(|e| CmError::Io(e.kind()))?;
-        std.set_nonblocking(true)
-            .map_err(|e| CmError::Io(e.kind()))?;
-        let local = std.local_addr().map_err(|e| CmError::Io(e.kind()))?;
-        let sock = TcpStream::from_std(std);
-        let emss = emss_of(&sock);
-        let left = params.timeout.saturating_sub(start.elapsed());
         let conn = Arc::new(ConnShared::default());
+        let xdp = self.shared().engine().xdp.is_some();
+        let (sock, local, emss) = if xdp {
+            self.dial_xdp(addr, &conn, start + params.timeout)?
+        } else {
+            let std = std::net::TcpStream::connect_timeout(&addr, params.timeout)?;
+            std.set_nodelay(true).map_err(|e| CmError::Io(e.kind()))?;
+            std.set_nonblocking(true)
+                .map_err(|e| CmError::Io(e.kind()))?;
+            let local = std.local_addr().map_err(|e| CmError::Io(e.kind()))?;
+            let sock = TcpStream::from_std(std);
+            let emss = emss_of(&sock);
+            (Sock::Kernel(sock), local, emss)
+        };
+        let left = params.timeout.saturating_sub(start.elapsed());
         let shared = self.shared();
         let id = {
             let mut e = shared.engine();
             let now = e.now();
-            let id = e
+            let id = match e
                 .ctx
-                .create_qp(qp.pd.id, qp.send_cq.id, qp.recv_cq.id, qp.config(emss))?;
+                .create_qp(qp.pd.id, qp.send_cq.id, qp.recv_cq.id, qp.config(emss))
+            {
+                Ok(id) => id,
+                Err(err) => {
+                    e.drop_sock(sock);
+                    return Err(err.into());
+                }
+            };
             if let Err(err) = e
                 .ctx
                 .connect(id, params.mpa_config(left), &params.private_data, now)
             {
                 let _ = e.ctx.destroy_qp(id);
+                e.drop_sock(sock);
                 return Err(err.into());
             }
             if let Err(err) = e.add_conn(id, sock, Vec::new(), conn.clone()) {
@@ -269,6 +338,35 @@ impl Device {
             peer: addr,
         };
         result.map(|()| qp)
+    }
+}
+
+impl Device {
+    /// The user-space TCP connect of [`Device::connect`]: returns the
+    /// connection, our address and the effective MSS.
+    fn dial_xdp(
+        &self,
+        addr: SocketAddr,
+        conn: &Arc<ConnShared>,
+        deadline: Instant,
+    ) -> Result<(Sock, SocketAddr, usize), CmError> {
+        let shared = self.shared();
+        let (cid, local) = {
+            let mut e = shared.engine();
+            let x = e.xdp.as_mut().ok_or(CmError::Closed)?;
+            x.dial(addr, conn.clone())?
+        };
+        shared.kick();
+        let r = shared.wait_for(&conn.m, &conn.cv, Some(deadline), |i| i.tcp.take());
+        match r {
+            Some(Ok(emss)) => Ok((Sock::Xdp(cid), local, emss.clamp(512, 16384))),
+            Some(Err(e)) => Err(e),
+            None => {
+                shared.engine().drop_sock(Sock::Xdp(cid));
+                shared.kick();
+                Err(CmError::Timeout)
+            }
+        }
     }
 }
 

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -34,6 +34,11 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
 use crate::cm::{CmError, CmEvent};
+use crate::xdp::worker::XdpIo;
+
+/// The waker's token is 0, sockets count up from 1; the AF_XDP socket
+/// takes the last one.
+const XSK: Token = Token(usize::MAX);
 
 /// Size of the receive buffer and of each transmit batch.
 const IO_BUF: usize = 256 * 1024;
@@ -73,13 +78,23 @@ pub(crate) struct ConnInfo {
     pub(crate) negotiated: Option<Negotiated>,
     pub(crate) peer_private_data: Vec<u8>,
     pub(crate) events: VecDeque<CmEvent>,
+    /// AF_XDP: the outcome of the TCP connect (the effective MSS).
+    pub(crate) tcp: Option<Result<usize, CmError>>,
+}
+
+/// The transport of a connection: a kernel socket or a connection of the
+/// AF_XDP engine's user-space TCP.
+#[derive(Debug)]
+pub(crate) enum Sock {
+    Kernel(TcpStream),
+    Xdp(iwarp_tcp::ConnId),
 }
 
 /// A TCP connection whose MPA request has arrived, waiting for the
 /// application's decision (the socket is no longer polled).
 #[derive(Debug)]
 pub(crate) struct Request {
-    pub(crate) sock: TcpStream,
+    pub(crate) sock: Sock,
     pub(crate) peer: SocketAddr,
     pub(crate) local: SocketAddr,
     pub(crate) emss: usize,
@@ -155,6 +170,11 @@ pub(crate) struct Engine {
     lingering: Vec<Lingering>,
     cqs: Vec<(CqId, Arc<CqQueue>)>,
     rx_buf: Vec<u8>,
+    /// The AF_XDP backend; `None`: kernel sockets (also after an AF_XDP
+    /// device shut down).
+    pub(crate) xdp: Option<Box<XdpIo>>,
+    /// Passes run.
+    pub(crate) passes: u64,
 }
 
 impl Engine {
@@ -170,6 +190,8 @@ impl Engine {
             lingering: Vec::new(),
             cqs: Vec::new(),
             rx_buf: vec![0; IO_BUF],
+            xdp: None,
+            passes: 0,
         }
     }
 
@@ -204,6 +226,10 @@ impl Engine {
     /// Stop listening: close the socket and every connection whose request
     /// has not reached the application yet.
     pub(crate) fn remove_listener(&mut self, shared: &Arc<ListenShared>) {
+        if let Some(x) = self.xdp.as_mut() {
+            x.remove_listener(shared);
+            return;
+        }
         let registry = &self.registry;
         self.listeners.retain_mut(|l| {
             let keep = !Arc::ptr_eq(&l.shared, shared);
@@ -225,10 +251,18 @@ impl Engine {
     pub(crate) fn add_conn(
         &mut self,
         qp: QpId,
-        mut sock: TcpStream,
+        sock: Sock,
         input: Vec<u8>,
         shared: Arc<ConnShared>,
     ) -> io::Result<()> {
+        let mut sock = match (sock, self.xdp.as_mut()) {
+            (Sock::Kernel(s), None) => s,
+            (Sock::Xdp(c), Some(x)) => {
+                x.add_conn(qp, c, shared);
+                return Ok(());
+            }
+            _ => return Err(io::ErrorKind::NotConnected.into()),
+        };
         let token = self.token();
         self.registry
             .register(&mut sock, token, Interest::READABLE | Interest::WRITABLE)?;
@@ -250,6 +284,13 @@ impl Engine {
     /// destroy the core QP once the socket is closed.
     pub(crate) fn release_qp(&mut self, qp: QpId) {
         self.ctx.disconnect(qp);
+        let now = self.now();
+        if let Some(x) = self.xdp.as_mut() {
+            if !x.release_qp(qp, now) {
+                let _ = self.ctx.destroy_qp(qp);
+            }
+            return;
+        }
         match self.conns.iter_mut().find(|c| c.qp == qp) {
             Some(c) => c.orphan = true,
             None => {
@@ -260,13 +301,26 @@ impl Engine {
 
     /// Turn pending QP events of `qp` into connection-manager state now.
     pub(crate) fn pass_events(&mut self, qp: QpId) {
+        if let Some(x) = self.xdp.as_mut() {
+            x.pass_events(&mut self.ctx, qp);
+            return;
+        }
         if let Some(c) = self.conns.iter().find(|c| c.qp == qp) {
             drain_events(&mut self.ctx, qp, &c.shared);
         }
     }
 
     /// Send `bytes`, then close `sock`.
-    pub(crate) fn linger(&mut self, mut sock: TcpStream, bytes: Vec<u8>) {
+    pub(crate) fn linger(&mut self, sock: Sock, bytes: Vec<u8>) {
+        let mut sock = match sock {
+            Sock::Kernel(s) => s,
+            xdp => {
+                if let Some(x) = self.xdp.as_mut() {
+                    x.linger(xdp, bytes);
+                }
+                return;
+            }
+        };
         let token = self.token();
         if self
             .registry
@@ -283,6 +337,16 @@ impl Engine {
 
     /// Close every socket (the device is going away).
     pub(crate) fn shutdown(&mut self) {
+        if let Some(mut x) = self.xdp.take() {
+            let now = self.now();
+            let fd = x.fd();
+            let _ = self.registry.deregister(&mut mio::unix::SourceFd(&fd));
+            x.shutdown(&mut self.ctx, now);
+            // Detaches the program, closes the socket and the UMEM.
+            drop(x);
+            self.move_completions();
+            return;
+        }
         for c in &mut self.conns {
             if let Some(mut s) = c.sock.take() {
                 let _ = self.registry.deregister(&mut s);
@@ -300,7 +364,11 @@ impl Engine {
     }
 
     /// When the next timer is due, if any.
-    pub(crate) fn next_deadline(&self) -> Option<CoreInstant> {
+    pub(crate) fn next_deadline(&mut self) -> Option<CoreInstant> {
+        let now = self.now();
+        if let Some(x) = self.xdp.as_mut() {
+            return x.next_deadline(&self.ctx, now);
+        }
         let conns = self
             .conns
             .iter()
@@ -310,7 +378,7 @@ impl Engine {
     }
 
     /// The time until the next timer, capped at `cap`.
-    fn sleep_for(&self, cap: Option<Duration>) -> Option<Duration> {
+    fn sleep_for(&mut self, cap: Option<Duration>) -> Option<Duration> {
         let timer = self
             .next_deadline()
             .map(|d| d.saturating_duration_since(self.now()));
@@ -324,7 +392,13 @@ impl Engine {
     /// happened, the caller may sleep).
     pub(crate) fn pass(&mut self) -> usize {
         let now = self.now();
+        self.passes += 1;
         let mut work = 0;
+        if let Some(x) = self.xdp.as_mut() {
+            work += x.run_once(&mut self.ctx, now);
+            work += self.move_completions();
+            return work;
+        }
         work += self.accept_new();
         work += self.pump_pending(now);
         for i in 0..self.conns.len() {
@@ -601,9 +675,25 @@ impl Engine {
         before - self.conns.len()
     }
 
-    #[cfg(test)]
+    /// Connections driven by the core (either backend).
     pub(crate) fn conn_count(&self) -> usize {
-        self.conns.len()
+        self.conns.len() + self.xdp.as_ref().map_or(0, |x| x.conn_count())
+    }
+
+    /// Close a connection nobody will use.
+    pub(crate) fn drop_sock(&mut self, sock: Sock) {
+        if let Some(x) = self.xdp.as_mut() {
+            x.drop_sock(sock);
+        }
+    }
+
+    /// Use the AF_XDP backend `x`: its socket joins the epoll set.
+    pub(crate) fn set_xdp(&mut self, x: Box<XdpIo>) -> io::Result<()> {
+        let fd = x.fd();
+        self.registry
+            .register(&mut mio::unix::SourceFd(&fd), XSK, Interest::READABLE)?;
+        self.xdp = Some(x);
+        Ok(())
     }
 }
 
@@ -612,7 +702,7 @@ fn hand_over(p: Pending, request: ConnectRequest, rest: Vec<u8>) {
     let local = p.sock.local_addr().unwrap_or(p.peer);
     let emss = emss_of(&p.sock);
     let req = Request {
-        sock: p.sock,
+        sock: Sock::Kernel(p.sock),
         peer: p.peer,
         local,
         emss,
@@ -637,13 +727,13 @@ pub(crate) fn emss_of(sock: &TcpStream) -> usize {
         .clamp(512, 16384)
 }
 
-fn push_event(shared: &ConnShared, ev: CmEvent) {
+pub(crate) fn push_event(shared: &ConnShared, ev: CmEvent) {
     lock(&shared.m).events.push_back(ev);
     shared.cv.notify_all();
 }
 
 /// Turn the QP's events into connection-manager state.
-fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> usize {
+pub(crate) fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> usize {
     let mut n = 0;
     while let Some(ev) = ctx.poll_event(qp) {
         n += 1;
@@ -699,6 +789,9 @@ pub(crate) struct Shared {
     /// The progress thread is (about to be) asleep in the poller.
     sleeping: AtomicBool,
     stop: AtomicBool,
+    /// Application threads waiting for the engine lock (a busy-polling
+    /// progress thread steps aside for them).
+    waiters: AtomicUsize,
 }
 
 impl Shared {
@@ -715,11 +808,23 @@ impl Shared {
             dirty: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            waiters: AtomicUsize::new(0),
         })
     }
 
     pub(crate) fn engine(&self) -> MutexGuard<'_, Engine> {
-        lock(&self.engine)
+        if let Ok(g) = self.engine.try_lock() {
+            return g;
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let g = lock(&self.engine);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        g
+    }
+
+    /// Busy-poll with the AF_XDP backend: spin instead of sleeping.
+    pub(crate) fn set_busy_poll(&mut self, on: bool) {
+        self.busy_poll = on;
     }
 
     /// New work for the engine: wake the progress thread if it sleeps.
@@ -733,6 +838,19 @@ impl Shared {
     /// One progress pass.
     pub(crate) fn progress(&self) -> usize {
         self.engine().pass()
+    }
+
+    /// Let application threads waiting for the engine lock take it before
+    /// the next pass (an unlock followed by an immediate lock would
+    /// otherwise starve them).
+    fn step_aside(&self) {
+        for _ in 0..20_000 {
+            if self.waiters.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        std::thread::yield_now();
     }
 
     /// Ask the progress thread to stop.
@@ -750,6 +868,7 @@ impl Shared {
         while !self.stop.load(Ordering::SeqCst) {
             self.dirty.store(false, Ordering::SeqCst);
             let work = self.progress();
+            self.step_aside();
             if work > 0 {
                 continue;
             }

@@ -1,8 +1,9 @@
 //! The I/O side of the stack: the application-facing verbs and connection
 //! manager API, served by interchangeable backends. The kernel-socket
 //! backend ([`Backend::Kernel`]) runs the sans-IO protocol core
-//! ([`iwarp`]) over ordinary TCP sockets; the AF_XDP engine comes later
-//! behind the same API.
+//! ([`iwarp`]) over ordinary TCP sockets; the AF_XDP backend
+//! ([`Backend::AfXdp`], module [`xdp`]) runs it over smoltcp on an AF_XDP
+//! socket, behind the same API.
 //!
 //! * [`Device`]: one verbs context and its progress engine (a thread, or
 //!   [`Device::progress`] called by the application).
@@ -37,6 +38,37 @@
 //!   bytes exactly as received.
 //! * **FPDU size.** Each QP's EMSS is the socket's `TCP_MAXSEG`, clamped to
 //!   512..=16384 bytes; `TCP_NODELAY` is on.
+//!
+//! # Design of the AF_XDP backend
+//!
+//! * **Same front, same locking.** The AF_XDP state ([`xdp`]'s `XdpIo`)
+//!   lives inside the kernel backend's engine, behind the same mutex, and
+//!   the same progress thread (or [`Device::progress`]) runs its passes.
+//!   Application threads lock, call the core (posts are synchronous) and
+//!   kick. A mutex rather than lock-free queues keeps post errors
+//!   synchronous and the two backends on one code path; a busy-polling
+//!   progress thread steps aside between passes while application threads
+//!   wait for the lock.
+//! * **One pass** (the clock read once): rx burst of at most 64 frames and
+//!   fill-ring refill; smoltcp ingress (bounded) and egress; new
+//!   connections and MPA requests; for each connection `Stack::recv`
+//!   straight into `Context::handle_input` and `Context::poll_transmit`
+//!   straight into `Stack::send`; smoltcp egress into UMEM frames; tx
+//!   burst (completions reclaimed first, `sendto` only while the tx ring
+//!   holds frames and `needs_wakeup` says so).
+//! * **Sleeping.** [`XdpConfig::busy_poll`] (default on) spins; otherwise
+//!   the thread sleeps in epoll on the AF_XDP socket, the waker and the
+//!   earliest timer (smoltcp `poll_at`, the core's `poll_timeout`).
+//! * **Frames.** 2 KiB UMEM frames up to MTU 1500 (4 KiB above, up to
+//!   veth's 3506), 4096 frames: half stock the fill ring, the rest are
+//!   for transmit. No copy between UMEM and smoltcp: the tokens read and
+//!   write frames in place.
+//! * **Addresses and ARP.** The engine owns its IPv4 address: the steering
+//!   program redirects TCP to that address on the listening ports and the
+//!   ephemeral range of outgoing connections, and ARP for it; smoltcp
+//!   answers ARP and resolves peers itself. Dropping the device resets
+//!   open connections, detaches the program and closes socket and UMEM.
+//! * **Not yet:** one worker per rx queue (one queue per device now).
 //!
 //! # Quickstart
 //!
@@ -81,9 +113,10 @@
 mod cm;
 mod device;
 mod kernel;
+pub mod xdp;
 
 pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener};
-pub use device::{Backend, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit};
+pub use device::{Backend, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, Stats};
 /// The protocol core, for its types ([`iwarp::qp::SendWr`],
 /// [`iwarp::cq::WorkCompletion`], [`iwarp::mem::Access`], ...).
 pub use iwarp;
@@ -91,6 +124,7 @@ pub use iwarp::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use iwarp::mem::Access;
 pub use iwarp::mpa::handshake::{ConnectRequest, HandshakeError, Negotiated, RtrSet, RtrType};
 pub use iwarp::qp::{PostError, QpState, RecvWr, SendOp, SendWr, Sge};
+pub use xdp::{XdpConfig, XdpStats};
 
 /// A placeholder completion for initialising the buffers passed to
 /// [`Cq::poll`] and [`Cq::wait`].

@@ -1,0 +1,307 @@
+//! [`XskDevice`]: a `smoltcp::phy::Device` over the UMEM.
+//!
+//! A receive token borrows one received UMEM frame: smoltcp reads the
+//! frame in place and the frame is recycled (to the fill ring, at the next
+//! refill) as soon as the token is consumed. A transmit token takes a free
+//! UMEM frame, lets smoltcp write the frame straight into it and queues it
+//! for the tx ring (submitted by [`Frames::tx_burst`]). No frame is
+//! copied between the UMEM and smoltcp's own buffers.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use iwarp_tcp::smoltcp::phy::{self, DeviceCapabilities, Medium};
+use iwarp_tcp::smoltcp::time::Instant;
+use xsk_rs::umem::frame::FrameDesc;
+use xsk_rs::umem::Umem;
+
+use super::umem::{Frames, RingCounters};
+
+/// Ethernet header length (smoltcp's MTU of an Ethernet device counts it).
+const ETH_HEADER: usize = 14;
+
+/// A pcap file (classic format, Ethernet link type) of every frame the
+/// device receives or transmits.
+#[derive(Debug)]
+pub(crate) struct Pcap {
+    out: BufWriter<File>,
+}
+
+impl Pcap {
+    pub(crate) fn create(path: &Path) -> io::Result<Self> {
+        let mut out = BufWriter::new(File::create(path)?);
+        let mut hdr = Vec::with_capacity(24);
+        hdr.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+        hdr.extend_from_slice(&2u16.to_le_bytes());
+        hdr.extend_from_slice(&4u16.to_le_bytes());
+        hdr.extend_from_slice(&0i32.to_le_bytes());
+        hdr.extend_from_slice(&0u32.to_le_bytes());
+        hdr.extend_from_slice(&65535u32.to_le_bytes());
+        hdr.extend_from_slice(&1u32.to_le_bytes());
+        out.write_all(&hdr)?;
+        Ok(Self { out })
+    }
+
+    fn record(&mut self, ts: Instant, frame: &[u8]) {
+        let us = ts.total_micros().max(0) as u64;
+        let len = frame.len() as u32;
+        let mut hdr = [0u8; 16];
+        hdr[0..4].copy_from_slice(&((us / 1_000_000) as u32).to_le_bytes());
+        hdr[4..8].copy_from_slice(&((us % 1_000_000) as u32).to_le_bytes());
+        hdr[8..12].copy_from_slice(&len.to_le_bytes());
+        hdr[12..16].copy_from_slice(&len.to_le_bytes());
+        // A failing capture must not disturb the data path.
+        let _ = self.out.write_all(&hdr);
+        let _ = self.out.write_all(frame);
+    }
+
+    pub(crate) fn flush(&mut self) {
+        let _ = self.out.flush();
+    }
+}
+
+/// The AF_XDP socket as a smoltcp Ethernet device.
+pub(crate) struct XskDevice {
+    pub(crate) frames: Frames,
+    /// The received burst not yet handed to smoltcp.
+    rx: VecDeque<FrameDesc>,
+    /// IP MTU.
+    mtu: usize,
+    pcap: Option<RefCell<Pcap>>,
+    /// Where a frame goes when no UMEM frame is free (it is dropped).
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for XskDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XskDevice")
+            .field("frames", &self.frames)
+            .field("rx", &self.rx.len())
+            .field("mtu", &self.mtu)
+            .finish_non_exhaustive()
+    }
+}
+
+impl XskDevice {
+    /// `mtu` is the IP MTU; a frame of `mtu` + 14 bytes must fit a UMEM
+    /// frame.
+    pub(crate) fn new(frames: Frames, mtu: usize, pcap: Option<Pcap>) -> io::Result<Self> {
+        if mtu + ETH_HEADER > frames.frame_mtu {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "MTU {mtu} does not fit a UMEM frame of {} data bytes",
+                    frames.frame_mtu
+                ),
+            ));
+        }
+        Ok(Self {
+            frames,
+            rx: VecDeque::with_capacity(super::umem::RX_BURST),
+            mtu,
+            pcap: pcap.map(RefCell::new),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Take a burst from the rx ring; give consumed frames back to the
+    /// fill ring. Returns the frames received.
+    pub(crate) fn rx_burst(&mut self) -> usize {
+        // Frames still queued from an earlier burst (smoltcp's ingress
+        // budget) are handed out first.
+        let n = if self.rx.len() < super::umem::RX_BURST {
+            self.frames.rx_burst(&mut self.rx)
+        } else {
+            0
+        };
+        self.frames.refill();
+        n
+    }
+
+    /// Received frames not yet given to smoltcp.
+    pub(crate) fn rx_queued(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Submit what smoltcp wrote; recycle what it read.
+    pub(crate) fn tx_burst(&mut self) -> usize {
+        let n = self.frames.tx_burst();
+        self.frames.refill();
+        n
+    }
+
+    pub(crate) fn counters(&self) -> RingCounters {
+        self.frames.counters
+    }
+
+    pub(crate) fn flush_capture(&mut self) {
+        if let Some(p) = &self.pcap {
+            p.borrow_mut().flush();
+        }
+    }
+}
+
+/// Borrows one received frame.
+pub(crate) struct XskRx<'a> {
+    umem: &'a Umem,
+    desc: Option<FrameDesc>,
+    recycle: &'a mut Vec<FrameDesc>,
+    pcap: Option<&'a RefCell<Pcap>>,
+    ts: Instant,
+}
+
+impl phy::RxToken for XskRx<'_> {
+    fn consume<R, F>(mut self, f: F) -> R
+    where
+        F: FnOnce(&[u8]) -> R,
+    {
+        let desc = self.desc.take().expect("consumed once");
+        // SAFETY: `desc` came from this UMEM's rx ring and is user space's
+        // until it is recycled below; nothing writes to it meanwhile.
+        let data = unsafe { self.umem.data(&desc) };
+        if let Some(p) = self.pcap {
+            p.borrow_mut().record(self.ts, data.contents());
+        }
+        let r = f(data.contents());
+        self.recycle.push(desc);
+        r
+    }
+}
+
+impl Drop for XskRx<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.desc.take() {
+            self.recycle.push(d);
+        }
+    }
+}
+
+/// Writes one frame into a free UMEM frame.
+pub(crate) struct XskTx<'a> {
+    umem: &'a Umem,
+    free: &'a mut Vec<FrameDesc>,
+    pending: &'a mut VecDeque<FrameDesc>,
+    counters: &'a mut RingCounters,
+    scratch: &'a mut Vec<u8>,
+    pcap: Option<&'a RefCell<Pcap>>,
+    ts: Instant,
+}
+
+impl phy::TxToken for XskTx<'_> {
+    fn consume<R, F>(self, len: usize, f: F) -> R
+    where
+        F: FnOnce(&mut [u8]) -> R,
+    {
+        if let Some(mut desc) = self.free.pop() {
+            // SAFETY: `desc` was in `free`: a frame of this UMEM that
+            // neither the kernel nor any other reference uses.
+            let mut data = unsafe { self.umem.data_mut(&mut desc) };
+            let mut cursor = data.cursor();
+            if cursor.buf_len() >= len {
+                cursor.set_pos(len);
+                let r = f(data.contents_mut());
+                if let Some(p) = self.pcap {
+                    p.borrow_mut().record(self.ts, data.contents());
+                }
+                self.pending.push_back(desc);
+                return r;
+            }
+            self.free.push(desc);
+        }
+        self.counters.tx_no_frame += 1;
+        self.scratch.resize(len, 0);
+        f(&mut self.scratch[..len])
+    }
+}
+
+impl phy::Device for XskDevice {
+    type RxToken<'a> = XskRx<'a>;
+    type TxToken<'a> = XskTx<'a>;
+
+    fn receive(&mut self, ts: Instant) -> Option<(XskRx<'_>, XskTx<'_>)> {
+        let desc = self.rx.pop_front()?;
+        let Frames {
+            umem,
+            free,
+            recycle,
+            tx_pending,
+            counters,
+            ..
+        } = &mut self.frames;
+        let pcap = self.pcap.as_ref();
+        Some((
+            XskRx {
+                umem,
+                desc: Some(desc),
+                recycle,
+                pcap,
+                ts,
+            },
+            XskTx {
+                umem,
+                free,
+                pending: tx_pending,
+                counters,
+                scratch: &mut self.scratch,
+                pcap,
+                ts,
+            },
+        ))
+    }
+
+    fn transmit(&mut self, ts: Instant) -> Option<XskTx<'_>> {
+        // No frame: smoltcp keeps the data and retries at the next poll.
+        let desc = self.frames.take_free()?;
+        self.frames.free.push(desc);
+        let Frames {
+            umem,
+            free,
+            tx_pending,
+            counters,
+            ..
+        } = &mut self.frames;
+        Some(XskTx {
+            umem,
+            free,
+            pending: tx_pending,
+            counters,
+            scratch: &mut self.scratch,
+            pcap: self.pcap.as_ref(),
+            ts,
+        })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut caps = DeviceCapabilities::default();
+        caps.medium = Medium::Ethernet;
+        caps.max_transmission_unit = self.mtu + ETH_HEADER;
+        caps.max_burst_size = Some(super::umem::RX_BURST);
+        caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pcap_header_and_record() {
+        let path =
+            std::env::temp_dir().join(format!("iwarp-pcap-unit-{}.pcap", std::process::id()));
+        let mut p = Pcap::create(&path).unwrap();
+        p.record(Instant::from_micros(3_000_007), &[0xa5; 60]);
+        p.flush();
+        let b = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(b.len(), 24 + 16 + 60);
+        assert_eq!(b[..4], 0xa1b2_c3d4u32.to_le_bytes());
+        assert_eq!(b[20..24], 1u32.to_le_bytes(), "Ethernet link type");
+        assert_eq!(b[24..28], 3u32.to_le_bytes());
+        assert_eq!(b[28..32], 7u32.to_le_bytes());
+        assert_eq!(b[32..36], 60u32.to_le_bytes());
+        assert!(b[40..].iter().all(|&x| x == 0xa5));
+    }
+}

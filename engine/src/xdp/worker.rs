@@ -1,0 +1,700 @@
+//! [`XdpIo`]: the AF_XDP engine's state and one pass over it.
+//!
+//! One pass ([`XdpIo::run_once`], clock read once by the caller):
+//!
+//! 1. rx burst (≤ 64 frames) and fill-ring refill;
+//! 2. smoltcp poll (ingress bounded by `Config::ingress_budget`, then
+//!    egress of what is already queued);
+//! 3. connection management: new passive connections, MPA requests of
+//!    pending ones, outgoing TCP connects that completed;
+//! 4. for each connection: due core timers, `Stack::recv` straight into
+//!    `Context::handle_input`, `Context::poll_transmit` straight into
+//!    `Stack::send`, events, close;
+//! 5. smoltcp egress (the transmit tokens write into UMEM frames);
+//! 6. tx burst: reclaim completions, submit, kick `sendto` while needed.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+
+use iwarp::cq::QpId;
+use iwarp::mpa::handshake::{self, Handshake};
+use iwarp::time::{Duration as CoreDuration, Instant as CoreInstant};
+use iwarp::verbs::Context;
+use iwarp_bpf::{SteerConfig, Steering};
+use iwarp_tcp::smoltcp::time::Instant as SmolInstant;
+use iwarp_tcp::smoltcp::wire::{EthernetAddress, IpAddress};
+use iwarp_tcp::{ConnId, Error as TcpError, Stack};
+
+use super::device::{Pcap, XskDevice};
+use super::umem::Frames;
+use super::{XdpConfig, XdpStats};
+use crate::cm::{CmError, CmEvent};
+use crate::kernel::{drain_events, lock, push_event, ConnShared, ListenShared, Request, Sock};
+
+/// How long a dropped connection may take to finish its close before it is
+/// reset.
+const LINGER: CoreDuration = CoreDuration::from_secs(5);
+
+fn smol(now: CoreInstant) -> SmolInstant {
+    SmolInstant::from_micros(i64::try_from(now.total_micros()).unwrap_or(i64::MAX))
+}
+
+fn core(t: SmolInstant) -> CoreInstant {
+    CoreInstant::from_micros(u64::try_from(t.total_micros()).unwrap_or(0))
+}
+
+#[derive(Debug)]
+struct Listening {
+    port: u16,
+    shared: Arc<ListenShared>,
+}
+
+/// An accepted connection whose MPA request is still arriving.
+#[derive(Debug)]
+struct Pending {
+    conn: ConnId,
+    hs: Handshake,
+    frame: Vec<u8>,
+    listener: Arc<ListenShared>,
+}
+
+/// An outgoing TCP connect in progress.
+#[derive(Debug)]
+struct Dial {
+    conn: ConnId,
+    shared: Arc<ConnShared>,
+}
+
+/// A connection driven by the core.
+#[derive(Debug)]
+struct Conn {
+    qp: QpId,
+    conn: ConnId,
+    shared: Arc<ConnShared>,
+    eof: bool,
+    /// Our FIN is queued.
+    closing: bool,
+    /// The TCP connection is gone (closed, reset, released).
+    gone: bool,
+    orphan: Option<CoreInstant>,
+}
+
+/// A connection that only sends bytes and closes (a reject reply).
+#[derive(Debug)]
+struct Lingering {
+    conn: ConnId,
+    out: Vec<u8>,
+    pos: usize,
+    since: Option<CoreInstant>,
+}
+
+/// The AF_XDP engine's state: steering program, AF_XDP socket, smoltcp
+/// and the connections on top of it.
+pub(crate) struct XdpIo {
+    // Dropped first: the program leaves the interface before the socket
+    // and the UMEM are closed.
+    steering: Steering,
+    steer: SteerConfig,
+    stack: Stack<XskDevice>,
+    ip: Ipv4Addr,
+    ephemeral: RangeInclusive<u16>,
+    next_port: u16,
+    listeners: Vec<Listening>,
+    pending: Vec<Pending>,
+    dials: Vec<Dial>,
+    conns: Vec<Conn>,
+    lingering: Vec<Lingering>,
+    fd: i32,
+}
+
+impl std::fmt::Debug for XdpIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdpIo")
+            .field("steering", &self.steering)
+            .field("ip", &self.ip)
+            .field("conns", &self.conns.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn mac_of(ifname: &str) -> std::io::Result<[u8; 6]> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)?;
+    addrs
+        .filter(|a| a.interface_name == ifname)
+        .find_map(|a| a.address?.as_link_addr()?.addr())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no MAC address for interface {ifname:?}"),
+            )
+        })
+}
+
+impl XdpIo {
+    /// Create the socket and the stack, attach the program (in the calling
+    /// thread's network namespace) and put the socket into its XSKMAP.
+    pub(crate) fn open(cfg: &XdpConfig, now: CoreInstant) -> std::io::Result<Self> {
+        let io_err = |e: iwarp_bpf::Error| std::io::Error::other(e.to_string());
+        let mac = match cfg.mac {
+            Some(m) => m,
+            None => mac_of(&cfg.ifname)?,
+        };
+        if cfg.ephemeral_ports.is_empty() || *cfg.ephemeral_ports.start() == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "empty ephemeral port range",
+            ));
+        }
+        let frames = Frames::new(&cfg.ifname, cfg.queue, cfg.frames, cfg.frame_size())?;
+        let pcap = cfg.pcap.as_deref().map(Pcap::create).transpose()?;
+        let dev = XskDevice::new(frames, cfg.mtu, pcap)?;
+        let fd = dev.frames.fd();
+        let stack = Stack::new(
+            dev,
+            EthernetAddress(mac),
+            cfg.ip,
+            cfg.prefix,
+            cfg.gateway,
+            cfg.tcp,
+            smol(now),
+        );
+        let steer = SteerConfig::new()
+            .addr(cfg.ip)
+            .ports(cfg.ephemeral_ports.clone())
+            .arp(true);
+        let steering = Steering::attach(cfg.ifname.as_str(), cfg.attach, &steer).map_err(io_err)?;
+        steering.set_xsk(cfg.queue, &RawFd(fd)).map_err(io_err)?;
+        Ok(Self {
+            steering,
+            steer,
+            stack,
+            ip: cfg.ip,
+            ephemeral: cfg.ephemeral_ports.clone(),
+            next_port: *cfg.ephemeral_ports.start(),
+            listeners: Vec::new(),
+            pending: Vec::new(),
+            dials: Vec::new(),
+            conns: Vec::new(),
+            lingering: Vec::new(),
+            fd,
+        })
+    }
+
+    /// The AF_XDP socket's descriptor (registered for epoll).
+    pub(crate) fn fd(&self) -> i32 {
+        self.fd
+    }
+
+    pub(crate) fn stats(&self) -> (iwarp_tcp::Counters, XdpStats) {
+        let dev = self.stack.device();
+        let mut x = XdpStats {
+            mode: Some(self.steering.mode()),
+            rings: dev.counters(),
+            steering: self.steering.counters().unwrap_or_default(),
+            ..XdpStats::default()
+        };
+        if let Some(s) = dev.frames.xdp_statistics() {
+            x.rx_dropped = s.rx_dropped();
+            x.rx_ring_full = s.rx_ring_full();
+            x.rx_fill_ring_empty = s.rx_fill_ring_empty_descs();
+            x.rx_invalid_descs = s.rx_invalid_descs();
+            x.tx_invalid_descs = s.tx_invalid_descs();
+            x.tx_ring_empty = s.tx_ring_empty_descs();
+        }
+        (self.stack.counters(), x)
+    }
+
+    pub(crate) fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    fn port_in_use(&self, port: u16) -> bool {
+        self.listeners.iter().any(|l| l.port == port)
+    }
+
+    /// The next ephemeral port (round robin, skipping listening ones).
+    fn ephemeral_port(&mut self) -> u16 {
+        let (lo, hi) = (*self.ephemeral.start(), *self.ephemeral.end());
+        loop {
+            let p = self.next_port;
+            self.next_port = if p >= hi { lo } else { p + 1 };
+            if !self.port_in_use(p) {
+                return p;
+            }
+        }
+    }
+
+    fn update_steering(&mut self) {
+        let mut cfg = SteerConfig::new()
+            .addr(self.ip)
+            .ports(self.ephemeral.clone())
+            .arp(true);
+        for l in &self.listeners {
+            if !self.ephemeral.contains(&l.port) {
+                cfg = cfg.port(l.port);
+            }
+        }
+        if self.steering.update_config(&cfg).is_ok() {
+            self.steer = cfg;
+        }
+    }
+
+    /// Listen on `addr` (our address or unspecified; port 0: an ephemeral
+    /// port).
+    pub(crate) fn listen(
+        &mut self,
+        addr: SocketAddr,
+    ) -> Result<(Arc<ListenShared>, SocketAddr), CmError> {
+        let ok_ip = match addr.ip() {
+            std::net::IpAddr::V4(ip) => ip.is_unspecified() || ip == self.ip,
+            std::net::IpAddr::V6(_) => false,
+        };
+        if !ok_ip {
+            return Err(CmError::Io(std::io::ErrorKind::AddrNotAvailable));
+        }
+        let port = match addr.port() {
+            0 => self.ephemeral_port(),
+            p if self.port_in_use(p) => return Err(CmError::Io(std::io::ErrorKind::AddrInUse)),
+            p => p,
+        };
+        if self.steer.ports.len() >= iwarp_bpf::MAX_PORT_RANGES && !self.ephemeral.contains(&port) {
+            return Err(CmError::Io(std::io::ErrorKind::AddrNotAvailable));
+        }
+        self.stack
+            .listen(port)
+            .map_err(|_| CmError::Io(std::io::ErrorKind::AddrInUse))?;
+        let shared = Arc::new(ListenShared::default());
+        self.listeners.push(Listening {
+            port,
+            shared: shared.clone(),
+        });
+        self.update_steering();
+        Ok((shared, SocketAddr::new(self.ip.into(), port)))
+    }
+
+    /// Stop listening: close the port and every connection whose request
+    /// the application has not taken.
+    pub(crate) fn remove_listener(&mut self, shared: &Arc<ListenShared>) {
+        let Some(i) = self
+            .listeners
+            .iter()
+            .position(|l| Arc::ptr_eq(&l.shared, shared))
+        else {
+            return;
+        };
+        let l = self.listeners.swap_remove(i);
+        self.stack.unlisten(l.port);
+        let stack = &mut self.stack;
+        self.pending.retain(|p| {
+            let keep = !Arc::ptr_eq(&p.listener, shared);
+            if !keep {
+                let _ = stack.abort(p.conn);
+                self.lingering.push(Lingering {
+                    conn: p.conn,
+                    out: Vec::new(),
+                    pos: 0,
+                    since: None,
+                });
+            }
+            keep
+        });
+        let queued: Vec<Request> = lock(&shared.q).drain(..).collect();
+        for r in queued {
+            self.drop_sock(r.sock);
+        }
+        self.update_steering();
+    }
+
+    /// Reset a connection nobody will use (a dropped request, an
+    /// abandoned dial) and forget it once the reset left.
+    pub(crate) fn drop_sock(&mut self, sock: Sock) {
+        if let Sock::Xdp(c) = sock {
+            let _ = self.stack.abort(c);
+            self.dials.retain(|d| d.conn != c);
+            self.lingering.push(Lingering {
+                conn: c,
+                out: Vec::new(),
+                pos: 0,
+                since: None,
+            });
+        }
+    }
+
+    /// Start a TCP connect to `addr`; the pass reports the outcome in
+    /// `shared`'s `tcp` field.
+    pub(crate) fn dial(
+        &mut self,
+        addr: SocketAddr,
+        shared: Arc<ConnShared>,
+    ) -> Result<(ConnId, SocketAddr), CmError> {
+        let std::net::IpAddr::V4(ip) = addr.ip() else {
+            return Err(CmError::Unreachable);
+        };
+        let port = self.ephemeral_port();
+        let conn = self
+            .stack
+            .connect((ip, addr.port()), port)
+            .map_err(|_| CmError::Unreachable)?;
+        self.dials.push(Dial { conn, shared });
+        Ok((conn, SocketAddr::new(self.ip.into(), port)))
+    }
+
+    /// Drive `qp` over `conn`.
+    pub(crate) fn add_conn(&mut self, qp: QpId, conn: ConnId, shared: Arc<ConnShared>) {
+        self.conns.push(Conn {
+            qp,
+            conn,
+            shared,
+            eof: false,
+            closing: false,
+            gone: false,
+            orphan: None,
+        });
+    }
+
+    /// Send `bytes` on `sock`, then close it.
+    pub(crate) fn linger(&mut self, sock: Sock, bytes: Vec<u8>) {
+        if let Sock::Xdp(conn) = sock {
+            self.lingering.push(Lingering {
+                conn,
+                out: bytes,
+                pos: 0,
+                since: None,
+            });
+        }
+    }
+
+    /// The application dropped `qp`: returns false if the engine does not
+    /// drive it (the caller destroys it).
+    pub(crate) fn release_qp(&mut self, qp: QpId, now: CoreInstant) -> bool {
+        match self.conns.iter_mut().find(|c| c.qp == qp) {
+            Some(c) => {
+                c.orphan.get_or_insert(now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn pass_events(&mut self, ctx: &mut Context, qp: QpId) {
+        if let Some(c) = self.conns.iter().find(|c| c.qp == qp) {
+            drain_events(ctx, qp, &c.shared);
+        }
+    }
+
+    /// The earliest of smoltcp's and the connections' timers.
+    pub(crate) fn next_deadline(&mut self, ctx: &Context, now: CoreInstant) -> Option<CoreInstant> {
+        let tcp = self.stack.poll_at(smol(now)).map(core);
+        let qps = self.conns.iter().filter_map(|c| ctx.poll_timeout(c.qp));
+        let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
+        qps.chain(pending).chain(tcp).min()
+    }
+
+    /// Reset every connection and send the resets (the device is closing).
+    pub(crate) fn shutdown(&mut self, ctx: &mut Context, now: CoreInstant) {
+        for c in &mut self.conns {
+            let _ = self.stack.abort(c.conn);
+            ctx.handle_eof(c.qp);
+            drain_events(ctx, c.qp, &c.shared);
+        }
+        for p in &self.pending {
+            let _ = self.stack.abort(p.conn);
+        }
+        for d in &self.dials {
+            let _ = self.stack.abort(d.conn);
+            let mut i = lock(&d.shared.m);
+            i.tcp.get_or_insert(Err(CmError::Closed));
+            drop(i);
+            d.shared.cv.notify_all();
+        }
+        self.stack.poll(smol(now));
+        let dev = self.stack.device_mut();
+        dev.tx_burst();
+        dev.flush_capture();
+    }
+
+    /// One pass; returns a measure of the work done (0: idle).
+    pub(crate) fn run_once(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
+        let t = smol(now);
+        let mut work = self.stack.device_mut().rx_burst();
+        if self.stack.poll(t) {
+            work += 1;
+        }
+        work += self.accept_new(now);
+        work += self.pump_pending(now);
+        work += self.pump_dials();
+        for i in 0..self.conns.len() {
+            work += self.pump_conn(ctx, i, now);
+        }
+        work += self.pump_lingering(now);
+        if self.stack.poll(t) {
+            work += 1;
+        }
+        let dev = self.stack.device_mut();
+        work += dev.tx_burst();
+        if dev.frames.tx_busy() || dev.rx_queued() > 0 {
+            work += 1;
+        }
+        work += self.reap(ctx, now);
+        work
+    }
+
+    fn accept_new(&mut self, now: CoreInstant) -> usize {
+        let mut work = 0;
+        for l in &self.listeners {
+            while let Some(conn) = self.stack.accept(l.port) {
+                work += 1;
+                let config = handshake::Config {
+                    ird: iwarp::wire::mpa::IrdOrd::MAX,
+                    ord: iwarp::wire::mpa::IrdOrd::MAX,
+                    rtr: handshake::RtrSet::ALL,
+                    ..handshake::Config::default()
+                };
+                self.pending.push(Pending {
+                    conn,
+                    hs: Handshake::responder(config, now),
+                    frame: Vec::new(),
+                    listener: l.shared.clone(),
+                });
+            }
+        }
+        work
+    }
+
+    /// Read MPA requests (exactly the request's bytes: what follows stays
+    /// in the socket until the QP exists); hand complete ones over.
+    fn pump_pending(&mut self, now: CoreInstant) -> usize {
+        let mut work = 0;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            let mut failed = p.hs.poll_timeout().is_some_and(|d| now >= d);
+            let mut request = None;
+            if !failed {
+                let (hs, frame) = (&mut p.hs, &mut p.frame);
+                let r = self.stack.recv(p.conn, |b| {
+                    if request.is_some() || failed {
+                        return 0;
+                    }
+                    match hs.handle_input(b, now) {
+                        Ok(used) => {
+                            frame.extend_from_slice(&b[..used]);
+                            if let Some(handshake::Event::ConnectRequest(req)) = hs.poll_event() {
+                                request = Some(req);
+                            }
+                            used
+                        }
+                        Err(_) => {
+                            failed = true;
+                            0
+                        }
+                    }
+                });
+                match r {
+                    Ok(n) => work += n,
+                    Err(_) => failed = true,
+                }
+                if self.stack.is_reset(p.conn) {
+                    failed = true;
+                }
+            }
+            if failed {
+                let p = self.pending.swap_remove(i);
+                self.drop_sock(Sock::Xdp(p.conn));
+                work += 1;
+                continue;
+            }
+            let Some(request) = request else {
+                i += 1;
+                continue;
+            };
+            let p = self.pending.swap_remove(i);
+            work += 1;
+            let (local, peer) = match self.stack.endpoints(p.conn) {
+                Some((l, r)) => (to_std(l.addr, l.port), to_std(r.addr, r.port)),
+                None => {
+                    self.drop_sock(Sock::Xdp(p.conn));
+                    continue;
+                }
+            };
+            let emss = self
+                .stack
+                .emss(p.conn)
+                .unwrap_or_else(|| self.stack.local_mss());
+            let req = Request {
+                sock: Sock::Xdp(p.conn),
+                peer,
+                local,
+                emss,
+                hs: p.hs,
+                request,
+                frame: p.frame,
+                rest: Vec::new(),
+            };
+            lock(&p.listener.q).push_back(req);
+            p.listener.cv.notify_all();
+        }
+        work
+    }
+
+    fn pump_dials(&mut self) -> usize {
+        let mut work = 0;
+        let stack = &mut self.stack;
+        self.dials.retain(|d| {
+            let outcome = if stack.is_established(d.conn) {
+                Some(Ok(stack.emss(d.conn).unwrap_or_else(|| stack.local_mss())))
+            } else if stack.is_reset(d.conn) || stack.is_closed(d.conn) {
+                let _ = stack.release(d.conn);
+                Some(Err(CmError::ConnectionRefused))
+            } else {
+                None
+            };
+            match outcome {
+                None => true,
+                Some(r) => {
+                    work += 1;
+                    lock(&d.shared.m).tcp = Some(r);
+                    d.shared.cv.notify_all();
+                    false
+                }
+            }
+        });
+        work
+    }
+
+    fn pump_conn(&mut self, ctx: &mut Context, i: usize, now: CoreInstant) -> usize {
+        let mut work = 0;
+        let c = &mut self.conns[i];
+        let qp = c.qp;
+        if ctx.poll_timeout(qp).is_some_and(|d| d <= now) {
+            ctx.handle_timeout(qp, now);
+            work += 1;
+        }
+        if c.gone {
+            return work + drain_events(ctx, qp, &c.shared);
+        }
+        if !c.eof {
+            match self.stack.recv(c.conn, |b| ctx.handle_input(qp, b, now)) {
+                Ok(n) => work += n,
+                Err(TcpError::Finished) => {
+                    c.eof = true;
+                    ctx.handle_eof(qp);
+                    work += 1;
+                }
+                Err(_) => {}
+            }
+            if !c.eof && self.stack.is_reset(c.conn) {
+                c.eof = true;
+                ctx.handle_eof(qp);
+                push_event(
+                    &c.shared,
+                    CmEvent::Error(CmError::Io(std::io::ErrorKind::ConnectionReset)),
+                );
+                work += 1;
+            }
+        }
+        let mut drained = true;
+        if !c.closing && !self.stack.is_reset(c.conn) {
+            match self.stack.send(c.conn, |b| ctx.poll_transmit(qp, b)) {
+                Ok(n) => {
+                    work += n;
+                    // A full buffer may hide more to send.
+                    drained = n == 0 || self.stack.state(c.conn).is_none();
+                }
+                Err(_) => drained = true,
+            }
+        }
+        work += drain_events(ctx, qp, &c.shared);
+        if !c.closing && drained && ctx.wants_close(qp) {
+            c.closing = true;
+            let _ = self.stack.close(c.conn);
+            work += 1;
+        }
+        if self.stack.is_closed(c.conn) || (c.closing && self.stack.is_reset(c.conn)) {
+            c.gone = true;
+            if !c.eof {
+                c.eof = true;
+                ctx.handle_eof(qp);
+            }
+            let _ = self.stack.release(c.conn);
+            work += 1 + drain_events(ctx, qp, &c.shared);
+        }
+        work
+    }
+
+    fn pump_lingering(&mut self, now: CoreInstant) -> usize {
+        let mut work = 0;
+        let stack = &mut self.stack;
+        self.lingering.retain_mut(|l| {
+            let since = *l.since.get_or_insert(now);
+            if l.pos < l.out.len() {
+                let (out, pos) = (&l.out, &mut l.pos);
+                if let Ok(n) = stack.send(l.conn, |b| {
+                    let n = b.len().min(out.len() - *pos);
+                    b[..n].copy_from_slice(&out[*pos..*pos + n]);
+                    *pos += n;
+                    n
+                }) {
+                    work += n;
+                }
+                if l.pos >= l.out.len() {
+                    let _ = stack.close(l.conn);
+                }
+            }
+            let done = stack.is_closed(l.conn)
+                || stack.is_reset(l.conn)
+                || stack.state(l.conn).is_none()
+                || now.saturating_duration_since(since) > LINGER;
+            if done {
+                let _ = stack.abort(l.conn);
+                let _ = stack.release(l.conn);
+                work += 1;
+            }
+            !done
+        });
+        work
+    }
+
+    /// Destroy the QPs of closed connections the application dropped;
+    /// reset dropped ones that do not finish closing in time.
+    fn reap(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
+        let before = self.conns.len();
+        let stack = &mut self.stack;
+        self.conns.retain_mut(|c| {
+            let Some(since) = c.orphan else {
+                return true;
+            };
+            if !c.gone && now.saturating_duration_since(since) > LINGER {
+                let _ = stack.abort(c.conn);
+                let _ = stack.release(c.conn);
+                c.gone = true;
+            }
+            if c.gone {
+                ctx.handle_eof(c.qp);
+                drain_events(ctx, c.qp, &c.shared);
+                let _ = ctx.destroy_qp(c.qp);
+                return false;
+            }
+            true
+        });
+        before - self.conns.len()
+    }
+}
+
+#[allow(unreachable_patterns)]
+fn to_std(addr: IpAddress, port: u16) -> SocketAddr {
+    match addr {
+        IpAddress::Ipv4(a) => SocketAddr::new(a.into(), port),
+        _ => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port),
+    }
+}
+
+/// A raw descriptor as `AsRawFd` (for the XSKMAP update).
+struct RawFd(i32);
+
+impl std::os::fd::AsRawFd for RawFd {
+    fn as_raw_fd(&self) -> i32 {
+        self.0
+    }
+}

@@ -1,0 +1,496 @@
+//! The AF_XDP backend in two network namespaces joined by veth
+//! (`scripts/lib/topology.sh`, pid-based names, 198.18.0.0/15): AF_XDP ↔
+//! AF_XDP and AF_XDP ↔ kernel sockets, RDMA Write/Read/Send of 1 B ..
+//! 1 MiB verified byte for byte with CRC on, and no XDP program left on
+//! the interface after the device is dropped.
+//!
+//! Needs root; without it every test prints a note and returns. Each side
+//! runs on its own thread that entered its namespace before opening the
+//! device (the progress thread inherits the namespace). Every wait is
+//! bounded; nothing asserts timing (the throughput line is informational).
+
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use iwarp_engine::xdp::AttachMode;
+use iwarp_engine::{
+    Access, Backend, ConnParams, Cq, Device, DeviceConfig, Mr, Progress, Qp, QpInit, RecvWr,
+    SendOp, SendWr, WcOpcode, WcStatus, XdpConfig, EMPTY_WC,
+};
+use nix::sched::{setns, CloneFlags};
+
+const WAIT: Duration = Duration::from_secs(20);
+const SIZES: [usize; 6] = [1, 7, 1000, 16 * 1024 + 3, 65537, 1 << 20];
+const MR_LEN: usize = 1 << 20;
+const PORT: u16 = 7174;
+const IP_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const IP_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+fn is_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    println!("note: not root, skipping (namespaces, veth, XDP and AF_XDP need root)");
+    false
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/lib/topology.sh")
+}
+
+/// Namespaces `a` (veth `xa`) and `b` (veth `xb`); deleted on drop, so a
+/// failing test tears its topology down too.
+struct Topo {
+    tag: String,
+    a: String,
+    b: String,
+}
+
+impl Topo {
+    fn new(mtu: usize, addr_a: Option<Ipv4Addr>, addr_b: Option<Ipv4Addr>) -> Self {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let tag = format!(
+            "{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let cidr = |a: Option<Ipv4Addr>| a.map(|a| format!("{a}/24")).unwrap_or_default();
+        let t = Self {
+            a: format!("iwx-{tag}-a"),
+            b: format!("iwx-{tag}-b"),
+            tag,
+        };
+        let out = Command::new("bash")
+            .arg(script())
+            .args(["up", &t.tag, &mtu.to_string(), &cidr(addr_a), &cidr(addr_b)])
+            .output()
+            .expect("topology.sh");
+        assert!(
+            out.status.success(),
+            "topology up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        t
+    }
+
+    fn link(&self, ns: &str, dev: &str) -> String {
+        let out = Command::new("ip")
+            .args(["-n", ns, "link", "show", "dev", dev])
+            .output()
+            .expect("ip link");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Topo {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .args(["down", &self.tag])
+            .status();
+    }
+}
+
+/// Runs `f` on a thread that entered namespace `ns`.
+fn spawn_in<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let file = File::open(format!("/run/netns/{ns}")).expect("namespace file");
+    std::thread::spawn(move || {
+        setns(file.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Xdp,
+    Kernel,
+}
+
+/// How a test runs.
+#[derive(Clone, Debug)]
+struct Opts {
+    /// AF_XDP devices busy-poll.
+    busy: bool,
+    /// Time a stream of 64 KiB writes.
+    stream: bool,
+    mtu: usize,
+    /// Capture the client's traffic (AF_XDP client only).
+    pcap: Option<PathBuf>,
+}
+
+fn backend(kind: Kind, dev: &str, ip: Ipv4Addr, o: &Opts, pcap: Option<PathBuf>) -> Backend {
+    match kind {
+        Kind::Kernel => Backend::Kernel,
+        Kind::Xdp => {
+            let mut c = XdpConfig::new(dev, ip, 24);
+            c.attach = AttachMode::Native;
+            c.busy_poll = o.busy;
+            c.mtu = o.mtu;
+            c.pcap = pcap;
+            Backend::AfXdp(c)
+        }
+    }
+}
+
+fn open(b: Backend) -> Device {
+    let cfg = DeviceConfig {
+        progress: Progress::Thread { cpu: None },
+        seed: None,
+        busy_poll: false,
+    };
+    Device::open(b, cfg).expect("open device")
+}
+
+fn init(cq: &Cq, pd: &iwarp_engine::Pd) -> QpInit {
+    QpInit {
+        pd: pd.clone(),
+        send_cq: cq.clone(),
+        recv_cq: cq.clone(),
+        sq_depth: 128,
+        rq_depth: 8,
+        sig_all: false,
+    }
+}
+
+fn params() -> ConnParams {
+    ConnParams {
+        crc: true,
+        timeout: Duration::from_secs(10),
+        ..ConnParams::default()
+    }
+}
+
+fn wait_one(cq: &Cq) -> iwarp_engine::WorkCompletion {
+    let mut wc = [EMPTY_WC; 1];
+    let n = cq.wait(&mut wc, Some(WAIT));
+    assert_eq!(n, 1, "no completion within {WAIT:?}");
+    assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
+    wc[0]
+}
+
+/// What the client asks the server to check.
+enum Cmd {
+    /// The first `len` bytes of the server's region hold `pattern(len, seed)`.
+    CheckWrite(usize, u8),
+    /// A Send of `pattern(len, seed)` arrives.
+    ExpectSend(usize, u8),
+    Done,
+}
+
+/// The server's region and what the client needs to reach it.
+struct Offer {
+    addr: SocketAddr,
+    rkey: u32,
+    remote_addr: u64,
+}
+
+struct Server {
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+    recv: Mr,
+    dev: Device,
+}
+
+fn serve(
+    kind: Kind,
+    o: Opts,
+    offer: mpsc::Sender<Offer>,
+    cmds: mpsc::Receiver<Cmd>,
+    ok: mpsc::Sender<()>,
+) {
+    let listen_ip = if kind == Kind::Xdp {
+        Ipv4Addr::UNSPECIFIED
+    } else {
+        IP_B
+    };
+    let dev = open(backend(kind, "xb", IP_B, &o, None));
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(256);
+    let mr = dev
+        .reg_mr(
+            &pd,
+            MR_LEN,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let recv = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
+    let l = dev
+        .listen(SocketAddr::new(listen_ip.into(), PORT))
+        .expect("listen");
+    offer
+        .send(Offer {
+            addr: SocketAddr::new(IP_B.into(), l.local_addr().port()),
+            rkey: mr.rkey(),
+            remote_addr: mr.addr(),
+        })
+        .unwrap();
+    let req = l.get_request(Some(WAIT)).expect("connection request");
+    assert!(req.request().crc);
+    let qp = req.accept(init(&cq, &pd), params()).expect("accept");
+    assert!(qp.negotiated().crc);
+    let s = Server {
+        qp,
+        cq,
+        mr,
+        recv,
+        dev,
+    };
+    let post_recv = |s: &Server| {
+        s.qp.post_recv(&RecvWr {
+            wr_id: 7,
+            sgl: &[s.recv.sge(0, MR_LEN)],
+        })
+        .unwrap()
+    };
+    post_recv(&s);
+    while let Ok(cmd) = cmds.recv_timeout(Duration::from_secs(60)) {
+        match cmd {
+            Cmd::CheckWrite(len, seed) => {
+                let mut got = vec![0; len];
+                s.mr.read(0, &mut got);
+                assert!(got == pattern(len, seed), "RDMA Write of {len} B differs");
+            }
+            Cmd::ExpectSend(len, seed) => {
+                let wc = wait_one(&s.cq);
+                assert_eq!((wc.opcode, wc.byte_len as usize), (WcOpcode::Recv, len));
+                let mut got = vec![0; len];
+                s.recv.read(0, &mut got);
+                assert!(got == pattern(len, seed), "Send of {len} B differs");
+                post_recv(&s);
+            }
+            Cmd::Done => break,
+        }
+        ok.send(()).unwrap();
+    }
+    println!("server stats: {:?}", s.dev.stats());
+}
+
+/// Connect, then Write/Read/Send each size; optionally time a stream of
+/// 64 KiB RDMA Writes.
+fn client(
+    kind: Kind,
+    o: Opts,
+    offer: Offer,
+    cmds: mpsc::Sender<Cmd>,
+    ok: mpsc::Receiver<()>,
+) -> Device {
+    let dev = open(backend(kind, "xa", IP_A, &o, o.pcap.clone()));
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(256);
+    let src = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
+    let dst = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
+    let qp = dev
+        .connect(offer.addr, init(&cq, &pd), params())
+        .expect("connect");
+    assert!(qp.negotiated().crc);
+    let sync = |c: Cmd| {
+        cmds.send(c).unwrap();
+        ok.recv_timeout(WAIT).expect("server check");
+    };
+    for (i, &len) in SIZES.iter().enumerate() {
+        let seed = i as u8 * 3 + 1;
+        src.write(0, &pattern(len, seed));
+        qp.post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: offer.remote_addr,
+                rkey: offer.rkey,
+            },
+            sgl: &[src.sge(0, len)],
+            signaled: true,
+        })
+        .unwrap();
+        assert_eq!(wait_one(&cq).opcode, WcOpcode::RdmaWrite);
+        qp.post_send(&SendWr {
+            wr_id: 2,
+            op: SendOp::Read {
+                remote_addr: offer.remote_addr,
+                rkey: offer.rkey,
+            },
+            sgl: &[dst.sge(0, len)],
+            signaled: true,
+        })
+        .unwrap();
+        assert_eq!(wait_one(&cq).opcode, WcOpcode::RdmaRead);
+        let mut got = vec![0; len];
+        dst.read(0, &mut got);
+        assert!(got == pattern(len, seed), "RDMA Read of {len} B differs");
+        // The Read Response follows the Write's placement: the server's
+        // region holds it now.
+        sync(Cmd::CheckWrite(len, seed));
+        let seed = seed.wrapping_add(100);
+        src.write(0, &pattern(len, seed));
+        qp.post_send(&SendWr {
+            wr_id: 3,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sgl: &[src.sge(0, len)],
+            signaled: true,
+        })
+        .unwrap();
+        assert_eq!(wait_one(&cq).opcode, WcOpcode::Send);
+        sync(Cmd::ExpectSend(len, seed));
+    }
+    if o.stream {
+        const CHUNK: usize = 64 * 1024;
+        const TOTAL: usize = 256 << 20;
+        const WINDOW: usize = 32;
+        let start = Instant::now();
+        let (mut posted, mut done) = (0, 0);
+        let mut wcs = [EMPTY_WC; 32];
+        while done < TOTAL / CHUNK {
+            while posted < TOTAL / CHUNK && posted - done < WINDOW {
+                let off = (posted * CHUNK) % MR_LEN;
+                qp.post_send(&SendWr {
+                    wr_id: posted as u64,
+                    op: SendOp::Write {
+                        remote_addr: offer.remote_addr + off as u64,
+                        rkey: offer.rkey,
+                    },
+                    sgl: &[src.sge(off, CHUNK)],
+                    signaled: true,
+                })
+                .unwrap();
+                posted += 1;
+            }
+            let n = cq.wait(&mut wcs, Some(WAIT));
+            assert!(n > 0, "stream stalled");
+            assert!(wcs[..n].iter().all(|w| w.status == WcStatus::Success));
+            done += n;
+            if start.elapsed() > Duration::from_secs(30) {
+                break;
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let bytes = done * CHUNK;
+        println!(
+            "64 KiB RDMA Write stream {kind:?} (MTU {}, busy-poll {}): {} MiB in {secs:.2} s = {:.2} Gb/s",
+            o.mtu,
+            o.busy,
+            bytes >> 20,
+            bytes as f64 * 8.0 / secs / 1e9
+        );
+    }
+    cmds.send(Cmd::Done).unwrap();
+    println!("client stats: {:?}", dev.stats());
+    drop(qp);
+    dev
+}
+
+fn pair(server: Kind, client_kind: Kind, o: Opts) {
+    let topo = Topo::new(
+        o.mtu,
+        (client_kind == Kind::Kernel).then_some(IP_A),
+        (server == Kind::Kernel).then_some(IP_B),
+    );
+    let (offer_tx, offer_rx) = mpsc::channel();
+    let (cmd_tx, cmd_rx) = mpsc::channel();
+    let (ok_tx, ok_rx) = mpsc::channel();
+    let so = o.clone();
+    let srv = spawn_in(&topo.b, move || serve(server, so, offer_tx, cmd_rx, ok_tx));
+    let offer = offer_rx.recv_timeout(WAIT).expect("server up");
+    let cli = spawn_in(&topo.a, move || {
+        client(client_kind, o, offer, cmd_tx, ok_rx)
+    });
+    let dev = cli.join().expect("client");
+    srv.join().expect("server");
+    if client_kind == Kind::Xdp {
+        assert!(
+            topo.link(&topo.a, "xa").contains("xdp"),
+            "attached while open"
+        );
+    }
+    drop(dev);
+    for (ns, link) in [(&topo.a, "xa"), (&topo.b, "xb")] {
+        let show = topo.link(ns, link);
+        assert!(!show.contains("xdp"), "an XDP program is left: {show}");
+    }
+}
+
+#[test]
+fn xdp_to_xdp_write_read_send() {
+    if !is_root() {
+        return;
+    }
+    let o = Opts {
+        busy: false,
+        stream: true,
+        mtu: 1500,
+        pcap: None,
+    };
+    pair(Kind::Xdp, Kind::Xdp, o);
+}
+
+/// Busy-polling workers, MTU 3506 (4 KiB UMEM frames).
+#[test]
+fn xdp_to_xdp_busy_poll_mtu_3506() {
+    if !is_root() {
+        return;
+    }
+    let o = Opts {
+        busy: true,
+        stream: true,
+        mtu: 3506,
+        pcap: None,
+    };
+    pair(Kind::Xdp, Kind::Xdp, o);
+}
+
+#[test]
+fn xdp_client_kernel_server() {
+    if !is_root() {
+        return;
+    }
+    let pcap = std::env::temp_dir().join(format!("iwarp-xdp-{}.pcap", std::process::id()));
+    let o = Opts {
+        busy: false,
+        stream: false,
+        mtu: 1500,
+        pcap: Some(pcap.clone()),
+    };
+    pair(Kind::Kernel, Kind::Xdp, o);
+    // The capture: a pcap header and the frames, among them the MPA
+    // request (its key starts the stream of the connection).
+    let bytes = std::fs::read(&pcap).expect("capture written");
+    let _ = std::fs::remove_file(&pcap);
+    assert_eq!(bytes.get(..4), Some(&0xa1b2_c3d4u32.to_le_bytes()[..]));
+    assert!(
+        bytes.len() > 24 + (1 << 20),
+        "{} bytes captured",
+        bytes.len()
+    );
+    let key = b"MPA ID Req Frame";
+    assert!(bytes.windows(key.len()).any(|w| w == key), "no MPA request");
+}
+
+#[test]
+fn kernel_client_xdp_server() {
+    if !is_root() {
+        return;
+    }
+    let o = Opts {
+        busy: false,
+        stream: false,
+        mtu: 1500,
+        pcap: None,
+    };
+    pair(Kind::Xdp, Kind::Kernel, o);
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# shellcheck shell=bash
+# Two network namespaces joined by one veth pair, for the AF_XDP engine's
+# tests and demos. Run it, or source it and call the functions.
+#
+#   topology.sh up TAG [MTU] [ADDR_A] [ADDR_B]
+#   topology.sh down TAG
+#
+# `up` creates namespaces "iwx-TAG-a" and "iwx-TAG-b" and the veth pair
+# "xa" (in a) <-> "xb" (in b); names inside a namespace are private, so
+# only the namespace names need TAG to be unique (use the pid). MTU is
+# 1500 (default) or up to 3506 (native XDP on veth refuses more).
+# ADDR_A / ADDR_B (CIDR, from 198.18.0.0/15) are kernel addresses for the
+# ends; leave them empty ("") for an end whose address only the AF_XDP
+# engine owns. Offloads follow docs/platform notes: TX checksum, TSO and
+# GSO off on both ends, so AF_XDP sees whole, checksummed frames and a
+# kernel TCP peer never sends frames larger than the MTU. IPv6 is off in
+# both namespaces (no router solicitations in the counters).
+#
+# `down` deletes both namespaces (and the veth pair with them); it only
+# ever touches the two names derived from TAG and is safe to run twice.
+
+set -u
+
+topo_ns_a() { printf 'iwx-%s-a' "$1"; }
+topo_ns_b() { printf 'iwx-%s-b' "$1"; }
+
+topo_up() {
+    local tag="$1" mtu="${2:-1500}" addr_a="${3:-}" addr_b="${4:-}"
+    local a b
+    a=$(topo_ns_a "$tag")
+    b=$(topo_ns_b "$tag")
+    if ((mtu < 68 || mtu > 3506)); then
+        echo "topology: MTU $mtu outside 68..3506 (veth native XDP limit)" >&2
+        return 1
+    fi
+    for ns in "$a" "$b"; do
+        if ip netns list | awk '{print $1}' | grep -qx -- "$ns"; then
+            echo "topology: $ns already exists" >&2
+            return 1
+        fi
+    done
+    ip netns add "$a" || return 1
+    ip netns add "$b" || { ip netns del "$a"; return 1; }
+    {
+        for ns in "$a" "$b"; do
+            ip netns exec "$ns" sh -c \
+                'echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6;
+                 echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6' &&
+                ip -n "$ns" link set lo up
+        done &&
+            ip -n "$a" link add xa type veth peer name xb netns "$b" &&
+            ip -n "$a" link set xa mtu "$mtu" &&
+            ip -n "$b" link set xb mtu "$mtu" &&
+            ip netns exec "$a" ethtool -K xa tx off tso off gso off >/dev/null &&
+            ip netns exec "$b" ethtool -K xb tx off tso off gso off >/dev/null &&
+            { [ -z "$addr_a" ] || ip -n "$a" addr add "$addr_a" dev xa; } &&
+            { [ -z "$addr_b" ] || ip -n "$b" addr add "$addr_b" dev xb; } &&
+            ip -n "$a" link set xa up &&
+            ip -n "$b" link set xb up
+    } || {
+        topo_down "$tag"
+        return 1
+    }
+}
+
+topo_down() {
+    local tag="$1"
+    ip netns del "$(topo_ns_a "$tag")" 2>/dev/null
+    ip netns del "$(topo_ns_b "$tag")" 2>/dev/null
+    return 0
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    case "${1:-}" in
+    up)
+        shift
+        topo_up "$@"
+        ;;
+    down)
+        shift
+        topo_down "$@"
+        ;;
+    *)
+        echo "usage: $0 up TAG [MTU] [ADDR_A] [ADDR_B] | down TAG" >&2
+        exit 2
+        ;;
+    esac
+fi
