@@ -89,7 +89,7 @@
 //!     rq_depth: 64,
 //!     sig_all: false,
 //! };
-//! let qp = dev.connect("192.0.2.1:4791".parse()?, init, ConnParams::default())?;
+//! let qp = dev.connect("198.18.0.2:4791".parse()?, init, ConnParams::default())?;
 //! let mr = dev.reg_mr(&pd, 4096, Access::LOCAL_WRITE)?;
 //! mr.write(0, b"hello");
 //! // The peer told us its buffer's address and rkey out of band
