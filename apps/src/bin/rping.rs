@@ -6,8 +6,13 @@
 //! ```text
 //! rping -s [-a ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d]   server
 //! rping -c  -a ADDR  [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d]   client
-//!       [--crc] [--markers] [--timeout SECS]
+//!       [--crc] [--markers] [--timeout SECS] [--first-send-delay MS]
 //! ```
+//!
+//! `--crc` asks for MPA CRC32c, `--markers` for MPA markers (Linux siw
+//! rejects such a request), `--timeout` bounds connection setup and every
+//! wait for the peer. `--first-send-delay` (client, default 20 ms) works
+//! around a Linux siw responder race, see its help text.
 //!
 //! The server serves one connection and exits when the client disconnects.
 //! Unlike librdmacm's rping (whose server ignores `-C`), our server with
@@ -89,6 +94,13 @@ struct Args {
     /// forever for a connection unless this is given.
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
+    /// Client: wait this long after the connection is established before
+    /// the first Send. Linux siw (6.1) as responder loses its first RDMA
+    /// Read Request most of the time when the initiator's first FPDU
+    /// arrives within a millisecond of its MPA Reply; librdmacm's rping
+    /// sends ~8 ms after the Reply. 0 disables the wait.
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    first_send_delay: u64,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -362,8 +374,8 @@ fn report_connected(args: &Args, qp: &Qp) {
 
 /// The "peer disconnected mid-run" failure after draining.
 fn mid_run(conn: &mut Conn, first: Option<WorkCompletion>, done: String) -> Fail {
-    let reason = conn.peer_reason();
     let (total, flushed, state) = conn.drain(first);
+    let reason = conn.peer_reason();
     Fail(
         status::DISCONNECT,
         format!(
@@ -403,6 +415,9 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
         events: Vec::new(),
     };
     conn.post_recv(&recv_buf)?;
+    // See `--first-send-delay`: give a Linux siw responder time to finish
+    // its accept before our first FPDU arrives.
+    std::thread::sleep(Duration::from_millis(args.first_send_delay));
 
     let mut client = Client::new(if args.count == 0 {
         None
