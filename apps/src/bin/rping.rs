@@ -48,7 +48,14 @@ use iwarp_engine::{
 /// rping over this project's iWARP stack: RDMA ping-pong, wire-compatible
 /// with librdmacm's rping.
 #[derive(Parser, Debug)]
-#[command(about, disable_version_flag = true)]
+#[command(
+    about,
+    disable_version_flag = true,
+    after_help = "Exit status: 0 success, 1 other error, 2 bad command line, \
+                  3 connection failed (refused, unreachable, TCP timeout), \
+                  4 MPA failed (reject, timeout, invalid frame), 5 -V validation failed, \
+                  6 peer disconnected mid-run."
+)]
 struct Args {
     /// Run as server.
     #[arg(
