@@ -28,10 +28,15 @@ type Res<T> = Result<T, String>;
 /// Largest message size of `-a` (perftest: 2^1 .. 2^23).
 const MAX_ALL_SIZE: u64 = 1 << 23;
 /// How long a wait for the peer may take before the test fails.
-const PEER_TIMEOUT: Duration = Duration::from_secs(60);
+const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Client: how long refused connects are retried (perftest's server
 /// listens for the data connections only after answering the first sync).
 const CONNECT_RETRY: Duration = Duration::from_secs(10);
+/// Pause between the comm connection's establishment and our first Send
+/// (client).
+const FIRST_SEND_DELAY: Duration = Duration::from_millis(300);
+/// How long we let the peer close first at the end.
+const PEER_CLOSE_WAIT: Duration = Duration::from_millis(1000);
 /// Comm-connection buffer: receive at 0, send at `COMM_MSG`.
 const COMM_MSG: usize = 64;
 const COMM_RECV: u64 = 1;
@@ -556,7 +561,13 @@ fn run(cfg: &Cfg) -> Res<()> {
             let addr = resolve(host, cfg.port)?;
             server_addr = Some(addr);
             cfg.dbg(|| format!("connecting to {addr}"));
-            connect_retry(&dev, addr, &comm_init, &comm_params(cfg), cfg)?
+            let qp = connect_retry(&dev, addr, &comm_init, &comm_params(cfg), cfg)?;
+            // Linux siw as responder misses an FPDU that arrives while its
+            // accept is still finishing (seen: our first Send 0.1 ms after
+            // its MPA Reply, never answered). perftest's own client is
+            // slower than that; give the responder a moment.
+            std::thread::sleep(FIRST_SEND_DELAY);
+            qp
         }
         None => {
             server_addr = None;
@@ -793,7 +804,17 @@ fn run(cfg: &Cfg) -> Res<()> {
     flush();
     let _ = peer_report;
 
-    // Close: data connections first, then comm.
+    // Close: let the peer close first (Linux siw fails perftest's last
+    // send completion when our FIN comes right behind its final answer),
+    // then data connections first, then comm.
+    let deadline = Instant::now() + PEER_CLOSE_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match comm.qp.wait_event(left) {
+            Some(CmEvent::Disconnected) | None => break,
+            Some(ev) => cfg.dbg(|| format!("comm event: {ev:?}")),
+        }
+    }
     let mut qps: Vec<&Qp> = Vec::new();
     if let Some(d) = &data {
         qps.extend(d.qps.iter());
