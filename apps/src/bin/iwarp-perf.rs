@@ -1,0 +1,1362 @@
+//! iwarp-perf: perftest's `ib_*` bandwidth and latency tools over the
+//! iWARP stack (kernel-socket backend), speaking perftest's `-R` (RDMA CM)
+//! connection setup and parameter exchange byte for byte, so either side
+//! can be the real `ib_write_bw -R`, `ib_read_lat -R`, ... (see
+//! `apps/src/proto/perftest.rs` and `docs/interop-protocols.md`).
+//!
+//! One binary, one subcommand per tool. Without an address it is the
+//! server; with one, the client (like perftest).
+
+#[path = "../perf/stats.rs"]
+mod stats;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use iwarp_apps::proto::perftest::{
+    self as pt, BwReport, BwUnit, Exchange, LatStats, PingpongDest, Side, Test, Verb,
+};
+use iwarp_engine::{
+    Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, Listener, Mr,
+    Progress, Qp, QpInit, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
+};
+
+type Res<T> = Result<T, String>;
+
+/// Largest message size of `-a` (perftest: 2^1 .. 2^23).
+const MAX_ALL_SIZE: u64 = 1 << 23;
+/// How long a wait for the peer may take before the test fails.
+const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Client: how long refused connects are retried (perftest's server
+/// listens for the data connections only after answering the first sync).
+const CONNECT_RETRY: Duration = Duration::from_secs(10);
+/// Pause between the comm connection's establishment and our first Send
+/// (client).
+const FIRST_SEND_DELAY: Duration = Duration::from_millis(300);
+/// How long we let the peer close first at the end.
+const PEER_CLOSE_WAIT: Duration = Duration::from_millis(1000);
+/// Comm-connection buffer: receive at 0, send at `COMM_MSG`.
+const COMM_MSG: usize = 64;
+const COMM_RECV: u64 = 1;
+const COMM_SEND: u64 = 2;
+/// Data-CQ wr_id tags.
+const TAG_RECV: u64 = 1 << 62;
+const TAG_CREDIT: u64 = 1 << 61;
+/// Credit buffer layout: one 64-byte credit word slot per QP, then a
+/// ring of 4-byte credit sources.
+const CREDIT_SLOT: usize = 64;
+const CREDIT_RING: usize = 256;
+/// Receives kept posted by the latency tests.
+const LAT_RX: usize = 16;
+
+/// perftest's ib_* tools over this iWARP stack.
+///
+/// Each subcommand mirrors the perftest tool of the same name
+/// (write_bw = ib_write_bw, ..., send_lat = ib_send_lat) and talks to it:
+/// run `ib_write_bw -R` on one side and `iwarp-perf write_bw` on the
+/// other. Without an address the tool is the server and waits for one
+/// client (single-shot, like perftest); with the server's address it is
+/// the client. Results are printed in perftest's format.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    test: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// RDMA Write bandwidth (mirrors ib_write_bw -R).
+    #[command(name = "write_bw")]
+    WriteBw(Opts),
+    /// RDMA Write latency, half round trip (mirrors ib_write_lat -R).
+    #[command(name = "write_lat")]
+    WriteLat(Opts),
+    /// RDMA Read bandwidth (mirrors ib_read_bw -R).
+    #[command(name = "read_bw")]
+    ReadBw(Opts),
+    /// RDMA Read latency, full round trip (mirrors ib_read_lat -R).
+    #[command(name = "read_lat")]
+    ReadLat(Opts),
+    /// Send bandwidth with perftest's iWARP receive credits (mirrors
+    /// ib_send_bw -R).
+    #[command(name = "send_bw")]
+    SendBw(Opts),
+    /// Send latency, half round trip (mirrors ib_send_lat -R).
+    #[command(name = "send_lat")]
+    SendLat(Opts),
+}
+
+/// The options of every test (perftest's names and meanings).
+#[derive(Args, Debug, Clone)]
+struct Opts {
+    /// Server address (host or IP). Absent: run as the server.
+    address: Option<String>,
+    /// Message size in bytes (default 65536 for bw tests, 2 for latency).
+    #[arg(short = 's', long = "size", value_parser = clap::value_parser!(u64).range(1..=(1u64 << 30)))]
+    size: Option<u64>,
+    /// Iterations (default 5000 for bw tests, 1000 for latency).
+    #[arg(short = 'n', long = "iters", value_parser = clap::value_parser!(u64).range(1..=(1u64 << 32)))]
+    iters: Option<u64>,
+    /// Run all sizes 2, 4, ..., 2^23 (both sides must give it).
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Number of data QPs (connections); bw tests only.
+    #[arg(short = 'q', long = "qp", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    qps: u32,
+    /// Send queue depth of bw tests (default 128, at most -n).
+    #[arg(short = 't', long = "tx-depth", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    tx_depth: Option<u32>,
+    /// Max inline data: accepted for compatibility; this stack has no
+    /// inline sends, the data is sent as normal (non-inline) data.
+    #[arg(short = 'I', long = "inline_size")]
+    inline_size: Option<u32>,
+    /// Report bandwidth in Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// TCP port of the server (both connections).
+    #[arg(short = 'p', long = "port", default_value_t = pt::DEFAULT_PORT)]
+    port: u16,
+    /// Connect through the RDMA CM: accepted and always implied (an iWARP
+    /// QP is only connected through the CM / MPA exchange).
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
+    /// Outstanding RDMA Reads (IRD/ORD of the data connections) for the
+    /// read tests.
+    #[arg(short = 'o', long = "outs", default_value_t = pt::SIW_OUT_READS as u16, value_parser = clap::value_parser!(u16).range(1..=128))]
+    out_reads: u16,
+    /// Ask for MPA CRC32c on every connection (the peer must accept it).
+    #[arg(long)]
+    crc: bool,
+    /// Print one JSON object per result row on stdout instead of the
+    /// table.
+    #[arg(long)]
+    json: bool,
+    /// Debug output on stderr (not perftest's -d, which names a device).
+    #[arg(short = 'd', long = "debug")]
+    debug: bool,
+}
+
+/// Everything a run needs, resolved from the options.
+#[derive(Debug, Clone)]
+struct Cfg {
+    test: Test,
+    side: Side,
+    server: Option<String>,
+    sizes: Vec<u64>,
+    max_size: u64,
+    iters: u64,
+    qps: u32,
+    tx_depth: u32,
+    rx_depth: u32,
+    out_reads: u16,
+    unit: BwUnit,
+    port: u16,
+    crc: bool,
+    json: bool,
+    debug: bool,
+}
+
+impl Cfg {
+    fn new(test: Test, o: Opts) -> Res<Self> {
+        if !test.is_bw() && o.qps != 1 {
+            return Err("-q is for bandwidth tests only".into());
+        }
+        let iters = o.iters.unwrap_or_else(|| test.default_iters());
+        let size = o.size.unwrap_or_else(|| test.default_size());
+        let sizes: Vec<u64> = if o.all {
+            (1..24).map(|i| 1u64 << i).collect()
+        } else {
+            vec![size]
+        };
+        let max_size = sizes.iter().copied().max().unwrap_or(size);
+        if o.all && max_size != MAX_ALL_SIZE {
+            return Err("internal: -a sizes".into());
+        }
+        let tx_depth = if test.is_bw() {
+            let t = o.tx_depth.unwrap_or(pt::DEFAULT_TX_DEPTH_BW);
+            let t = u64::from(t).min(iters) as u32;
+            if test.verb() == Verb::Read {
+                t.min(u32::from(o.out_reads))
+            } else {
+                t
+            }
+        } else {
+            pt::DEFAULT_TX_DEPTH_LAT
+        };
+        let rx_depth = u64::from(pt::DEFAULT_RX_DEPTH_SEND_BW).min(iters) as u32;
+        Ok(Self {
+            test,
+            side: if o.address.is_some() {
+                Side::Client
+            } else {
+                Side::Server
+            },
+            server: o.address,
+            sizes,
+            max_size,
+            iters,
+            qps: o.qps,
+            tx_depth,
+            rx_depth,
+            out_reads: o.out_reads,
+            unit: if o.report_gbits {
+                BwUnit::Gbps
+            } else {
+                BwUnit::MBps
+            },
+            port: o.port,
+            crc: o.crc,
+            json: o.json,
+            debug: o.debug,
+        })
+    }
+
+    fn dbg(&self, msg: impl FnOnce() -> String) {
+        if self.debug {
+            eprintln!("iwarp-perf: {}", msg());
+        }
+    }
+
+    fn out(&self, text: &str) {
+        if !self.json {
+            print!("{text}");
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        self.test.command().trim_start_matches("ib_")
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (test, opts) = match cli.test {
+        Cmd::WriteBw(o) => (Test::WriteBw, o),
+        Cmd::WriteLat(o) => (Test::WriteLat, o),
+        Cmd::ReadBw(o) => (Test::ReadBw, o),
+        Cmd::ReadLat(o) => (Test::ReadLat, o),
+        Cmd::SendBw(o) => (Test::SendBw, o),
+        Cmd::SendLat(o) => (Test::SendLat, o),
+    };
+    let _ = (opts.inline_size, opts.rdma_cm);
+    let result = Cfg::new(test, opts).and_then(|cfg| run(&cfg));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("iwarp-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Comm connection: strictly alternating Sends of at most 56 bytes.
+
+struct Comm {
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+    side: Side,
+    stash: Vec<WorkCompletion>,
+}
+
+impl Comm {
+    fn new(qp: Qp, cq: Cq, mr: Mr, side: Side) -> Res<Self> {
+        let c = Self {
+            qp,
+            cq,
+            mr,
+            side,
+            stash: Vec::new(),
+        };
+        c.post_recv()?;
+        Ok(c)
+    }
+
+    fn post_recv(&self) -> Res<()> {
+        self.qp
+            .post_recv(&RecvWr {
+                wr_id: COMM_RECV,
+                sgl: &[self.mr.sge(0, COMM_MSG)],
+            })
+            .map_err(|e| format!("comm: post_recv: {e:?}"))
+    }
+
+    /// The next completion with `wr_id`, stashing others.
+    fn wait(&mut self, wr_id: u64) -> Res<WorkCompletion> {
+        if let Some(i) = self.stash.iter().position(|w| w.wr_id == wr_id) {
+            return Ok(self.stash.remove(i));
+        }
+        let deadline = Instant::now() + PEER_TIMEOUT;
+        let mut wcs = [EMPTY_WC; 4];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err("comm: timed out waiting for the peer".into());
+            }
+            let n = self.cq.wait(&mut wcs, Some(left));
+            let mut found = None;
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::Success {
+                    return Err(format!(
+                        "comm: {:?} completed with {:?} (peer gone?)",
+                        wc.opcode, wc.status
+                    ));
+                }
+                if wc.wr_id == wr_id && found.is_none() {
+                    found = Some(*wc);
+                } else {
+                    self.stash.push(*wc);
+                }
+            }
+            if let Some(wc) = found {
+                return Ok(wc);
+            }
+        }
+    }
+
+    fn send(&mut self, msg: &[u8]) -> Res<()> {
+        self.mr.write(COMM_MSG, msg);
+        self.qp
+            .post_send(&SendWr {
+                wr_id: COMM_SEND,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[self.mr.sge(COMM_MSG, msg.len())],
+                signaled: true,
+            })
+            .map_err(|e| format!("comm: post_send: {e:?}"))?;
+        self.wait(COMM_SEND).map(|_| ())
+    }
+
+    fn recv(&mut self) -> Res<Vec<u8>> {
+        let wc = self.wait(COMM_RECV)?;
+        let len = (wc.byte_len as usize).min(COMM_MSG);
+        let mut b = vec![0; len];
+        self.mr.read(0, &mut b);
+        self.post_recv()?;
+        Ok(b)
+    }
+
+    /// One exchange: the client sends first, the server answers. `before
+    /// answer` runs on the server between receiving and answering.
+    fn exchange_with(
+        &mut self,
+        msg: &[u8],
+        before_answer: impl FnOnce() -> Res<()>,
+    ) -> Res<Vec<u8>> {
+        match self.side {
+            Side::Client => {
+                self.send(msg)?;
+                self.recv()
+            }
+            Side::Server => {
+                let r = self.recv()?;
+                before_answer()?;
+                self.send(msg)?;
+                Ok(r)
+            }
+        }
+    }
+
+    fn exchange(&mut self, msg: &[u8]) -> Res<Vec<u8>> {
+        self.exchange_with(msg, || Ok(()))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Data QPs and their memory.
+
+struct Data {
+    qps: Vec<Qp>,
+    cq: Cq,
+    /// `2 * q` slots: we send from / read into slot `j`, the peer uses
+    /// slot `q + j` (advertised).
+    mr: Mr,
+    slot: usize,
+    /// send_bw credits: word `j` at `j * CREDIT_SLOT`, then the source
+    /// ring.
+    credit: Mr,
+    my: Vec<PingpongDest>,
+    rem: Vec<PingpongDest>,
+}
+
+impl Data {
+    fn region(&self, j: usize) -> usize {
+        (self.qps.len() + j) * self.slot
+    }
+}
+
+/// Parameters of the comm exchange both sides settled on.
+#[derive(Clone, Copy, Debug)]
+struct Agreed {
+    cycle_buffer: u64,
+    cache_line: u64,
+}
+
+fn data_init(cfg: &Cfg, pd: &iwarp_engine::Pd, cq: &Cq) -> QpInit {
+    let sq = cfg.tx_depth as usize + 16;
+    let rq = cfg.rx_depth.max(LAT_RX as u32) as usize + 16;
+    QpInit {
+        pd: pd.clone(),
+        send_cq: cq.clone(),
+        recv_cq: cq.clone(),
+        sq_depth: sq,
+        rq_depth: rq,
+        sig_all: false,
+    }
+}
+
+/// MPA parameters of the data connections. write_lat's server writes
+/// first; this stack as responder keeps RFC 5044 §7.1.2 (no FPDU before
+/// the initiator's first), so our write_lat client asks for RFC 6581
+/// peer-to-peer mode: its ready-to-receive message (a zero-length RDMA
+/// Write) is that first FPDU. Stock siw accepts it as responder.
+fn data_params(cfg: &Cfg) -> ConnParams {
+    let (ird, ord) = cfg.test.data_ird_ord(cfg.out_reads);
+    ConnParams {
+        ird,
+        ord,
+        p2p: cfg.test == Test::WriteLat && cfg.side == Side::Client,
+        crc: cfg.crc,
+        timeout: Duration::from_secs(20),
+        ..ConnParams::default()
+    }
+}
+
+fn comm_params(cfg: &Cfg) -> ConnParams {
+    ConnParams {
+        ird: 0,
+        ord: 0,
+        crc: cfg.crc,
+        timeout: Duration::from_secs(20),
+        ..ConnParams::default()
+    }
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x9e37_79b9_7f4a_7c15);
+    h.finish()
+}
+
+/// Connect, retrying refused / dropped attempts for a while.
+fn connect_retry(
+    dev: &Device,
+    addr: SocketAddr,
+    init: &QpInit,
+    params: &ConnParams,
+    cfg: &Cfg,
+) -> Res<Qp> {
+    let start = Instant::now();
+    loop {
+        match dev.connect(addr, init.clone(), params.clone()) {
+            Ok(qp) => return Ok(qp),
+            Err(e @ (CmError::ConnectionRefused | CmError::Closed | CmError::Rejected { .. }))
+                if start.elapsed() < CONNECT_RETRY =>
+            {
+                cfg.dbg(|| format!("connect to {addr}: {e}; retrying"));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("connect to {addr}: {e}")),
+        }
+    }
+}
+
+fn resolve(host: &str, port: u16) -> Res<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{host}: {e}"))?
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| format!("{host}: no IPv4 address"))
+}
+
+// ---------------------------------------------------------------------------
+// The run: comm script, data connections, measurement, report.
+
+/// One step of our script: a comm exchange or a measurement of sizes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Step {
+    Ex(Exchange),
+    Measure(Vec<u64>),
+}
+
+/// perftest's script, expanded for send_bw with several QPs (dests of all
+/// QPs, dest 0, dests of all QPs, dest 0) and for `-a`: send_bw repeats
+/// "dest 0, measure, dest 0" per size, the other tests measure every
+/// size in one go.
+fn steps(cfg: &Cfg) -> Vec<Step> {
+    let base = pt::script(cfg.test, cfg.qps);
+    let mut v = Vec::new();
+    if cfg.test == Test::SendBw {
+        let q = cfg.qps;
+        for s in base {
+            match s {
+                Exchange::Dest { .. } | Exchange::Measure => {}
+                s => v.push(Step::Ex(s)),
+            }
+        }
+        v.extend((0..q).map(|qp| Step::Ex(Exchange::Dest { qp })));
+        v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+        v.extend((0..q).map(|qp| Step::Ex(Exchange::Dest { qp })));
+        for (i, &size) in cfg.sizes.iter().enumerate() {
+            v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+            v.push(Step::Measure(vec![size]));
+            if i + 1 < cfg.sizes.len() {
+                v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+            }
+        }
+        if cfg.sizes.len() > 1 {
+            // perftest: the per-size dest after the last size, then close.
+            v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+        }
+        v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+        return v;
+    }
+    for s in base {
+        match s {
+            Exchange::Measure => v.push(Step::Measure(cfg.sizes.clone())),
+            s => v.push(Step::Ex(s)),
+        }
+    }
+    v
+}
+
+fn run(cfg: &Cfg) -> Res<()> {
+    let lat = !cfg.test.is_bw();
+    let dev = Device::open(
+        Backend::Kernel,
+        DeviceConfig {
+            progress: Progress::Thread { cpu: None },
+            seed: None,
+            busy_poll: lat,
+        },
+    )
+    .map_err(|e| format!("open device: {e}"))?;
+    let pd = dev.alloc_pd();
+
+    // Comm connection.
+    let comm_cq = dev.create_cq(16);
+    let comm_init = QpInit {
+        pd: pd.clone(),
+        send_cq: comm_cq.clone(),
+        recv_cq: comm_cq.clone(),
+        sq_depth: 4,
+        rq_depth: 4,
+        sig_all: false,
+    };
+    let comm_mr = dev
+        .reg_mr(&pd, 2 * COMM_MSG, Access::LOCAL_WRITE)
+        .map_err(|e| format!("reg_mr: {e}"))?;
+    let mut listener: Option<Listener> = None;
+    let server_addr;
+    let comm_qp = match &cfg.server {
+        Some(host) => {
+            let addr = resolve(host, cfg.port)?;
+            server_addr = Some(addr);
+            cfg.dbg(|| format!("connecting to {addr}"));
+            let qp = connect_retry(&dev, addr, &comm_init, &comm_params(cfg), cfg)?;
+            // Linux siw as responder misses an FPDU that arrives while its
+            // accept is still finishing (seen: our first Send 0.1 ms after
+            // its MPA Reply, never answered). perftest's own client is
+            // slower than that; give the responder a moment.
+            std::thread::sleep(FIRST_SEND_DELAY);
+            qp
+        }
+        None => {
+            server_addr = None;
+            let l = dev
+                .listen(SocketAddr::from(([0, 0, 0, 0], cfg.port)))
+                .map_err(|e| format!("listen on port {}: {e}", cfg.port))?;
+            cfg.out(
+                "\n************************************\n* Waiting for client to connect... *\n************************************\n",
+            );
+            flush();
+            let req = l
+                .get_request(None)
+                .map_err(|e| format!("waiting for a client: {e}"))?;
+            cfg.dbg(|| format!("comm request from {}", req.peer_addr()));
+            let qp = req
+                .accept(comm_init, comm_params(cfg))
+                .map_err(|e| format!("accept: {e}"))?;
+            // The data connections come to the same port: keep listening.
+            listener = Some(l);
+            qp
+        }
+    };
+    let mut comm = Comm::new(comm_qp, comm_cq, comm_mr, cfg.side)?;
+
+    // Data resources (the buffer holds the largest size).
+    let q = if cfg.test.is_bw() {
+        cfg.qps as usize
+    } else {
+        1
+    };
+    let cq_cap = q * (cfg.tx_depth as usize + cfg.rx_depth.max(LAT_RX as u32) as usize + 64);
+    let data_cq = dev.create_cq(cq_cap);
+    let mut agreed = Agreed {
+        cycle_buffer: u64::from(pt::CYCLE_BUFFER),
+        cache_line: u64::from(pt::CACHE_LINE),
+    };
+    let mut data: Option<Data> = None;
+    let mut peer_report: Option<BwReport> = None;
+    let mut my_report = BwReport::default();
+    let mut report_msgs: Vec<Vec<u8>> = Vec::new();
+    let mut printed_header = false;
+    let steps = steps(cfg);
+    let mut syncs = 0;
+    for (idx, step) in steps.iter().enumerate() {
+        let next_is_measure = matches!(steps.get(idx + 1), Some(Step::Measure(_)));
+        match step {
+            Step::Ex(Exchange::Version) => {
+                let r = comm.exchange(&pt::VersionMsg::new(pt::VERSION).0)?;
+                let v = pt::VersionMsg::parse(&r).map_err(|e| format!("version: {e:?}"))?;
+                cfg.dbg(|| format!("peer version {:?}", v.text()));
+                if v.number() < pt::MIN_PEER_VERSION {
+                    return Err(format!("peer version {:?} is too old", v.text()));
+                }
+            }
+            Step::Ex(Exchange::CycleBuffer) => {
+                let r = comm.exchange(&pt::encode_u32(pt::CYCLE_BUFFER))?;
+                let v = pt::parse_u32(&r).map_err(|e| format!("cycle buffer: {e:?}"))?;
+                agreed.cycle_buffer = agreed.cycle_buffer.max(u64::from(v));
+            }
+            Step::Ex(Exchange::CacheLine) => {
+                let r = comm.exchange(&pt::encode_u32(pt::CACHE_LINE))?;
+                let v = pt::parse_u32(&r).map_err(|e| format!("cache line: {e:?}"))?;
+                agreed.cache_line = agreed.cache_line.max(u64::from(v));
+            }
+            Step::Ex(Exchange::Mtu) => {
+                let r = comm.exchange(&pt::encode_mtu(pt::SIW_MTU_ENUM))?;
+                let m = pt::parse_mtu(&r).map_err(|e| format!("mtu: {e:?}"))?;
+                cfg.dbg(|| format!("peer mtu enum {m}"));
+            }
+            Step::Ex(Exchange::Sync) => {
+                syncs += 1;
+                // Our server listens (the comm listener) before answering.
+                let zero = PingpongDest::default().to_bytes();
+                comm.exchange(&zero)?;
+                cfg.dbg(|| format!("sync {syncs}"));
+            }
+            Step::Ex(Exchange::ConnectData) => {
+                let slot = pt::buff_size(cfg.max_size, agreed.cycle_buffer) as usize;
+                let mr = dev
+                    .reg_mr(
+                        &pd,
+                        2 * q * slot,
+                        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+                    )
+                    .map_err(|e| format!("reg_mr: {e}"))?;
+                fill_random(&mr, q * slot);
+                let credit = dev
+                    .reg_mr(
+                        &pd,
+                        q * CREDIT_SLOT + 4 * CREDIT_RING,
+                        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                    )
+                    .map_err(|e| format!("reg_mr: {e}"))?;
+                let init = data_init(cfg, &pd, &data_cq);
+                let mut qps = Vec::with_capacity(q);
+                for j in 0..q {
+                    let qp = match (server_addr, &listener) {
+                        (Some(addr), _) => {
+                            connect_retry(&dev, addr, &init, &data_params(cfg), cfg)?
+                        }
+                        (None, Some(l)) => {
+                            let req = l
+                                .get_request(Some(PEER_TIMEOUT))
+                                .map_err(|e| format!("waiting for data connection {j}: {e}"))?;
+                            req.accept(init.clone(), data_params(cfg))
+                                .map_err(|e| format!("accept data connection {j}: {e}"))?
+                        }
+                        (None, None) => return Err("internal: no listener".into()),
+                    };
+                    cfg.dbg(|| format!("data connection {j}: {:?}", qp.negotiated()));
+                    qps.push(qp);
+                }
+                let psn = random_u64();
+                let my: Vec<PingpongDest> = (0..q)
+                    .map(|j| {
+                        let (rkey, vaddr) = if cfg.test == Test::SendBw {
+                            (credit.rkey(), credit.addr() + (j * CREDIT_SLOT) as u64)
+                        } else {
+                            (mr.rkey(), mr.addr() + ((q + j) * slot) as u64)
+                        };
+                        PingpongDest {
+                            lid: 0,
+                            out_reads: if cfg.test.verb() == Verb::Read {
+                                u32::from(cfg.out_reads)
+                            } else {
+                                1
+                            },
+                            qpn: qps[j].id().0,
+                            psn: ((psn >> (j * 3)) & 0x00ff_ffff) as u32,
+                            rkey,
+                            vaddr,
+                            gid: [0; 16],
+                            srqn: 0,
+                            gid_index: 0,
+                        }
+                    })
+                    .collect();
+                data = Some(Data {
+                    rem: vec![PingpongDest::default(); q],
+                    my,
+                    qps,
+                    cq: data_cq.clone(),
+                    mr,
+                    slot,
+                    credit,
+                });
+                if let Some(l) = listener.take() {
+                    drop(l);
+                }
+                let d = data.as_ref().expect("just set");
+                let mut s = pt::info_block(
+                    cfg.test,
+                    cfg.side,
+                    q as u32,
+                    cfg.tx_depth,
+                    u32::from(cfg.out_reads),
+                );
+                for m in &d.my {
+                    s.push_str(&pt::address_lines(true, m));
+                }
+                cfg.out(&s);
+            }
+            Step::Ex(Exchange::Dest { qp }) => {
+                let d = data.as_mut().ok_or("internal: dest before data")?;
+                let j = *qp as usize;
+                let mine = d.my.get(j).copied().ok_or("internal: qp index")?;
+                if next_is_measure {
+                    let size = match steps.get(idx + 1) {
+                        Some(Step::Measure(s)) => s.first().copied().unwrap_or(cfg.max_size),
+                        _ => cfg.max_size,
+                    };
+                    prepare(cfg, d, size)?;
+                    if !printed_header {
+                        printed_header = true;
+                        let mut s = String::new();
+                        for r in &d.rem {
+                            s.push_str(&pt::address_lines(false, r));
+                        }
+                        s.push_str(pt::RESULT_LINE);
+                        s.push('\n');
+                        s.push_str(if cfg.test.is_bw() {
+                            pt::bw_header(cfg.unit)
+                        } else {
+                            pt::LAT_HEADER
+                        });
+                        s.push('\n');
+                        cfg.out(&s);
+                    }
+                }
+                let r = comm.exchange(&mine.to_bytes())?;
+                let rd = PingpongDest::parse(&r).map_err(|e| format!("dest: {e:?}"))?;
+                if let Some(slot) = d.rem.get_mut(j) {
+                    *slot = rd;
+                }
+                cfg.dbg(|| format!("dest {j}: {rd:?}"));
+            }
+            Step::Ex(Exchange::Measure) => return Err("internal: bare measure step".into()),
+            Step::Measure(sizes) => {
+                let d = data.as_ref().ok_or("internal: measure before data")?;
+                flush();
+                for &size in sizes {
+                    match measure(cfg, d, size, agreed)? {
+                        Outcome::Bw(r) => {
+                            my_report = r;
+                            print_bw(cfg, &r);
+                        }
+                        Outcome::Lat(s) => print_lat(cfg, &s),
+                        Outcome::None => {}
+                    }
+                }
+            }
+            Step::Ex(Exchange::Report { field }) => {
+                let msgs = my_report.to_messages();
+                let mine = match cfg.side {
+                    Side::Client => msgs[usize::from(*field) % BwReport::FIELDS],
+                    // perftest's server answers with its never-filled report.
+                    Side::Server => [0; BwReport::FIELD_LEN],
+                };
+                let r = comm.exchange(&mine)?;
+                report_msgs.push(r);
+                if report_msgs.len() == BwReport::FIELDS {
+                    let m: Vec<&[u8]> = report_msgs.iter().map(Vec::as_slice).collect();
+                    let rep = BwReport::from_messages([m[0], m[1], m[2], m[3], m[4]])
+                        .map_err(|e| format!("report: {e:?}"))?;
+                    peer_report = Some(rep);
+                    if cfg.side == Side::Server {
+                        print_bw(cfg, &rep);
+                    }
+                }
+            }
+        }
+    }
+    cfg.out(&format!("{}\n", pt::RESULT_LINE));
+    flush();
+    let _ = peer_report;
+
+    // Close: let the peer close first (Linux siw fails perftest's last
+    // send completion when our FIN comes right behind its final answer),
+    // then data connections first, then comm.
+    let deadline = Instant::now() + PEER_CLOSE_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match comm.qp.wait_event(left) {
+            Some(CmEvent::Disconnected) | None => break,
+            Some(ev) => cfg.dbg(|| format!("comm event: {ev:?}")),
+        }
+    }
+    let mut qps: Vec<&Qp> = Vec::new();
+    if let Some(d) = &data {
+        qps.extend(d.qps.iter());
+    }
+    for qp in &qps {
+        qp.disconnect();
+    }
+    comm.qp.disconnect();
+    qps.push(&comm.qp);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    for qp in qps {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match qp.wait_event(left) {
+                Some(CmEvent::Disconnected) | None => break,
+                Some(ev) => cfg.dbg(|| format!("event at close: {ev:?}")),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn flush() {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+}
+
+fn fill_random(mr: &Mr, len: usize) {
+    let mut x = random_u64() | 1;
+    let mut buf = vec![0u8; len.min(1 << 20)];
+    for b in buf.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut off = 0;
+    while off < len {
+        let n = buf.len().min(len - off);
+        mr.write(off, &buf[..n]);
+        off += n;
+    }
+}
+
+fn json_num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.6}")
+    } else {
+        "0".into()
+    }
+}
+
+fn side_name(s: Side) -> &'static str {
+    match s {
+        Side::Client => "client",
+        Side::Server => "server",
+    }
+}
+
+fn print_bw(cfg: &Cfg, r: &BwReport) {
+    if cfg.json {
+        let unit = match cfg.unit {
+            BwUnit::MBps => "MB/sec",
+            BwUnit::Gbps => "Gb/sec",
+        };
+        println!(
+            "{{\"test\":\"{}\",\"side\":\"{}\",\"bytes\":{},\"iterations\":{},\"bw_peak\":{},\"bw_average\":{},\"msg_rate_mpps\":{},\"unit\":\"{unit}\"}}",
+            cfg.name(),
+            side_name(cfg.side),
+            r.size,
+            r.iters,
+            json_num(r.bw_peak),
+            json_num(r.bw_avg),
+            json_num(r.msg_rate)
+        );
+    } else {
+        println!("{}", pt::bw_row(r));
+    }
+    flush();
+}
+
+fn print_lat(cfg: &Cfg, s: &LatStats) {
+    if cfg.json {
+        println!(
+            "{{\"test\":\"{}\",\"side\":\"{}\",\"bytes\":{},\"iterations\":{},\"t_min_usec\":{},\"t_max_usec\":{},\"t_typical_usec\":{},\"t_avg_usec\":{},\"t_stdev_usec\":{},\"p99_usec\":{},\"p99_9_usec\":{}}}",
+            cfg.name(),
+            side_name(cfg.side),
+            s.size,
+            s.iters,
+            json_num(s.min),
+            json_num(s.max),
+            json_num(s.typical),
+            json_num(s.avg),
+            json_num(s.stdev),
+            json_num(s.p99),
+            json_num(s.p999)
+        );
+    } else {
+        println!("{}", pt::lat_row(s));
+    }
+    flush();
+}
+
+// ---------------------------------------------------------------------------
+// Measurement.
+
+enum Outcome {
+    Bw(BwReport),
+    Lat(LatStats),
+    None,
+}
+
+/// Before the last dest exchange of a measurement: post the receives
+/// (send tests) and reset the credit words.
+fn prepare(cfg: &Cfg, d: &Data, size: u64) -> Res<()> {
+    match (cfg.test, cfg.side) {
+        (Test::SendBw, Side::Server) => {
+            let rx = u64::from(cfg.rx_depth).min(cfg.iters);
+            for (j, qp) in d.qps.iter().enumerate() {
+                for _ in 0..rx {
+                    post_recv(d, qp, j, size as usize)?;
+                }
+            }
+        }
+        (Test::SendBw, Side::Client) => {
+            for j in 0..d.qps.len() {
+                d.credit.write(j * CREDIT_SLOT, &[0; 4]);
+            }
+        }
+        (Test::SendLat, _) => {
+            for _ in 0..LAT_RX as u64 {
+                post_recv(d, &d.qps[0], 0, d.slot)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn post_recv(d: &Data, qp: &Qp, j: usize, len: usize) -> Res<()> {
+    qp.post_recv(&RecvWr {
+        wr_id: TAG_RECV | j as u64,
+        sgl: &[d.mr.sge(d.region(j), len.min(d.slot))],
+    })
+    .map_err(|e| format!("post_recv: {e:?}"))
+}
+
+fn measure(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<Outcome> {
+    cfg.dbg(|| format!("measure {} bytes x {}", size, cfg.iters));
+    match (cfg.test, cfg.side) {
+        (Test::WriteBw | Test::ReadBw, Side::Server) => Ok(Outcome::None),
+        (Test::WriteBw | Test::ReadBw | Test::SendBw, Side::Client) => {
+            bw_client(cfg, d, size, agreed).map(Outcome::Bw)
+        }
+        (Test::SendBw, Side::Server) => send_bw_server(cfg, d, size).map(Outcome::Bw),
+        (Test::WriteLat, side) => write_lat(cfg, d, size, side).map(Outcome::Lat),
+        (Test::SendLat, side) => send_lat(cfg, d, size, side).map(Outcome::Lat),
+        (Test::ReadLat, Side::Client) => read_lat(cfg, d, size).map(Outcome::Lat),
+        (Test::ReadLat, Side::Server) => Ok(Outcome::None),
+    }
+}
+
+fn check(wc: &WorkCompletion) -> Res<()> {
+    if wc.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(format!(
+            "{:?} (wr_id {:#x}) completed with {:?}",
+            wc.opcode, wc.wr_id, wc.status
+        ))
+    }
+}
+
+/// Blocking wait for completions, failing after `PEER_TIMEOUT` without
+/// any.
+fn wait_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
+    match cq.wait(out, Some(PEER_TIMEOUT)) {
+        0 => Err("timed out waiting for completions".into()),
+        n => Ok(n),
+    }
+}
+
+/// Busy-polling wait (latency tests).
+fn spin_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
+    let deadline = Instant::now() + PEER_TIMEOUT;
+    let mut spins = 0u32;
+    loop {
+        let n = cq.poll(out);
+        if n > 0 {
+            return Ok(n);
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 256 == 0 {
+            if Instant::now() > deadline {
+                return Err("timed out waiting for completions".into());
+            }
+            std::thread::yield_now();
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn bw_client(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<BwReport> {
+    let q = d.qps.len();
+    let n = cfg.iters;
+    let depth = u64::from(cfg.tx_depth).max(1);
+    let rx_depth = u64::from(cfg.rx_depth).max(1);
+    let total = n as usize * q;
+    let verb = cfg.test.verb();
+    let len = size as usize;
+    let mut posted = vec![0u64; q];
+    let mut done = vec![0u64; q];
+    let mut tposted = Vec::with_capacity(total);
+    let mut tcompleted = Vec::with_capacity(total);
+    let mut wcs = [EMPTY_WC; 64];
+    let mut last_progress = Instant::now();
+    while tcompleted.len() < total {
+        let mut credit_blocked = false;
+        for j in 0..q {
+            while posted[j] < n && posted[j] - done[j] < depth {
+                let op = match verb {
+                    Verb::Send => {
+                        let mut w = [0u8; 4];
+                        d.credit.read(j * CREDIT_SLOT, &mut w);
+                        let credit = u64::from(pt::parse_credit(&w).unwrap_or(0));
+                        if posted[j].saturating_sub(credit) >= rx_depth {
+                            credit_blocked = true;
+                            break;
+                        }
+                        SendOp::Send {
+                            solicited: false,
+                            invalidate: None,
+                        }
+                    }
+                    Verb::Write | Verb::Read => {
+                        let off = pt::bw_remote_offset(
+                            posted[j],
+                            size,
+                            agreed.cycle_buffer,
+                            agreed.cache_line,
+                        );
+                        let remote_addr = d.rem[j].vaddr.wrapping_add(off);
+                        let rkey = d.rem[j].rkey;
+                        if verb == Verb::Write {
+                            SendOp::Write { remote_addr, rkey }
+                        } else {
+                            SendOp::Read { remote_addr, rkey }
+                        }
+                    }
+                };
+                d.qps[j]
+                    .post_send(&SendWr {
+                        wr_id: j as u64,
+                        op,
+                        sgl: &[d.mr.sge(j * d.slot, len)],
+                        signaled: true,
+                    })
+                    .map_err(|e| format!("post_send: {e:?}"))?;
+                tposted.push(Instant::now());
+                posted[j] += 1;
+            }
+        }
+        let k = if credit_blocked {
+            d.cq.wait(&mut wcs, Some(Duration::from_millis(1)))
+        } else {
+            wait_wcs(&d.cq, &mut wcs)?
+        };
+        let now = Instant::now();
+        if k > 0 {
+            last_progress = now;
+        } else if now.duration_since(last_progress) > PEER_TIMEOUT {
+            return Err("send_bw: no credits from the peer".into());
+        }
+        for wc in &wcs[..k] {
+            check(wc)?;
+            if let Some(c) = done.get_mut(wc.wr_id as usize) {
+                *c += 1;
+                tcompleted.push(now);
+            }
+        }
+    }
+    Ok(stats::bw_report(
+        size,
+        &tposted,
+        &tcompleted,
+        pt::DEFAULT_CQ_MOD as usize,
+        cfg.unit,
+    ))
+}
+
+fn send_bw_server(cfg: &Cfg, d: &Data, size: u64) -> Res<BwReport> {
+    let q = d.qps.len();
+    let n = cfg.iters;
+    let rx = u64::from(cfg.rx_depth).min(n);
+    let every = rx / 3;
+    let mut recvd = vec![0u64; q];
+    let mut posted = vec![rx; q];
+    let mut total = 0u64;
+    let mut credits_out = 0usize;
+    let mut ring = 0usize;
+    // perftest's client starts sending when it has our pre-measure dest:
+    // time from here (a receive-completion batch has no useful spread).
+    let first = Instant::now();
+    let mut last = first;
+    let mut wcs = [EMPTY_WC; 64];
+    while total < n * q as u64 || credits_out > 0 {
+        let k = wait_wcs(&d.cq, &mut wcs)?;
+        let now = Instant::now();
+        for wc in &wcs[..k] {
+            check(wc)?;
+            if wc.wr_id & TAG_CREDIT != 0 {
+                credits_out = credits_out.saturating_sub(1);
+                continue;
+            }
+            if wc.opcode != WcOpcode::Recv {
+                continue;
+            }
+            let j = (wc.wr_id & !TAG_RECV) as usize;
+            if j >= q {
+                continue;
+            }
+            last = now;
+            recvd[j] += 1;
+            total += 1;
+            if posted[j] < n {
+                post_recv(d, &d.qps[j], j, size as usize)?;
+                posted[j] += 1;
+            }
+            if (every > 0 && recvd[j] % every == 0) || recvd[j] == n {
+                let src = q * CREDIT_SLOT + 4 * (ring % CREDIT_RING);
+                ring += 1;
+                d.credit.write(src, &pt::encode_credit(recvd[j] as u32));
+                d.qps[j]
+                    .post_send(&SendWr {
+                        wr_id: TAG_CREDIT | j as u64,
+                        op: SendOp::Write {
+                            remote_addr: d.rem[j].vaddr,
+                            rkey: d.rem[j].rkey,
+                        },
+                        sgl: &[d.credit.sge(src, 4)],
+                        signaled: true,
+                    })
+                    .map_err(|e| format!("credit write: {e:?}"))?;
+                credits_out += 1;
+            }
+        }
+    }
+    Ok(stats::rx_bw_report(size, total, first, last, cfg.unit))
+}
+
+fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
+    let n = cfg.iters;
+    let len = size as usize;
+    let qp = &d.qps[0];
+    let rem = d.rem[0];
+    let poll_off = d.region(0) + len - 1;
+    let mut stamps = Vec::with_capacity(n as usize);
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let mut outstanding = 0u64;
+    let mut wcs = [EMPTY_WC; 16];
+    while scnt < n || rcnt < n {
+        if rcnt < n && !(scnt == 0 && side == Side::Server) {
+            rcnt += 1;
+            let want = pt::write_lat_marker(rcnt);
+            let deadline = Instant::now() + PEER_TIMEOUT;
+            let mut spins = 0u32;
+            while d.mr.read_byte_volatile(poll_off) != want {
+                spins = spins.wrapping_add(1);
+                if spins % 256 == 0 {
+                    if Instant::now() > deadline {
+                        let mut b = vec![0u8; len];
+                        d.mr.read(d.region(0), &mut b);
+                        return Err(format!(
+                            "write_lat: no write {rcnt} from the peer (region {b:?})"
+                        ));
+                    }
+                    std::thread::yield_now();
+                }
+                std::hint::spin_loop();
+            }
+        }
+        if scnt < n {
+            scnt += 1;
+            d.mr.write(len - 1, &[pt::write_lat_marker(scnt)]);
+            stamps.push(Instant::now());
+            qp.post_send(&SendWr {
+                wr_id: 0,
+                op: SendOp::Write {
+                    remote_addr: rem.vaddr,
+                    rkey: rem.rkey,
+                },
+                sgl: &[d.mr.sge(0, len)],
+                signaled: true,
+            })
+            .map_err(|e| format!("post_send: {e:?}"))?;
+            outstanding += 1;
+        }
+        let k = d.cq.poll(&mut wcs);
+        for wc in &wcs[..k] {
+            check(wc)?;
+            outstanding = outstanding.saturating_sub(1);
+        }
+    }
+    while outstanding > 0 {
+        let k = spin_wcs(&d.cq, &mut wcs)?;
+        for wc in &wcs[..k] {
+            check(wc)?;
+            outstanding = outstanding.saturating_sub(1);
+        }
+    }
+    Ok(stats::lat_stats(size, n, &stamps, 2.0))
+}
+
+fn send_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
+    let n = cfg.iters;
+    let len = size as usize;
+    let qp = &d.qps[0];
+    let mut stamps = Vec::with_capacity(n as usize);
+    let mut wcs = [EMPTY_WC; 16];
+    let mut sends_out = 0u64;
+    let mut recvd = 0u64;
+    let mut sent = 0u64;
+    // Client: send, then wait for the answer; server: the other way round.
+    while sent < n || recvd < n || sends_out > 0 {
+        let may_send = sent < n
+            && match side {
+                Side::Client => recvd == sent,
+                Side::Server => recvd > sent,
+            };
+        if may_send {
+            stamps.push(Instant::now());
+            qp.post_send(&SendWr {
+                wr_id: 0,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[d.mr.sge(0, len)],
+                signaled: true,
+            })
+            .map_err(|e| format!("post_send: {e:?}"))?;
+            sent += 1;
+            sends_out += 1;
+            continue;
+        }
+        let k = spin_wcs(&d.cq, &mut wcs)?;
+        for wc in &wcs[..k] {
+            check(wc)?;
+            if wc.opcode == WcOpcode::Recv {
+                recvd += 1;
+                post_recv(d, qp, 0, d.slot)?;
+            } else {
+                sends_out = sends_out.saturating_sub(1);
+            }
+        }
+    }
+    Ok(stats::lat_stats(size, n, &stamps, 2.0))
+}
+
+fn read_lat(cfg: &Cfg, d: &Data, size: u64) -> Res<LatStats> {
+    let n = cfg.iters;
+    let len = size as usize;
+    let qp = &d.qps[0];
+    let rem = d.rem[0];
+    let mut stamps = Vec::with_capacity(n as usize);
+    let mut wcs = [EMPTY_WC; 4];
+    for _ in 0..n {
+        stamps.push(Instant::now());
+        qp.post_send(&SendWr {
+            wr_id: 0,
+            op: SendOp::Read {
+                remote_addr: rem.vaddr,
+                rkey: rem.rkey,
+            },
+            sgl: &[d.mr.sge(0, len)],
+            signaled: true,
+        })
+        .map_err(|e| format!("post_send: {e:?}"))?;
+        let k = spin_wcs(&d.cq, &mut wcs)?;
+        for wc in &wcs[..k] {
+            check(wc)?;
+        }
+    }
+    // One more stamp closes the last round trip.
+    stamps.push(Instant::now());
+    Ok(stats::lat_stats(size, n, &stamps, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(test: Test, args: &[&str]) -> Cfg {
+        let mut v = vec!["iwarp-perf"];
+        v.extend_from_slice(args);
+        #[derive(Parser)]
+        struct W {
+            #[command(flatten)]
+            o: Opts,
+        }
+        let w = W::try_parse_from(v).unwrap();
+        Cfg::new(test, w.o).unwrap()
+    }
+
+    #[test]
+    fn steps_follow_perftest_script() {
+        let c = cfg(Test::WriteBw, &["-n", "10"]);
+        let s = steps(&c);
+        assert_eq!(
+            s.iter().filter(|s| matches!(s, Step::Measure(_))).count(),
+            1
+        );
+        assert_eq!(s.len(), pt::script(Test::WriteBw, 1).len());
+        // send_bw -q 1: identical to the captured script.
+        let c = cfg(Test::SendBw, &["1.2.3.4"]);
+        let want: Vec<Step> = pt::script(Test::SendBw, 1)
+            .into_iter()
+            .map(|e| match e {
+                Exchange::Measure => Step::Measure(vec![65536]),
+                e => Step::Ex(e),
+            })
+            .collect();
+        assert_eq!(steps(&c), want);
+        // -a send_bw: one measurement per size, each between two dests.
+        let c = cfg(Test::SendBw, &["-a"]);
+        let s = steps(&c);
+        assert_eq!(
+            s.iter().filter(|s| matches!(s, Step::Measure(_))).count(),
+            23
+        );
+        let c = cfg(Test::WriteLat, &["-a"]);
+        assert_eq!(c.sizes.first(), Some(&2));
+        assert_eq!(c.max_size, MAX_ALL_SIZE);
+    }
+
+    #[test]
+    fn depths() {
+        let c = cfg(Test::WriteBw, &["-n", "50"]);
+        assert_eq!((c.tx_depth, c.rx_depth, c.side), (50, 50, Side::Server));
+        let c = cfg(Test::ReadBw, &["-o", "16", "h"]);
+        assert_eq!((c.tx_depth, c.side), (16, Side::Client));
+        let c = cfg(Test::SendLat, &[]);
+        assert_eq!((c.iters, c.sizes.as_slice()), (1000, &[2u64][..]));
+    }
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# perftest interop: iwarp-perf against the real perftest tools (`ib_* -R`)
+# in the siw VM, for write_bw write_lat read_bw read_lat send_bw send_lat,
+# each in both roles and with CRC off (stock siw) and on:
+#   <test>-client       our client  -> VM `ib_<test> -R` server (stock siw)
+#   <test>-server       VM `ib_<test> -R` client -> our server (stock siw)
+#   <test>-client-crc   our client with --crc (stock siw echoes C=1)
+#   <test>-server-crc   VM siw requires CRC (tunable, mpa_crc_required=1)
+# A scenario passes when both sides exit 0 and our side printed its result
+# row (the read_lat server, passive like perftest's, prints none).
+# Prints `PASS perftest-<name>` / `FAIL perftest-<name>: why`; always exits 0.
+#   PERFTEST_FILTER=REGEX   run only scenarios whose name matches
+#   PERFTEST_LOGS=DIR       keep every scenario's output in DIR
+# Pitfalls handled: perftest servers are single-shot (one VM per
+# scenario); the VM server is started with -L 18515 and our client only
+# then; our server listens before the VM client starts (siw-interop
+# waits for the port) and keeps listening for the data connection.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+if ! cargo build --release -q -p iwarp-apps --bin iwarp-perf >/dev/null 2>&1; then
+    echo "FAIL perftest-build: cargo build --release -p iwarp-apps --bin iwarp-perf failed"
+    exit 0
+fi
+BIN="$ROOT/target/release/iwarp-perf"
+LOGS="${PERFTEST_LOGS:-}"
+TMP="$(mktemp -d -t perftest-interop.XXXXXX)"
+trap 'rm -rf "$TMP"' EXIT
+PORT=18515
+
+# test -> "size iterations"
+declare -A ARGS=(
+    [write_bw]="4096 100" [read_bw]="4096 100" [send_bw]="4096 100"
+    [write_lat]="2 50" [read_lat]="64 50" [send_lat]="64 50"
+)
+
+# run NAME TEST ROLE CRC
+run() {
+    local name="perftest-$1" t="$2" role="$3" crc="$4" size iters out rc why
+    if [[ -n "${PERFTEST_FILTER:-}" && ! "$name" =~ $PERFTEST_FILTER ]]; then
+        return
+    fi
+    read -r size iters <<<"${ARGS[$t]}"
+    local common="-s $size -n $iters" siw=() ours_crc=""
+    if [[ "$crc" == crc && "$role" == server ]]; then
+        siw=(--siw tunable --siw-param mpa_crc_required=1)
+    elif [[ "$crc" == crc ]]; then
+        ours_crc="--crc"
+    fi
+    out="$TMP/$name.log"
+    local start=$SECONDS
+    if [[ "$role" == client ]]; then
+        scripts/siw-interop -q -T 90 "${siw[@]}" vm-server "$PORT" \
+            "ib_$t -R -d siw0 $common" "$BIN $t @VM@ -p $PORT $common $ours_crc" >"$out" 2>&1
+    else
+        scripts/siw-interop -q -T 90 "${siw[@]}" vm-client "$PORT" \
+            "$BIN $t -p $PORT $common $ours_crc" "ib_$t -R -d siw0 $common @HOST@" >"$out" 2>&1
+    fi
+    rc=$?
+    [[ -n "$LOGS" ]] && mkdir -p "$LOGS" && cp "$out" "$LOGS/"
+    why=""
+    if ((rc != 0)); then
+        why="$(grep -E '^(host|vm) rc=' "$out" | tr '\n' ' ')$(grep -m1 '^iwarp-perf: ' "$out")"
+        [[ -n "$why" ]] || why="siw-interop exit $rc: $(tail -n 1 "$out")"
+    elif [[ ! ("$t" == read_lat && "$role" == server) ]] &&
+        ! grep -Eq "^ $size +[0-9]+ " "$out"; then
+        why="no result row for $size bytes"
+    fi
+    if [[ -z "$why" ]]; then
+        echo "PASS $name ($((SECONDS - start)) s)"
+    else
+        echo "FAIL $name: $why"
+    fi
+}
+
+for t in write_bw write_lat read_bw read_lat send_bw send_lat; do
+    for crc in nocrc crc; do
+        for role in client server; do
+            suffix=""
+            [[ "$crc" == crc ]] && suffix="-crc"
+            run "$t-$role$suffix" "$t" "$role" "$crc"
+        done
+    done
+done
+exit 0
