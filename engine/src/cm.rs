@@ -54,6 +54,10 @@ pub struct ConnParams {
     pub rtr: RtrSet,
     /// Bound of the TCP connect plus the MPA exchange.
     pub timeout: Duration,
+    /// Responder: send without waiting for the initiator's first FPDU
+    /// (against RFC 5044 §7.1.2; see
+    /// [`iwarp::mpa::handshake::Config::responder_sends_first`]).
+    pub responder_sends_first: bool,
 }
 
 impl Default for ConnParams {
@@ -68,6 +72,7 @@ impl Default for ConnParams {
             p2p: false,
             rtr: RtrSet::ALL,
             timeout: Duration::from_secs(10),
+            responder_sends_first: false,
         }
     }
 }
@@ -85,6 +90,7 @@ impl ConnParams {
             p2p: self.p2p,
             rtr: self.rtr,
             timeout,
+            responder_sends_first: self.responder_sends_first,
         }
     }
 }

@@ -201,3 +201,41 @@ fn disconnect_mid_fpdu_drains_then_errors() {
     assert_eq!(p.b.state(), QpState::Rts);
     assert_eq!(p.b.ctx.qp_stats(p.b.qp).unwrap().rx_fpdus, 1);
 }
+
+/// RFC 5044 §7.1.2 holds the responder's FPDUs until the initiator's first
+/// one arrived; `responder_sends_first` lifts that for peers that need it.
+#[test]
+fn responder_sends_first_only_when_asked() {
+    for relaxed in [false, true] {
+        let b = Config {
+            responder_sends_first: relaxed,
+            ..Config::default()
+        };
+        let mut p = Pair::connected(
+            QpConfig::default(),
+            Chunking::whole(1 << 16),
+            Config::default(),
+            b,
+        );
+        let src = p.b.reg_with(b"first!", Access::NONE);
+        let dst = p.a.reg(6, Access::REMOTE_WRITE);
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: dst.iova,
+                rkey: dst.rkey,
+            },
+            sgl: &[Sge {
+                addr: src.iova,
+                len: 6,
+                lkey: src.lkey,
+            }],
+            signaled: true,
+        };
+        p.b.ctx.post_send(p.b.qp, &wr).unwrap();
+        p.drive();
+        let placed = p.a.bytes(&dst) == b"first!";
+        assert_eq!(placed, relaxed, "relaxed={relaxed}");
+        assert_eq!(p.b.completions().len(), usize::from(relaxed));
+    }
+}

@@ -413,16 +413,21 @@ fn data_init(cfg: &Cfg, pd: &iwarp_engine::Pd, cq: &Cq) -> QpInit {
 }
 
 /// MPA parameters of the data connections. write_lat's server writes
-/// first; this stack as responder keeps RFC 5044 §7.1.2 (no FPDU before
-/// the initiator's first), so our write_lat client asks for RFC 6581
-/// peer-to-peer mode: its ready-to-receive message (a zero-length RDMA
-/// Write) is that first FPDU. Stock siw accepts it as responder.
+/// first, which RFC 5044 §7.1.2 forbids a responder before it received
+/// the initiator's first FPDU. As client we ask for RFC 6581 peer-to-peer
+/// mode, whose ready-to-receive message (a zero-length RDMA Write) is that
+/// first FPDU (stock siw accepts it as responder); as server, facing
+/// perftest's client which sends nothing first, we lift the rule for this
+/// connection (`responder_sends_first`), as siw does. The first write goes
+/// out only after the comm-connection exchange, long after the MPA reply.
 fn data_params(cfg: &Cfg) -> ConnParams {
     let (ird, ord) = cfg.test.data_ird_ord(cfg.out_reads);
+    let write_lat = cfg.test == Test::WriteLat;
     ConnParams {
         ird,
         ord,
-        p2p: cfg.test == Test::WriteLat && cfg.side == Side::Client,
+        p2p: write_lat && cfg.side == Side::Client,
+        responder_sends_first: write_lat && cfg.side == Side::Server,
         crc: cfg.crc,
         timeout: Duration::from_secs(20),
         ..ConnParams::default()

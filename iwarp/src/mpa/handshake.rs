@@ -152,6 +152,14 @@ pub struct Config {
     pub rtr: RtrSet,
     /// Deadline for the whole exchange.
     pub timeout: Duration,
+    /// Responder: send FPDUs without waiting for the initiator's first one.
+    /// RFC 5044 §7.1.2 forbids this, and it is off by default; some peers
+    /// rely on it anyway (perftest's `ib_write_lat`, whose server writes
+    /// first, works between two siw drivers because siw does not enforce
+    /// the rule). With it on, leave the initiator time to process the MPA
+    /// reply before the first FPDU: siw as initiator fails a connection
+    /// whose first FPDU arrives together with the reply.
+    pub responder_sends_first: bool,
 }
 
 impl Default for Config {
@@ -165,6 +173,7 @@ impl Default for Config {
             p2p: false,
             rtr: RtrSet::ALL,
             timeout: Duration::from_secs(10),
+            responder_sends_first: false,
         }
     }
 }

@@ -306,6 +306,8 @@ pub struct Qp {
     wants_close: bool,
     /// The MPA frame may not be completely transmitted yet.
     hs_tx_pending: bool,
+    /// See [`handshake::Config::responder_sends_first`].
+    responder_sends_first: bool,
 }
 
 impl Qp {
@@ -330,6 +332,7 @@ impl Qp {
             stats: QpStats::default(),
             wants_close: false,
             hs_tx_pending: false,
+            responder_sends_first: false,
             config,
         }
     }
@@ -389,6 +392,7 @@ impl Qp {
         if self.state != QpState::Idle {
             return Err(HandshakeError::NotExpected);
         }
+        self.responder_sends_first = config.responder_sends_first;
         self.handshake = Some(Handshake::responder(config, now));
         self.role = Role::Responder;
         self.state = QpState::Connecting;

@@ -250,6 +250,7 @@ impl Qp {
         // and validated the initiator's first one. A Terminate for a
         // violation found in that FPDU still goes out.
         self.role == super::Role::Initiator
+            || self.responder_sends_first
             || self.rx.first_fpdu_seen()
             || self.state == QpState::Terminate
     }
