@@ -193,7 +193,49 @@ enum Next {
     Down(Option<WorkCompletion>),
 }
 
+/// What both roles open before connecting: the device, its PD and CQ,
+/// and the buffers of the 16-byte advertisement messages.
+struct Resources {
+    dev: Device,
+    pd: Pd,
+    cq: Cq,
+    recv_buf: Mr,
+    send_buf: Mr,
+}
+
+impl Resources {
+    fn open() -> Res<Self> {
+        let dev = Device::open(Backend::Kernel, DeviceConfig::default())
+            .map_err(|e| other(format!("open device: {e}")))?;
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(2 * rping::SQ_DEPTH as usize);
+        let recv_buf = reg(&dev, &pd, RdmaInfo::LEN, Access::LOCAL_WRITE)?;
+        let send_buf = reg(&dev, &pd, RdmaInfo::LEN, Access::NONE)?;
+        Ok(Self {
+            dev,
+            pd,
+            cq,
+            recv_buf,
+            send_buf,
+        })
+    }
+}
+
 impl Conn {
+    /// A connected QP with rping's one receive posted.
+    fn start(qp: Qp, cq: Cq, recv_buf: &Mr, timeout: Duration, debug: bool) -> Res<Self> {
+        let mut conn = Self {
+            qp,
+            cq,
+            outstanding: 0,
+            timeout,
+            debug,
+            events: Vec::new(),
+        };
+        conn.post_recv(recv_buf)?;
+        Ok(conn)
+    }
+
     fn post_recv(&mut self, mr: &Mr) -> Res<()> {
         self.qp
             .post_recv(&RecvWr {
@@ -397,12 +439,13 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
         .as_deref()
         .ok_or_else(|| Fail(2, "the client needs -a ADDR".into()))?;
     let peer = resolve(addr, args.port)?;
-    let dev = Device::open(Backend::Kernel, DeviceConfig::default())
-        .map_err(|e| other(format!("open device: {e}")))?;
-    let pd = dev.alloc_pd();
-    let cq = dev.create_cq(2 * rping::SQ_DEPTH as usize);
-    let recv_buf = reg(&dev, &pd, RdmaInfo::LEN, Access::LOCAL_WRITE)?;
-    let send_buf = reg(&dev, &pd, RdmaInfo::LEN, Access::NONE)?;
+    let Resources {
+        dev,
+        pd,
+        cq,
+        recv_buf,
+        send_buf,
+    } = Resources::open()?;
     let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let rdma_buf = reg(&dev, &pd, args.size, rw)?;
     let start_buf = reg(&dev, &pd, args.size, rw)?;
@@ -413,15 +456,7 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
         .connect(peer, qp_init(&pd, &cq), conn_params(args, timeout))
         .map_err(|e| cm_fail(&format!("connect to {peer}"), &e))?;
     report_connected(args, &qp);
-    let mut conn = Conn {
-        qp,
-        cq,
-        outstanding: 0,
-        timeout,
-        debug: args.debug,
-        events: Vec::new(),
-    };
-    conn.post_recv(&recv_buf)?;
+    let mut conn = Conn::start(qp, cq, &recv_buf, timeout, args.debug)?;
     // See `--first-send-delay`: give a Linux siw responder time to finish
     // its accept before our first FPDU arrives.
     std::thread::sleep(Duration::from_millis(args.first_send_delay));
@@ -523,12 +558,13 @@ fn send_op() -> SendOp {
 
 fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) -> Res<()> {
     let bind = resolve(args.addr.as_deref().unwrap_or("0.0.0.0"), args.port)?;
-    let dev = Device::open(Backend::Kernel, DeviceConfig::default())
-        .map_err(|e| other(format!("open device: {e}")))?;
-    let pd = dev.alloc_pd();
-    let cq = dev.create_cq(2 * rping::SQ_DEPTH as usize);
-    let recv_buf = reg(&dev, &pd, RdmaInfo::LEN, Access::LOCAL_WRITE)?;
-    let send_buf = reg(&dev, &pd, RdmaInfo::LEN, Access::NONE)?;
+    let Resources {
+        dev,
+        pd,
+        cq,
+        recv_buf,
+        send_buf,
+    } = Resources::open()?;
     send_buf.write(0, &GO_AHEAD);
     // Sized for the largest ping any client may advertise.
     let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
@@ -560,15 +596,7 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
         .map_err(|e| cm_fail(&format!("accept from {peer}"), &e))?;
     drop(listener);
     report_connected(args, &qp);
-    let mut conn = Conn {
-        qp,
-        cq,
-        outstanding: 0,
-        timeout,
-        debug: args.debug,
-        events: Vec::new(),
-    };
-    conn.post_recv(&recv_buf)?;
+    let mut conn = Conn::start(qp, cq, &recv_buf, timeout, args.debug)?;
 
     let mut server = Server::new();
     let mut read_len = 0usize;
