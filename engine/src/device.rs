@@ -120,7 +120,7 @@ impl Device {
         if let Backend::AfXdp(xcfg) = &backend {
             let mut e = shared.engine();
             let now = e.now();
-            let io = XdpIo::open(xcfg, now)?;
+            let io = XdpIo::open(xcfg, now, seed)?;
             e.set_xdp(Box::new(io))?;
             drop(e);
             if xcfg.busy_poll {

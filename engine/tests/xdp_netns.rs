@@ -131,6 +131,24 @@ struct Opts {
     mtu: usize,
     /// Capture the client's traffic (AF_XDP client only).
     pcap: Option<PathBuf>,
+    /// Ask for MPA markers (both directions).
+    markers: bool,
+    /// The server drops its listener right after accepting: the
+    /// connection must keep working (its port stays steered).
+    close_listener: bool,
+}
+
+impl Opts {
+    fn new(mtu: usize) -> Self {
+        Self {
+            busy: false,
+            stream: false,
+            mtu,
+            pcap: None,
+            markers: false,
+            close_listener: false,
+        }
+    }
 }
 
 fn backend(kind: Kind, dev: &str, ip: Ipv4Addr, o: &Opts, pcap: Option<PathBuf>) -> Backend {
@@ -167,9 +185,10 @@ fn init(cq: &Cq, pd: &iwarp_engine::Pd) -> QpInit {
     }
 }
 
-fn params() -> ConnParams {
+fn params(o: &Opts) -> ConnParams {
     ConnParams {
         crc: true,
+        markers: o.markers,
         timeout: Duration::from_secs(10),
         ..ConnParams::default()
     }
@@ -242,8 +261,12 @@ fn serve(
         .unwrap();
     let req = l.get_request(Some(WAIT)).expect("connection request");
     assert!(req.request().crc);
-    let qp = req.accept(init(&cq, &pd), params()).expect("accept");
+    assert_eq!(req.request().markers, o.markers);
+    let qp = req.accept(init(&cq, &pd), params(&o)).expect("accept");
     assert!(qp.negotiated().crc);
+    if o.close_listener {
+        drop(l);
+    }
     let s = Server {
         qp,
         cq,
@@ -296,9 +319,10 @@ fn client(
     let src = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
     let dst = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
     let qp = dev
-        .connect(offer.addr, init(&cq, &pd), params())
+        .connect(offer.addr, init(&cq, &pd), params(&o))
         .expect("connect");
     assert!(qp.negotiated().crc);
+    assert_eq!(qp.negotiated().markers_rx, o.markers);
     let sync = |c: Cmd| {
         cmds.send(c).unwrap();
         ok.recv_timeout(WAIT).expect("server check");
@@ -431,10 +455,8 @@ fn xdp_to_xdp_write_read_send() {
         return;
     }
     let o = Opts {
-        busy: false,
         stream: true,
-        mtu: 1500,
-        pcap: None,
+        ..Opts::new(1500)
     };
     pair(Kind::Xdp, Kind::Xdp, o);
 }
@@ -448,8 +470,7 @@ fn xdp_to_xdp_busy_poll_mtu_3506() {
     let o = Opts {
         busy: true,
         stream: true,
-        mtu: 3506,
-        pcap: None,
+        ..Opts::new(3506)
     };
     pair(Kind::Xdp, Kind::Xdp, o);
 }
@@ -461,10 +482,8 @@ fn xdp_client_kernel_server() {
     }
     let pcap = std::env::temp_dir().join(format!("iwarp-xdp-{}.pcap", std::process::id()));
     let o = Opts {
-        busy: false,
-        stream: false,
-        mtu: 1500,
         pcap: Some(pcap.clone()),
+        ..Opts::new(1500)
     };
     pair(Kind::Kernel, Kind::Xdp, o);
     // The capture: a pcap header and the frames, among them the MPA
@@ -487,10 +506,8 @@ fn kernel_client_xdp_server() {
         return;
     }
     let o = Opts {
-        busy: false,
-        stream: false,
-        mtu: 1500,
-        pcap: None,
+        close_listener: true,
+        ..Opts::new(1500)
     };
     pair(Kind::Xdp, Kind::Kernel, o);
 }

@@ -50,6 +50,7 @@
 #![warn(missing_docs)]
 
 mod config;
+pub mod csum;
 mod port;
 pub mod sim;
 mod stack;

@@ -37,6 +37,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use iwarp_apps::backend::BackendArgs;
 use iwarp_apps::proto::rping::{
     self, echo_len, fill_ping, Client, ClientAction, RdmaInfo, Server, ServerAction, GO_AHEAD,
 };
@@ -108,6 +109,8 @@ struct Args {
     /// sends ~8 ms after the Reply. 0 disables the wait.
     #[arg(long, value_name = "MS", default_value_t = 20)]
     first_send_delay: u64,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -204,8 +207,8 @@ struct Resources {
 }
 
 impl Resources {
-    fn open() -> Res<Self> {
-        let dev = Device::open(Backend::Kernel, DeviceConfig::default())
+    fn open(backend: Backend) -> Res<Self> {
+        let dev = Device::open(backend, DeviceConfig::default())
             .map_err(|e| other(format!("open device: {e}")))?;
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(2 * rping::SQ_DEPTH as usize);
@@ -445,7 +448,7 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
         cq,
         recv_buf,
         send_buf,
-    } = Resources::open()?;
+    } = Resources::open(args.backend.backend().map_err(|e| Fail(2, e))?)?;
     let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let rdma_buf = reg(&dev, &pd, args.size, rw)?;
     let start_buf = reg(&dev, &pd, args.size, rw)?;
@@ -564,7 +567,7 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
         cq,
         recv_buf,
         send_buf,
-    } = Resources::open()?;
+    } = Resources::open(args.backend.backend().map_err(|e| Fail(2, e))?)?;
     send_buf.write(0, &GO_AHEAD);
     // Sized for the largest ping any client may advertise.
     let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;

@@ -49,6 +49,10 @@ pub struct RingCounters {
     pub fill_starved: u64,
     /// Fill-ring wake-ups (`poll`) the kernel asked for.
     pub fill_wakeups: u64,
+    /// Received TCP segments whose checksum a virtual peer left partial
+    /// (checksum offload) and the engine finished
+    /// (`iwarp_tcp::csum::complete_partial`).
+    pub rx_csum_completed: u64,
 }
 
 /// The UMEM, its rings and the frames user space owns.
@@ -161,6 +165,15 @@ impl Frames {
         // SAFETY: the rx ring hands out frames of this UMEM only; they are
         // user space's until put into the fill or tx ring again.
         let n = unsafe { self.rx.consume(&mut self.scratch[..want]) };
+        for desc in &mut self.scratch[..n] {
+            // SAFETY: as above: the frame was just consumed from the rx
+            // ring, belongs to this UMEM, and nothing else references it
+            // until it is queued for smoltcp below.
+            let mut data = unsafe { self.umem.data_mut(desc) };
+            if iwarp_tcp::csum::complete_partial(data.contents_mut()) {
+                self.counters.rx_csum_completed += 1;
+            }
+        }
         out.extend(self.scratch[..n].iter().copied());
         self.in_fill = self.in_fill.saturating_sub(n);
         self.counters.rx_frames += n as u64;

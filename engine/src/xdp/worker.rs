@@ -105,6 +105,8 @@ pub(crate) struct XdpIo {
     dials: Vec<Dial>,
     conns: Vec<Conn>,
     lingering: Vec<Lingering>,
+    /// A connection or listener went away: recompute the steered ports.
+    steer_dirty: bool,
     fd: i32,
 }
 
@@ -134,7 +136,10 @@ fn mac_of(ifname: &str) -> std::io::Result<[u8; 6]> {
 impl XdpIo {
     /// Create the socket and the stack, attach the program (in the calling
     /// thread's network namespace) and put the socket into its XSKMAP.
-    pub(crate) fn open(cfg: &XdpConfig, now: CoreInstant) -> std::io::Result<Self> {
+    /// Open the engine's AF_XDP side. `seed` (the device's) varies the
+    /// TCP initial sequence numbers and the first ephemeral port, so two
+    /// engines never start alike (RFC 6528, RFC 6056).
+    pub(crate) fn open(cfg: &XdpConfig, now: CoreInstant, seed: u64) -> std::io::Result<Self> {
         let io_err = |e: iwarp_bpf::Error| std::io::Error::other(e.to_string());
         let mac = match cfg.mac {
             Some(m) => m,
@@ -150,15 +155,20 @@ impl XdpIo {
         let pcap = cfg.pcap.as_deref().map(Pcap::create).transpose()?;
         let dev = XskDevice::new(frames, cfg.mtu, pcap)?;
         let fd = dev.frames.fd();
+        let mut tcp = cfg.tcp;
+        tcp.seed ^= seed;
         let stack = Stack::new(
             dev,
             EthernetAddress(mac),
             cfg.ip,
             cfg.prefix,
             cfg.gateway,
-            cfg.tcp,
+            tcp,
             smol(now),
         );
+        let (lo, hi) = (*cfg.ephemeral_ports.start(), *cfg.ephemeral_ports.end());
+        let span = u64::from(hi - lo) + 1;
+        let first_port = lo + (seed.rotate_left(29) % span) as u16;
         let steer = SteerConfig::new()
             .addr(cfg.ip)
             .ports(cfg.ephemeral_ports.clone())
@@ -171,12 +181,13 @@ impl XdpIo {
             stack,
             ip: cfg.ip,
             ephemeral: cfg.ephemeral_ports.clone(),
-            next_port: *cfg.ephemeral_ports.start(),
+            next_port: first_port,
             listeners: Vec::new(),
             pending: Vec::new(),
             dials: Vec::new(),
             conns: Vec::new(),
             lingering: Vec::new(),
+            steer_dirty: false,
             fd,
         })
     }
@@ -225,15 +236,36 @@ impl XdpIo {
         }
     }
 
+    /// Steer the ephemeral range, every listening port, and the local
+    /// port of every connection still alive on a port nobody listens on
+    /// any more (a server that accepted and closed its listener keeps its
+    /// connections). The map is written only when the set changed.
     fn update_steering(&mut self) {
+        self.steer_dirty = false;
+        let mut ports: Vec<u16> = self.listeners.iter().map(|l| l.port).collect();
+        let live = self
+            .pending
+            .iter()
+            .map(|p| p.conn)
+            .chain(self.conns.iter().map(|c| c.conn))
+            .chain(self.lingering.iter().map(|l| l.conn));
+        for c in live {
+            if let Some((local, _)) = self.stack.endpoints(c) {
+                ports.push(local.port);
+            }
+        }
+        ports.retain(|p| !self.ephemeral.contains(p));
+        ports.sort_unstable();
+        ports.dedup();
         let mut cfg = SteerConfig::new()
             .addr(self.ip)
             .ports(self.ephemeral.clone())
             .arp(true);
-        for l in &self.listeners {
-            if !self.ephemeral.contains(&l.port) {
-                cfg = cfg.port(l.port);
-            }
+        for p in ports {
+            cfg = cfg.port(p);
+        }
+        if cfg.ports == self.steer.ports {
+            return;
         }
         if self.steering.update_config(&cfg).is_ok() {
             self.steer = cfg;
@@ -437,6 +469,9 @@ impl XdpIo {
             work += 1;
         }
         work += self.reap(ctx, now);
+        if self.steer_dirty {
+            self.update_steering();
+        }
         work
     }
 
@@ -625,6 +660,7 @@ impl XdpIo {
 
     fn pump_lingering(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
+        let before = self.lingering.len();
         let stack = &mut self.stack;
         self.lingering.retain_mut(|l| {
             let since = *l.since.get_or_insert(now);
@@ -653,6 +689,9 @@ impl XdpIo {
             }
             !done
         });
+        if self.lingering.len() < before {
+            self.steer_dirty = true;
+        }
         work
     }
 
@@ -678,7 +717,11 @@ impl XdpIo {
             }
             true
         });
-        before - self.conns.len()
+        let reaped = before - self.conns.len();
+        if reaped > 0 {
+            self.steer_dirty = true;
+        }
+        reaped
     }
 }
 
