@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
+use iwarp_apps::backend::BackendArgs;
 use iwarp_apps::proto::perftest::{
     self as pt, BwReport, BwUnit, Exchange, LatStats, PingpongDest, Side, Test, Verb,
 };
@@ -137,6 +138,8 @@ struct Opts {
     /// Debug output on stderr (not perftest's -d, which names a device).
     #[arg(short = 'd', long = "debug")]
     debug: bool,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 /// Everything a run needs, resolved from the options.
@@ -157,6 +160,7 @@ struct Cfg {
     crc: bool,
     json: bool,
     debug: bool,
+    backend: Backend,
 }
 
 impl Cfg {
@@ -211,6 +215,7 @@ impl Cfg {
             crc: o.crc,
             json: o.json,
             debug: o.debug,
+            backend: o.backend.backend()?,
         })
     }
 
@@ -536,7 +541,7 @@ fn steps(cfg: &Cfg) -> Vec<Step> {
 fn run(cfg: &Cfg) -> Res<()> {
     let lat = !cfg.test.is_bw();
     let dev = Device::open(
-        Backend::Kernel,
+        cfg.backend.clone(),
         DeviceConfig {
             progress: Progress::Thread { cpu: None },
             seed: None,
