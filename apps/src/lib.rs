@@ -1,3 +1,5 @@
-//! Support code shared by the application binaries (rping, iwarp-perf).
+//! Support code shared by the application binaries (rping, iwarp-perf,
+//! iwarp-cm).
 
+pub mod hex;
 pub mod proto;
