@@ -104,8 +104,9 @@ static int next_event(struct rdma_cm_event **ev)
 		perror("cm_peer: rdma_get_cm_event");
 		return EX_LOCAL;
 	}
-	fprintf(stderr, "cm_peer: event %s status %d\n", rdma_event_str((*ev)->event),
-		(*ev)->status);
+	if (getenv("CM_PEER_DEBUG"))
+		fprintf(stderr, "cm_peer: event %s status %d\n", rdma_event_str((*ev)->event),
+			(*ev)->status);
 	return 0;
 }
 
@@ -303,6 +304,7 @@ static int run_client(const char *addr, int port, const unsigned char *pd, size_
 		r = EX_OK;
 		break;
 	case RDMA_CM_EVENT_REJECTED:
+		fprintf(stderr, "cm_peer: rejected (status %d)\n", ev->status);
 		print_pdata("REJECTED", ev->param.conn.private_data,
 			    ev->param.conn.private_data_len);
 		r = EX_REJECTED;
