@@ -20,6 +20,7 @@ pub fn decode(s: &str) -> Result<Vec<u8>, String> {
         .map(|pair| {
             std::str::from_utf8(pair)
                 .ok()
+                .filter(|p| p.bytes().all(|c| c.is_ascii_hexdigit()))
                 .and_then(|p| u8::from_str_radix(p, 16).ok())
                 .ok_or_else(|| format!("not a hex byte: {:?}", String::from_utf8_lossy(pair)))
         })

@@ -256,6 +256,14 @@ fn run_server(addr: Option<&str>, reject: bool, c: &Common) -> Result<(), Fail> 
     if reject {
         req.reject(&c.pdata.0)
             .map_err(|e| cm_fail(&format!("reject {peer}"), &e))?;
+        // The reject frame is written by an engine pass; a device dropped
+        // before that pass closes the socket without it. Run passes here
+        // until the engine is idle (the frame is out).
+        for _ in 0..100 {
+            if dev.progress() == 0 {
+                break;
+            }
+        }
         eprintln!(
             "iwarp-cm: rejected {peer} with {} bytes of private data",
             c.pdata.0.len()
