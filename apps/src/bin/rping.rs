@@ -144,10 +144,6 @@ fn other(msg: impl Into<String>) -> Fail {
     Fail(status::OTHER, msg.into())
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// The message and exit status of a failed connection setup.
 fn cm_fail(what: &str, e: &CmError) -> Fail {
     match e {
@@ -158,7 +154,7 @@ fn cm_fail(what: &str, e: &CmError) -> Fail {
             let pd = if private_data.is_empty() {
                 "none".to_string()
             } else {
-                hex(private_data)
+                iwarp_apps::hex::encode(private_data)
             };
             Fail(
                 status::MPA,
