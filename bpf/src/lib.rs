@@ -1,4 +1,5 @@
-//! The XDP program that steers the stack's traffic to AF_XDP sockets, and its loader.
+//! The XDP program that steers the stack's traffic to AF_XDP sockets, and its loader;
+//! and a seeded fault injector for tests ([`FaultInjector`]).
 //!
 //! `src/bpf/steer.bpf.c` is compiled by `build.rs` (libbpf-cargo) and embedded
 //! as a skeleton generated into `OUT_DIR`. [`Steering::attach`] loads it,
@@ -83,6 +84,9 @@ mod skel {
 }
 
 use skel::{SteerSkel, SteerSkelBuilder};
+
+mod fault;
+pub use fault::{FaultConfig, FaultCounters, FaultInjector, MAX_DELAY_PASSES, PPM};
 
 /// Name of the XDP program in the kernel; identifies a stale program of ours.
 pub const PROG_NAME: &str = "iwarp_steer";

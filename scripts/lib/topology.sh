@@ -4,6 +4,7 @@
 # tests and demos. Run it, or source it and call the functions.
 #
 #   topology.sh up TAG [MTU] [ADDR_A] [ADDR_B]
+#   topology.sh up3 TAG [MTU] [ADDR_A] [ADDR_B]
 #   topology.sh down TAG
 #
 # `up` creates namespaces "iwx-TAG-a" and "iwx-TAG-b" and the veth pair
@@ -17,13 +18,22 @@
 # kernel TCP peer never sends frames larger than the MTU. IPv6 is off in
 # both namespaces (no router solicitations in the counters).
 #
-# `down` deletes both namespaces (and the veth pair with them); it only
+# `up3` puts a middle namespace "iwx-TAG-m" between them, for fault
+# injection (iwarp_bpf::FaultInjector) on interfaces the engines do not
+# use: "xa" (in a) <-> "ma" (in m) and "xb" (in b) <-> "mb" (in m), "ma"
+# and "mb" bridged by "br0" in m; plus two detour veth pairs in m,
+# "da0" <-> "da1" and "db0" <-> "db1", for the injector's delayed frames.
+# Offloads are off on every interface (GRO too on the middle ones, so the
+# injector sees and forwards single segments).
+#
+# `down` deletes the namespaces (and the veth pair with them); it only
 # ever touches the two names derived from TAG and is safe to run twice.
 
 set -u
 
 topo_ns_a() { printf 'iwx-%s-a' "$1"; }
 topo_ns_b() { printf 'iwx-%s-b' "$1"; }
+topo_ns_m() { printf 'iwx-%s-m' "$1"; }
 
 topo_up() {
     local tag="$1" mtu="${2:-1500}" addr_a="${3:-}" addr_b="${4:-}"
@@ -64,8 +74,69 @@ topo_up() {
     }
 }
 
+# MTU, offloads off and up for the middle namespace's interfaces.
+topo_middle_devs() {
+    local m="$1" mtu="$2" dev
+    for dev in ma mb da0 da1 db0 db1 br0; do
+        ip -n "$m" link set dev "$dev" mtu "$mtu" || return 1
+        # The bridge has no GRO switch of its own: ignore what it refuses.
+        ip netns exec "$m" ethtool -K "$dev" tx off tso off gso off gro off \
+            >/dev/null 2>&1
+        ip -n "$m" link set dev "$dev" up || return 1
+    done
+}
+
+topo_up3() {
+    local tag="$1" mtu="${2:-1500}" addr_a="${3:-}" addr_b="${4:-}"
+    local a b m
+    a=$(topo_ns_a "$tag")
+    b=$(topo_ns_b "$tag")
+    m=$(topo_ns_m "$tag")
+    if ((mtu < 68 || mtu > 3506)); then
+        echo "topology: MTU $mtu outside 68..3506 (veth native XDP limit)" >&2
+        return 1
+    fi
+    for ns in "$a" "$b" "$m"; do
+        if ip netns list | awk '{print $1}' | grep -qx -- "$ns"; then
+            echo "topology: $ns already exists" >&2
+            return 1
+        fi
+    done
+    ip netns add "$a" || return 1
+    ip netns add "$b" || { ip netns del "$a"; return 1; }
+    ip netns add "$m" || { ip netns del "$a"; ip netns del "$b"; return 1; }
+    {
+        for ns in "$a" "$b" "$m"; do
+            ip netns exec "$ns" sh -c \
+                'echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6;
+                 echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6' &&
+                ip -n "$ns" link set lo up
+        done &&
+            ip -n "$m" link add name ma type veth peer name xa netns "$a" &&
+            ip -n "$m" link add name mb type veth peer name xb netns "$b" &&
+            ip -n "$m" link add name da0 type veth peer name da1 &&
+            ip -n "$m" link add name db0 type veth peer name db1 &&
+            ip -n "$m" link add name br0 type bridge stp_state 0 &&
+            ip -n "$m" link set dev ma master br0 &&
+            ip -n "$m" link set dev mb master br0 &&
+            ip -n "$a" link set xa mtu "$mtu" &&
+            ip -n "$b" link set xb mtu "$mtu" &&
+            topo_middle_devs "$m" "$mtu" &&
+            ip netns exec "$a" ethtool -K xa tx off tso off gso off >/dev/null &&
+            ip netns exec "$b" ethtool -K xb tx off tso off gso off >/dev/null &&
+            { [ -z "$addr_a" ] || ip -n "$a" addr add "$addr_a" dev xa; } &&
+            { [ -z "$addr_b" ] || ip -n "$b" addr add "$addr_b" dev xb; } &&
+            ip -n "$a" link set xa up &&
+            ip -n "$b" link set xb up
+    } || {
+        topo_down "$tag"
+        return 1
+    }
+}
+
 topo_down() {
     local tag="$1"
+    ip netns del "$(topo_ns_m "$tag")" 2>/dev/null
     ip netns del "$(topo_ns_a "$tag")" 2>/dev/null
     ip netns del "$(topo_ns_b "$tag")" 2>/dev/null
     return 0
@@ -77,12 +148,16 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
         shift
         topo_up "$@"
         ;;
+    up3)
+        shift
+        topo_up3 "$@"
+        ;;
     down)
         shift
         topo_down "$@"
         ;;
     *)
-        echo "usage: $0 up TAG [MTU] [ADDR_A] [ADDR_B] | down TAG" >&2
+        echo "usage: $0 up|up3 TAG [MTU] [ADDR_A] [ADDR_B] | down TAG" >&2
         exit 2
         ;;
     esac
