@@ -356,6 +356,8 @@ impl Engine {
         }
         self.listeners.clear();
         self.pending.clear();
+        // A reject reply still queued goes out before its socket closes.
+        self.pump_lingering();
         self.lingering.clear();
         self.move_completions();
         for c in &self.conns {

@@ -434,6 +434,34 @@ fn reject_with_private_data() {
     }
 }
 
+/// The reject reply leaves even when the device is dropped right after
+/// `reject` returns (the reply is still queued then).
+#[test]
+fn reject_then_device_dropped() {
+    for _ in 0..20 {
+        let (cdev, sdev) = (open(false), open(false));
+        let listener = sdev.listen(any_addr()).unwrap();
+        let addr = listener.local_addr();
+        let server = std::thread::spawn(move || {
+            let req = listener.get_request(Some(WAIT)).unwrap();
+            req.reject(b"bye").unwrap();
+            drop(listener);
+            drop(sdev);
+        });
+        let (_pd, _cq, cinit) = init(&cdev);
+        let err = cdev
+            .connect(addr, cinit, ConnParams::default())
+            .unwrap_err();
+        assert_eq!(
+            err,
+            CmError::Rejected {
+                private_data: b"bye".to_vec()
+            }
+        );
+        server.join().unwrap();
+    }
+}
+
 #[test]
 fn connection_refused() {
     // A port nobody listens on: bind, note it, close.

@@ -440,6 +440,8 @@ impl XdpIo {
             drop(i);
             d.shared.cv.notify_all();
         }
+        // A reject reply still queued goes out with this last poll.
+        self.pump_lingering(now);
         self.stack.poll(smol(now));
         let dev = self.stack.device_mut();
         dev.tx_burst();
