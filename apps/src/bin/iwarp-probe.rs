@@ -29,6 +29,10 @@ struct Args {
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
+    /// List the scenarios as tab-separated name, summary, RFC expectation
+    /// and our stack's reaction, and exit.
+    #[arg(long)]
+    list_tsv: bool,
     /// Connect to this listener (initiator role).
     #[arg(long, conflicts_with = "listen")]
     connect: Option<SocketAddr>,
@@ -47,6 +51,10 @@ struct Args {
     /// Seconds to wait for an initiator (listen role).
     #[arg(long, default_value_t = 30.0)]
     accept_timeout: f64,
+    /// Retries of a stream scenario whose connection setup was refused,
+    /// reset or rejected (a peer restarting its listener).
+    #[arg(long, default_value_t = 0)]
+    setup_retries: u32,
     /// Milliseconds between the MPA reply and our first FPDU.
     #[arg(long, default_value_t = 100)]
     first_send_delay: u64,
@@ -136,6 +144,12 @@ fn main() -> ExitCode {
     {
         return run_target(listen, count, secs(timeout));
     }
+    if args.list_tsv {
+        for s in SCENARIOS {
+            println!("{}\t{}\t{}\t{}", s.name, s.summary, s.rfc, s.expect);
+        }
+        return ExitCode::SUCCESS;
+    }
     if args.list {
         for s in SCENARIOS {
             println!("{:24} {}", s.name, s.summary);
@@ -164,6 +178,7 @@ fn main() -> ExitCode {
         },
         timeout: secs(args.timeout),
         first_send_delay: Duration::from_millis(args.first_send_delay),
+        setup_retries: args.setup_retries,
     };
     let listener = match args.listen.map(TcpListener::bind).transpose() {
         Ok(l) => l,

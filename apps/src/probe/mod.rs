@@ -13,7 +13,7 @@
 //!   M bit (it wants markers when the probe does) and CRC is on when the
 //!   probe asks for it.
 //! * [`PeerKind::Rping`]: librdmacm's rping. As client (`rping -s` peer) the
-//!   probe's hello is a 16-byte rping advertisement of a made-up buffer; as
+//!   probe sends no hello: the violation is its first FPDU; as
 //!   server (`rping -c` peer) the probe receives the client's advertisement
 //!   (addr u64, rkey u32, size u32) in the first Send: one read/write
 //!   region to violate.
@@ -68,13 +68,21 @@ impl fmt::Display for Reaction {
             Self::Rejected => f.write_str("MPA reject (reply with R=1)"),
             Self::Terminate { bits, code } => {
                 let name = code.map_or("unknown layer", TermCode::name);
+                let (layer, etype) = (bits >> 12, (bits >> 8) & 0xf);
                 write!(
                     f,
-                    "terminate layer={} etype={} code={:#04x} ({name})",
-                    bits >> 12,
-                    (bits >> 8) & 0xf,
+                    "terminate {bits:#06x}: layer={layer} etype={etype} code={:#04x} ({name})",
                     bits & 0xff
-                )
+                )?;
+                if layer != etype {
+                    // Layer and etype nibbles exchanged, as a sender that
+                    // lays the Terminate Control field out with
+                    // little-endian bitfields puts them on the wire.
+                    let swapped = (etype << 12) | (layer << 8) | (bits & 0xff);
+                    let name = TermCode::from_bits(swapped).map_or("unknown layer", TermCode::name);
+                    write!(f, "; nibble-swapped: layer={etype} etype={layer} ({name})")?;
+                }
+                Ok(())
             }
             Self::Closed => f.write_str("TCP close (FIN), no Terminate"),
             Self::Reset => f.write_str("TCP reset"),
@@ -103,6 +111,23 @@ impl Expect {
             (Self::Closed, Reaction::Closed | Reaction::Reset) => true,
             (Self::Term(c), Reaction::Terminate { bits, .. }) => c.to_bits() == *bits,
             _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Expect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Accepted => f.write_str("accepted (MPA reply, R=0)"),
+            Self::Closed => f.write_str("TCP close, no reply or Terminate"),
+            Self::Term(c) => write!(
+                f,
+                "Terminate {}/{}/{:#04x} ({})",
+                c.layer as u8,
+                c.etype,
+                c.code,
+                c.name()
+            ),
         }
     }
 }
@@ -378,6 +403,9 @@ pub struct Options {
     /// Pause between the MPA reply and our first FPDU (the peer posts its
     /// receives after accepting).
     pub first_send_delay: Duration,
+    /// Initiator: how often to retry a stream scenario whose setup was
+    /// refused, reset, closed or rejected.
+    pub setup_retries: u32,
 }
 
 impl Default for Options {
@@ -386,6 +414,7 @@ impl Default for Options {
             peer: PeerKind::Target,
             timeout: Duration::from_secs(3),
             first_send_delay: Duration::from_millis(100),
+            setup_retries: 0,
         }
     }
 }
@@ -480,7 +509,12 @@ fn connect(addr: SocketAddr, deadline: Instant) -> Result<TcpStream, ProbeError>
                 let _ = s.set_nodelay(true);
                 return Ok(s);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
                 if Instant::now() >= deadline {
                     return Err(failed(&format!("connect to {addr}"), e));
                 }
@@ -492,74 +526,102 @@ fn connect(addr: SocketAddr, deadline: Instant) -> Result<TcpStream, ProbeError>
 }
 
 /// Run `s` as the initiator against the listener at `addr`. `hook` runs
-/// at each [`Phase`].
+/// at each [`Phase`]. A connection refused, reset, closed or rejected
+/// during setup of a scenario that does not break the request itself is
+/// retried up to [`Options::setup_retries`] times (a peer application that
+/// restarts its listener between connections); the last such reaction is
+/// the outcome.
 pub fn run_client(
     s: &Scenario,
     addr: SocketAddr,
     opts: &Options,
     hook: &mut dyn FnMut(Phase),
 ) -> Result<Outcome, ProbeError> {
+    let mut tries = 0;
+    loop {
+        match client_once(s, addr, opts, hook)? {
+            Ok(o) => return Ok(o),
+            Err(r) if tries >= opts.setup_retries => return Ok(outcome(r, 0)),
+            Err(_) => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        }
+    }
+}
+
+/// One connection of [`run_client`]; `Ok(Err(reaction))` if the setup of a
+/// stream scenario failed with `reaction`.
+fn client_once(
+    s: &Scenario,
+    addr: SocketAddr,
+    opts: &Options,
+    hook: &mut dyn FnMut(Phase),
+) -> Result<Result<Outcome, Reaction>, ProbeError> {
     let mut stream = connect(addr, Instant::now() + opts.timeout * 3)?;
     let req = request_bytes(s);
     if s.is_mpa() {
         hook(Phase::BeforeAttack);
     }
-    stream
-        .write_all(&req)
-        .map_err(|e| failed("sending the MPA request", e))?;
+    if let Err(e) = stream.write_all(&req) {
+        return Ok(Err(failed_io(&e)));
+    }
     if s.is_mpa() {
         hook(Phase::AfterAttack);
     }
     let deadline = Instant::now() + opts.timeout;
+    let setup = |r: Reaction| {
+        if s.is_mpa() {
+            Ok(Ok(outcome(r, 0)))
+        } else {
+            Ok(Err(r))
+        }
+    };
     let (frame, rest) = match read_mpa_frame(&mut stream, deadline) {
         Ok(x) => x,
-        Err(r) => return Ok(outcome(r, 0)),
+        Err(r @ (Reaction::Closed | Reaction::Reset)) => return setup(r),
+        Err(r) => return Ok(Ok(outcome(r, 0))),
     };
     let Ok(rep) = FrameRepr::parse(&frame) else {
-        return Ok(outcome(Reaction::Garbled("MPA reply".into()), 0));
+        return Ok(Ok(outcome(Reaction::Garbled("MPA reply".into()), 0)));
     };
     if rep.kind != FrameKind::Reply {
-        return Ok(outcome(
+        return Ok(Ok(outcome(
             Reaction::Garbled("MPA frame is not a reply".into()),
             0,
-        ));
+        )));
     }
     if rep.reject {
-        return Ok(outcome(Reaction::Rejected, 0));
+        return setup(Reaction::Rejected);
     }
     if s.is_mpa() {
-        return Ok(outcome(Reaction::Accepted, 0));
+        return Ok(Ok(outcome(Reaction::Accepted, 0)));
     }
     let mut w = Wire::new(stream, s.crc() || rep.crc, rep.markers, s.markers(), rest);
     std::thread::sleep(opts.first_send_delay);
-    let advert = if s.p2p() {
+    // Our target answers a hello with its advertisement. rping's server
+    // has exactly one receive posted and would answer an advertisement
+    // with an RDMA Read: the violation is the first FPDU it sees.
+    let advert = if s.p2p() || opts.peer == PeerKind::Rping {
         Advert::default()
     } else {
-        let hello = match opts.peer {
-            PeerKind::Target => HELLO.to_vec(),
-            PeerKind::Rping => crate::proto::rping::RdmaInfo {
-                addr: 0x1000,
-                rkey: 0x0000_1234,
-                size: 64,
-            }
-            .to_bytes()
-            .to_vec(),
-        };
         let msn = w.send_msn;
-        w.send_ulpdu(&send(QN_SEND, msn, &hello))
+        w.send_ulpdu(&send(QN_SEND, msn, HELLO))
             .map_err(|r| failed("sending the hello", r))?;
         w.send_msn += 1;
-        match opts.peer {
-            PeerKind::Target => {
-                let b = w
-                    .next_send(Instant::now() + opts.timeout)
-                    .map_err(|r| failed("waiting for the advertisement", r))?;
-                Advert::decode(&b).ok_or_else(|| failed("advertisement", "malformed"))?
-            }
-            PeerKind::Rping => Advert::default(),
-        }
+        let b = w
+            .next_send(Instant::now() + opts.timeout)
+            .map_err(|r| failed("waiting for the advertisement", r))?;
+        Advert::decode(&b).ok_or_else(|| failed("advertisement", "malformed"))?
     };
-    attack(s, &mut w, &advert, opts, hook)
+    attack(s, &mut w, &advert, opts, hook).map(Ok)
+}
+
+fn failed_io(e: &std::io::Error) -> Reaction {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe => Reaction::Reset,
+        _ => Reaction::Garbled(format!("write: {e}")),
+    }
 }
 
 /// Run `s` as the responder: accept one connection on `listener`, reply,
@@ -663,14 +725,14 @@ fn attack(
     let bytes: Vec<u8> = match s.attack {
         Attack::BadKey | Attack::ReservedBits | Attack::PdTooLong | Attack::Garbage => Vec::new(),
         Attack::Truncated => {
-            let b = w.frame(&send(QN_SEND, w.send_msn, &[7; 64]));
+            let b = w.frame(&send(QN_SEND, w.send_msn, &[7; 16]));
             b[..b.len() / 2].to_vec()
         }
         // A length field, 2 ULPDU bytes (a DDP control byte pair), the
         // CRC field (zero: CRC is off here).
         Attack::BadUlpduLen => vec![0x00, 0x02, 0x41, 0x43, 0, 0, 0, 0],
         Attack::BadCrc => {
-            let mut b = w.frame(&send(QN_SEND, w.send_msn, &[5; 32]));
+            let mut b = w.frame(&send(QN_SEND, w.send_msn, &[5; 16]));
             if let Some(last) = b.last_mut() {
                 *last ^= 0x5a;
             }
@@ -790,7 +852,8 @@ mod tests {
         };
         assert_eq!(
             r.to_string(),
-            "terminate layer=2 etype=0 code=0x02 (MPA: CRC error)"
+            "terminate 0x2002: layer=2 etype=0 code=0x02 (MPA: CRC error); \
+             nibble-swapped: layer=0 etype=2 (unknown error)"
         );
         assert!(Expect::Term(codes::MPA_CRC).matches(&r));
         assert!(!Expect::Closed.matches(&r));
