@@ -1,6 +1,7 @@
 //! Support code shared by the application binaries (rping, iwarp-perf,
-//! iwarp-cm).
+//! iwarp-cm, iwarp-probe).
 
 pub mod backend;
 pub mod hex;
+pub mod probe;
 pub mod proto;
