@@ -594,14 +594,12 @@ fn reordering() {
     transfer_under(f, Kind::Xdp, Kind::Kernel, &SIZES);
 }
 
-/// Open finding: with an AF_XDP *server* behind the injector's tc side
-/// (duplicates and detoured frames towards it), the server's engine stops
-/// receiving after the handshake: its steering program passes the
-/// client's later frames to the kernel (`passed` grows, `redirected`
-/// stays at 5) and the first completion never comes. Not yet explained;
-/// run with `--ignored` to reproduce.
+/// An AF_XDP *server* behind the injector's tc side (duplicates and
+/// detoured frames towards it). This once stalled after the handshake:
+/// the server dropped its listener after accepting, and the steering map,
+/// holding listening ports only, passed the connection's frames to the
+/// kernel. Live connections' ports stay steered now.
 #[test]
-#[ignore = "open finding: AF_XDP server stalls behind the tc faults (see doc)"]
 fn mixed_kernel_client() {
     if !is_root() {
         return;
@@ -616,14 +614,12 @@ fn mixed_kernel_client() {
     transfer_under(f, Kind::Kernel, Kind::Xdp, &SIZES);
 }
 
-/// Open finding: with an AF_XDP *server* behind the injector's tc side
-/// (duplicates and detoured frames towards it), the server's engine stops
-/// receiving after the handshake: its steering program passes the
-/// client's later frames to the kernel (`passed` grows, `redirected`
-/// stays at 5) and the first completion never comes. Not yet explained;
-/// run with `--ignored` to reproduce.
+/// An AF_XDP *server* behind the injector's tc side (duplicates and
+/// detoured frames towards it). This once stalled after the handshake:
+/// the server dropped its listener after accepting, and the steering map,
+/// holding listening ports only, passed the connection's frames to the
+/// kernel. Live connections' ports stay steered now.
 #[test]
-#[ignore = "open finding: AF_XDP server stalls behind the tc faults (see doc)"]
 fn mixed_xdp_to_xdp() {
     if !is_root() {
         return;
