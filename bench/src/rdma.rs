@@ -139,6 +139,7 @@ impl Side {
     /// Open the device of side a or b (in the calling thread's
     /// namespace), register a `len`-byte target and a `src_len`-byte
     /// source, and connect (a) or accept (b) on `port`.
+    #[allow(clippy::too_many_arguments)]
     pub fn connect(
         e: Engine,
         side_b: bool,
