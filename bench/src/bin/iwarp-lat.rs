@@ -40,7 +40,7 @@ fn main() -> std::process::ExitCode {
     let c = &cli.common;
     let sizes = iwarp_bench::sizes(
         &cli.sizes,
-        &cli.sweep.map(|s| s.into_iter().collect()),
+        &cli.sweep,
         if c.quick { &[4, 4096] } else { &[4, 64 << 10] },
     );
     let n = c.n.unwrap_or(if c.quick { 20 } else { 10_000 });
