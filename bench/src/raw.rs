@@ -11,7 +11,7 @@ use std::time::Instant;
 use iwarp_engine::xdp::{AttachMode, RawTcp};
 use iwarp_engine::XdpConfig;
 
-use crate::rdma::WAIT;
+use crate::rdma::{retry_open, WAIT};
 use crate::topo::{spawn_in, Topology, IF_A, IF_B, PREFIX, XDP_A, XDP_B};
 
 fn err(msg: impl Into<String>) -> io::Error {
@@ -55,7 +55,7 @@ pub fn stream(
     let mtu = topo.mtu;
     let (tx, rx) = std::sync::mpsc::channel();
     let hb = spawn_in(&topo.ns_b, cpus.1, "raw-b", move || -> io::Result<()> {
-        let mut t = RawTcp::open(&config(true, mtu), &[port])?;
+        let mut t = retry_open(|| RawTcp::open(&config(true, mtu), &[port]))?;
         t.stack()
             .listen(port)
             .map_err(|e| err(format!("listen: {e:?}")))?;
@@ -101,6 +101,9 @@ pub fn stream(
         while t0.elapsed() < std::time::Duration::from_millis(20) {
             t.poll();
         }
+        if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
+            eprintln!("smoltcp-raw receiver: {:?}", t.stack().counters());
+        }
         Ok(())
     })?;
     rx.recv_timeout(WAIT)
@@ -110,7 +113,7 @@ pub fn stream(
         cpus.0,
         "raw-a",
         move || -> io::Result<Vec<f64>> {
-            let mut t = RawTcp::open(&config(false, mtu), &[])?;
+            let mut t = retry_open(|| RawTcp::open(&config(false, mtu), &[]))?;
             let conn = t
                 .stack()
                 .connect((XDP_B, port), 50_000)

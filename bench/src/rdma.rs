@@ -56,6 +56,20 @@ fn params(e: Engine) -> ConnParams {
     }
 }
 
+/// Open with retries for up to 3 s: the kernel releases a closed AF_XDP
+/// socket (and its UMEM) on the interface's queue asynchronously, so an
+/// open right after the previous configuration's close can fail.
+pub fn retry_open<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let start = Instant::now();
+    loop {
+        match f() {
+            Ok(t) => return Ok(t),
+            Err(e) if start.elapsed() > Duration::from_secs(3) => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
 /// A remote buffer: where the peer may write.
 #[derive(Clone, Copy, Debug)]
 struct Remote {
@@ -155,7 +169,7 @@ impl Side {
             seed: Some(if side_b { 2 } else { 1 }),
             busy_poll: false,
         };
-        let dev = Device::open(backend(e, side_b, mtu), cfg)?;
+        let dev = retry_open(|| Device::open(backend(e, side_b, mtu), cfg))?;
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(2 * sq_depth + 64);
         let buf = dev.reg_mr(&pd, len.max(8), Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;

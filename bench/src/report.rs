@@ -56,6 +56,26 @@ impl Record {
     }
 }
 
+/// Add `new` to `all`: samples of a series already there (same config,
+/// size and metric) are appended to it (a failure marks it failed).
+pub fn merge(all: &mut Vec<Record>, new: Vec<Record>) {
+    for r in new {
+        match all
+            .iter_mut()
+            .find(|x| x.config == r.config && x.size == r.size && x.metric == r.metric)
+        {
+            Some(x) => {
+                x.samples.extend_from_slice(&r.samples);
+                x.summary = summarize(&x.samples);
+                if x.error.is_none() {
+                    x.error = r.error;
+                }
+            }
+            None => all.push(r),
+        }
+    }
+}
+
 /// The whole output of one run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -202,6 +222,32 @@ pub fn render(rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merge_appends_samples_of_a_series() {
+        let mut all = vec![Record::new("a", 4, "half_rtt", "us", vec![1.0])];
+        merge(
+            &mut all,
+            vec![
+                Record::new("a", 4, "half_rtt", "us", vec![3.0]),
+                Record::new("a", 8, "half_rtt", "us", vec![5.0]),
+            ],
+        );
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].samples, vec![1.0, 3.0]);
+        assert_eq!(all[0].summary.unwrap().mean, 2.0);
+        merge(
+            &mut all,
+            vec![Record::failed(
+                "a",
+                8,
+                "half_rtt",
+                "us",
+                &io::Error::other("x"),
+            )],
+        );
+        assert!(all[1].error.is_some());
+    }
 
     #[test]
     fn sizes_print_short() {

@@ -20,6 +20,10 @@ struct Cli {
     /// Bytes per bandwidth round.
     #[arg(long, value_parser = iwarp_bench::parse_size)]
     bytes: Option<usize>,
+    /// Passes over all configurations (the samples of every pass are
+    /// pooled; interleaving spreads the machine's load changes evenly).
+    #[arg(long)]
+    passes: Option<usize>,
     /// Outstanding RDMA Writes in the bandwidth runs.
     #[arg(short = 'q', long, default_value_t = 32)]
     depth: usize,
@@ -36,9 +40,10 @@ fn main() -> std::process::ExitCode {
     }
     let c = &cli.common;
     let quick = c.quick;
-    let n = c.n.unwrap_or(if quick { 50 } else { 20_000 });
-    let warmup = cli.warmup.unwrap_or(if quick { 10 } else { 2_000 });
-    let rounds = c.n.unwrap_or(if quick { 2 } else { 10 });
+    let passes = cli.passes.unwrap_or(if quick { 1 } else { 3 }).max(1);
+    let n = c.n.unwrap_or(if quick { 50 } else { 10_000 });
+    let warmup = cli.warmup.unwrap_or(if quick { 10 } else { 1_000 });
+    let rounds = c.n.unwrap_or(if quick { 2 } else { 5 });
     let bw = BwParams {
         depth: cli.depth,
         rounds,
@@ -56,30 +61,32 @@ fn main() -> std::process::ExitCode {
     };
     println!("command: {}", report::command_line());
     println!(
-        "MTU {}, CPUs {:?}, latency n={n} (+{warmup} warm-up), bandwidth {rounds} rounds of {} B, depth {}",
+        "MTU {}, CPUs {:?}, {passes} passes of: latency n={n} (+{warmup} warm-up), bandwidth {rounds} rounds of {} B, depth {}",
         topo.mtu,
         cpus,
         bw.bytes,
         bw.depth
     );
     let mut recs: Vec<Record> = Vec::new();
-    for cfg in [
-        Config::AfxdpCrcOff,
-        Config::AfxdpCrcOn,
-        Config::TcpBusypoll,
-        Config::TcpBlocking,
-    ] {
-        eprintln!("latency 4 B: {}", cfg.name());
-        recs.extend(latency(&topo, cpus, cfg, &[4], warmup, n));
-    }
-    for cfg in [
-        Config::AfxdpCrcOn,
-        Config::AfxdpCrcOff,
-        Config::SmoltcpRaw,
-        Config::TcpStream,
-    ] {
-        eprintln!("bandwidth 64 KiB: {}", cfg.name());
-        recs.extend(bandwidth(&topo, cpus, cfg, &[64 << 10], bw));
+    for pass in 1..=passes {
+        for cfg in [
+            Config::AfxdpCrcOff,
+            Config::AfxdpCrcOn,
+            Config::TcpBusypoll,
+            Config::TcpBlocking,
+        ] {
+            eprintln!("pass {pass}/{passes}: latency 4 B: {}", cfg.name());
+            report::merge(&mut recs, latency(&topo, cpus, cfg, &[4], warmup, n));
+        }
+        for cfg in [
+            Config::AfxdpCrcOn,
+            Config::AfxdpCrcOff,
+            Config::SmoltcpRaw,
+            Config::TcpStream,
+        ] {
+            eprintln!("pass {pass}/{passes}: bandwidth 64 KiB: {}", cfg.name());
+            report::merge(&mut recs, bandwidth(&topo, cpus, cfg, &[64 << 10], bw));
+        }
     }
     drop(topo);
     let med = |cfg: Config, metric: &str| {
