@@ -108,17 +108,30 @@ pub struct Common {
     /// A few iterations of tiny sizes (smoke run).
     #[arg(long)]
     pub quick: bool,
-    /// CPUs of side a and side b (default: the first two available).
-    #[arg(long, value_delimiter = ',', num_args = 2)]
-    pub cpus: Option<Vec<usize>>,
+    /// CPUs of side a and side b, e.g. 0,1 (default: the first two available).
+    #[arg(long, value_parser = parse_cpus)]
+    pub cpus: Option<CpuPair>,
+}
+
+/// The CPUs of side a and side b.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuPair(pub usize, pub usize);
+
+/// `A,B`: two CPU numbers.
+pub fn parse_cpus(s: &str) -> Result<CpuPair, String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("--cpus {s:?} is not A,B"))?;
+    let p = |x: &str| x.trim().parse().map_err(|_| format!("bad CPU {x:?}"));
+    Ok(CpuPair(p(a)?, p(b)?))
 }
 
 impl Common {
     /// The CPUs of side a and b.
     pub fn cpus(&self) -> (Option<usize>, Option<usize>) {
-        match self.cpus.as_deref() {
-            Some([a, b]) => (Some(*a), Some(*b)),
-            _ => topo::default_cpus(),
+        match self.cpus {
+            Some(CpuPair(a, b)) => (Some(a), Some(b)),
+            None => topo::default_cpus(),
         }
     }
 }
@@ -141,8 +154,12 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok(v)
 }
 
-/// A sweep `LO..HI`: the powers of two from LO up to HI.
-pub fn parse_sweep(s: &str) -> Result<Vec<usize>, String> {
+/// The sizes of a sweep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sweep(pub Vec<usize>);
+
+/// A sweep `LO..HI`: LO, then the powers of two above it up to HI.
+pub fn parse_sweep(s: &str) -> Result<Sweep, String> {
     let (lo, hi) = s
         .split_once("..")
         .ok_or_else(|| format!("sweep {s:?} is not LO..HI"))?;
@@ -159,18 +176,14 @@ pub fn parse_sweep(s: &str) -> Result<Vec<usize>, String> {
         v.push(x);
         x *= 2;
     }
-    Ok(v)
+    Ok(Sweep(v))
 }
 
 /// Sizes from `--sizes` or `--sweep`, else `default`.
-pub fn sizes(
-    list: &Option<Vec<usize>>,
-    sweep: &Option<Vec<usize>>,
-    default: &[usize],
-) -> Vec<usize> {
+pub fn sizes(list: &Option<Vec<usize>>, sweep: &Option<Sweep>, default: &[usize]) -> Vec<usize> {
     match (list, sweep) {
         (Some(l), _) => l.clone(),
-        (None, Some(s)) => s.clone(),
+        (None, Some(s)) => s.0.clone(),
         _ => default.to_vec(),
     }
 }
@@ -369,11 +382,18 @@ mod tests {
 
     #[test]
     fn sweeps_are_powers_of_two() {
-        assert_eq!(parse_sweep("1..8").unwrap(), vec![1, 2, 4, 8]);
-        assert_eq!(parse_sweep("1..1M").unwrap().len(), 21);
-        assert_eq!(parse_sweep("3..16").unwrap(), vec![3, 4, 8, 16]);
+        assert_eq!(parse_sweep("1..8").unwrap().0, vec![1, 2, 4, 8]);
+        assert_eq!(parse_sweep("1..1M").unwrap().0.len(), 21);
+        assert_eq!(parse_sweep("3..16").unwrap().0, vec![3, 4, 8, 16]);
         assert!(parse_sweep("8..1").is_err());
         assert!(parse_sweep("8").is_err());
+    }
+
+    #[test]
+    fn cpus_parse() {
+        assert_eq!(parse_cpus("0,1"), Ok(CpuPair(0, 1)));
+        assert!(parse_cpus("0").is_err());
+        assert!(parse_cpus("0,x").is_err());
     }
 
     #[test]

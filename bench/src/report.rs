@@ -139,9 +139,11 @@ pub fn write_json(path: &Path, r: &Report) -> io::Result<()> {
     std::fs::write(path, s + "\n")
 }
 
-/// Human size: 4, 64K, 1M.
+/// Human size: 4, 64K, 1M; 0 (a byte stream without messages): "-".
 pub fn size_str(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n == 0 {
+        "-".into()
+    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
         format!("{}M", n >> 20)
     } else if n >= 1 << 10 && n % (1 << 10) == 0 {
         format!("{}K", n >> 10)
@@ -255,6 +257,7 @@ mod tests {
         assert_eq!(size_str(65536), "64K");
         assert_eq!(size_str(1 << 20), "1M");
         assert_eq!(size_str(1000), "1000");
+        assert_eq!(size_str(0), "-");
     }
 
     #[test]

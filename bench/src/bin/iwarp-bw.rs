@@ -20,7 +20,7 @@ struct Cli {
     sizes: Option<Vec<usize>>,
     /// Powers of two from LO to HI, e.g. 1..1M.
     #[arg(long, value_parser = parse_sweep)]
-    sweep: Option<Vec<usize>>,
+    sweep: Option<iwarp_bench::Sweep>,
     /// Configurations (default: all, ceilings included).
     #[arg(long, value_delimiter = ',', value_enum)]
     config: Option<Vec<Config>>,
@@ -92,7 +92,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::table(&recs));
-    println!("(smoltcp-raw: size 0 = a byte stream without message boundaries; tcp-stream: size = write size)");
+    println!("(smoltcp-raw: a byte stream without messages; tcp-stream: size = write size)");
     let failed = recs.iter().any(|r| r.error.is_some());
     if let Some(path) = &c.json {
         let rep = Report {
@@ -113,5 +113,34 @@ fn main() -> std::process::ExitCode {
         std::process::ExitCode::FAILURE
     } else {
         std::process::ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_parses() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["x", "--sweep", "1..1M", "-n", "3", "--quick"]).unwrap();
+        assert_eq!(iwarp_bench::sizes(&c.sizes, &c.sweep, &[]).len(), 21);
+        let c = Cli::try_parse_from([
+            "x",
+            "--sizes",
+            "4,64K",
+            "--config",
+            "afxdp-crc-on,tcp-busypoll",
+            "--mtu",
+            "3506",
+            "--json",
+            "out.json",
+        ])
+        .unwrap();
+        assert_eq!(iwarp_bench::sizes(&c.sizes, &c.sweep, &[]), vec![4, 65536]);
+        assert_eq!(c.config.unwrap().len(), 2);
+        assert!(Cli::try_parse_from(["x", "--mtu", "9000"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--sizes", "4", "--sweep", "1..4"]).is_err());
     }
 }

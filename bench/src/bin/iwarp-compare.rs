@@ -194,3 +194,21 @@ fn main() -> std::process::ExitCode {
         std::process::ExitCode::SUCCESS
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_parses() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["x", "--quick", "--mtu", "3506", "--bytes", "1M"]).unwrap();
+        assert_eq!(
+            (c.common.quick, c.common.mtu, c.bytes),
+            (true, 3506, Some(1 << 20))
+        );
+        let c = Cli::try_parse_from(["x", "--cpus", "0,1", "-n", "5"]).unwrap();
+        assert_eq!(c.common.cpus(), (Some(0), Some(1)));
+    }
+}

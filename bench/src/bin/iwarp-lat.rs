@@ -19,7 +19,7 @@ struct Cli {
     sizes: Option<Vec<usize>>,
     /// Powers of two from LO to HI, e.g. 1..1M.
     #[arg(long, value_parser = parse_sweep)]
-    sweep: Option<Vec<usize>>,
+    sweep: Option<iwarp_bench::Sweep>,
     /// Configurations, e.g. afxdp-crc-off,tcp-busypoll (default: all).
     #[arg(long, value_delimiter = ',', value_enum)]
     config: Option<Vec<Config>>,
@@ -90,5 +90,34 @@ fn main() -> std::process::ExitCode {
         std::process::ExitCode::FAILURE
     } else {
         std::process::ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_parses() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["x", "--sweep", "1..1M", "-n", "3", "--quick"]).unwrap();
+        assert_eq!(iwarp_bench::sizes(&c.sizes, &c.sweep, &[]).len(), 21);
+        let c = Cli::try_parse_from([
+            "x",
+            "--sizes",
+            "4,64K",
+            "--config",
+            "afxdp-crc-on,tcp-busypoll",
+            "--mtu",
+            "3506",
+            "--json",
+            "out.json",
+        ])
+        .unwrap();
+        assert_eq!(iwarp_bench::sizes(&c.sizes, &c.sweep, &[]), vec![4, 65536]);
+        assert_eq!(c.config.unwrap().len(), 2);
+        assert!(Cli::try_parse_from(["x", "--mtu", "9000"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--sizes", "4", "--sweep", "1..4"]).is_err());
     }
 }
