@@ -1,5 +1,409 @@
-//! Benchmarks of the stack; see `benches/`.
+//! Benchmarks of the stack.
+//!
+//! # Criterion: the protocol core alone
 //!
 //! `benches/core.rs` measures the sans-IO protocol core alone, on one
 //! core and without any I/O: receive-side placement of RDMA Write FPDUs
 //! (`handle_input`) and transmit-side framing (`poll_transmit`).
+//!
+//! # Binaries: the whole stack in two network namespaces
+//!
+//! `iwarp-lat`, `iwarp-bw` and `iwarp-compare` (in `src/bin/`) run, as
+//! root, in two namespaces they create ([`topo`]): veth, MTU 1500 or up to
+//! 3506, kernel addresses 198.18.0.1/.2 and AF_XDP engine addresses
+//! 198.18.0.11/.12. Each side runs on its own thread in its own namespace,
+//! pinned to its own core; each side's application thread drives its own
+//! engine (manual progress, spinning), so a run has one busy thread per
+//! core. The RDMA side ([`rdma`]) is one code path for every engine
+//! configuration: only the backend and the MPA options differ. Baselines:
+//! kernel TCP with std sockets ([`sock`]) and a bare smoltcp stream over
+//! the engine's AF_XDP socket ([`raw`]). Results: [`stats`], [`report`].
+
+pub mod raw;
+pub mod rdma;
+pub mod report;
+pub mod sock;
+pub mod stats;
+pub mod topo;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use clap::{Args, ValueEnum};
+
+use crate::rdma::Engine;
+use crate::report::Record;
+use crate::topo::Topology;
+
+/// A configuration to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Config {
+    /// RDMA over the AF_XDP engine, MPA CRC off.
+    AfxdpCrcOff,
+    /// RDMA over the AF_XDP engine, MPA CRC on.
+    AfxdpCrcOn,
+    /// RDMA over the AF_XDP engine, MPA CRC and markers on.
+    AfxdpCrcMarkers,
+    /// RDMA over the kernel-socket engine, MPA CRC off.
+    KernelCrcOff,
+    /// RDMA over the kernel-socket engine, MPA CRC on.
+    KernelCrcOn,
+    /// Kernel TCP, blocking reads.
+    TcpBlocking,
+    /// Kernel TCP, nonblocking reads retried in a spin loop.
+    TcpBusypoll,
+    /// Kernel TCP stream, large blocking writes (bandwidth ceiling).
+    TcpStream,
+    /// smoltcp stream over the engine's AF_XDP socket (bandwidth ceiling).
+    SmoltcpRaw,
+}
+
+impl Config {
+    /// The name on the command line.
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    /// The engine of an RDMA configuration.
+    pub fn engine(self) -> Option<Engine> {
+        let e = |xdp, crc, markers| Some(Engine { xdp, crc, markers });
+        match self {
+            Self::AfxdpCrcOff => e(true, false, false),
+            Self::AfxdpCrcOn => e(true, true, false),
+            Self::AfxdpCrcMarkers => e(true, true, true),
+            Self::KernelCrcOff => e(false, false, false),
+            Self::KernelCrcOn => e(false, true, false),
+            _ => None,
+        }
+    }
+
+    /// The configurations of `iwarp-lat` (and the per-size ones of
+    /// `iwarp-bw`).
+    pub const MESSAGE: [Self; 7] = [
+        Self::AfxdpCrcOff,
+        Self::AfxdpCrcOn,
+        Self::AfxdpCrcMarkers,
+        Self::KernelCrcOff,
+        Self::KernelCrcOn,
+        Self::TcpBlocking,
+        Self::TcpBusypoll,
+    ];
+}
+
+/// Options every binary takes.
+#[derive(Args, Clone, Debug)]
+pub struct Common {
+    /// Write every raw sample and the summaries to FILE as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// MTU of the veth pair (1500, or up to 3506: the native-XDP limit on veth).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=3506))]
+    pub mtu: u16,
+    /// Samples per series (iterations, or bandwidth rounds).
+    #[arg(short = 'n', long)]
+    pub n: Option<usize>,
+    /// A few iterations of tiny sizes (smoke run).
+    #[arg(long)]
+    pub quick: bool,
+    /// CPUs of side a and side b, e.g. 0,1 (default: the first two available).
+    #[arg(long, value_parser = parse_cpus)]
+    pub cpus: Option<CpuPair>,
+}
+
+/// The CPUs of side a and side b.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuPair(pub usize, pub usize);
+
+/// `A,B`: two CPU numbers.
+pub fn parse_cpus(s: &str) -> Result<CpuPair, String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("--cpus {s:?} is not A,B"))?;
+    let p = |x: &str| x.trim().parse().map_err(|_| format!("bad CPU {x:?}"));
+    Ok(CpuPair(p(a)?, p(b)?))
+}
+
+impl Common {
+    /// The CPUs of side a and b.
+    pub fn cpus(&self) -> (Option<usize>, Option<usize>) {
+        match self.cpus {
+            Some(CpuPair(a, b)) => (Some(a), Some(b)),
+            None => topo::default_cpus(),
+        }
+    }
+}
+
+/// A size: a number with an optional K, M suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    let n: usize = digits.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let v = n
+        .checked_mul(mul)
+        .ok_or_else(|| format!("size {s:?} too large"))?;
+    if v == 0 || v > 1 << 30 {
+        return Err(format!("size {s:?} outside 1..=1G"));
+    }
+    Ok(v)
+}
+
+/// The sizes of a sweep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sweep(pub Vec<usize>);
+
+/// A sweep `LO..HI`: LO, then the powers of two above it up to HI.
+pub fn parse_sweep(s: &str) -> Result<Sweep, String> {
+    let (lo, hi) = s
+        .split_once("..")
+        .ok_or_else(|| format!("sweep {s:?} is not LO..HI"))?;
+    let (lo, hi) = (parse_size(lo)?, parse_size(hi)?);
+    if lo > hi {
+        return Err(format!("sweep {s:?}: LO > HI"));
+    }
+    let mut v = Vec::new();
+    let mut x = lo.next_power_of_two();
+    if x != lo {
+        v.push(lo);
+    }
+    while x <= hi {
+        v.push(x);
+        x *= 2;
+    }
+    Ok(Sweep(v))
+}
+
+/// Sizes from `--sizes` or `--sweep`, else `default`.
+pub fn sizes(list: &Option<Vec<usize>>, sweep: &Option<Sweep>, default: &[usize]) -> Vec<usize> {
+    match (list, sweep) {
+        (Some(l), _) => l.clone(),
+        (None, Some(s)) => s.0.clone(),
+        _ => default.to_vec(),
+    }
+}
+
+/// A fresh port for each connection of a run (kernel ports may linger
+/// in TIME_WAIT).
+pub fn next_port() -> u16 {
+    static PORT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 1000) as u16 * 10;
+    base + PORT.fetch_add(1, Ordering::Relaxed) % 10_000
+}
+
+/// Half round trips of `config` for `sizes`: one record per size (a
+/// failure gives failed records, and the run goes on).
+pub fn latency(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    config: Config,
+    sizes: &[usize],
+    warmup: usize,
+    n: usize,
+) -> Vec<Record> {
+    let max = sizes.iter().copied().max().unwrap_or(1);
+    let port = next_port();
+    let sv = sizes.to_vec();
+    let r: io::Result<Vec<Vec<f64>>> = match config {
+        Config::TcpBlocking | Config::TcpBusypoll => sock::pingpong(
+            topo,
+            cpus,
+            port,
+            config == Config::TcpBusypoll,
+            sv,
+            warmup,
+            n,
+        ),
+        c => match c.engine() {
+            Some(e) => {
+                let sb = sv.clone();
+                rdma::run_pair(
+                    topo,
+                    cpus,
+                    e,
+                    port,
+                    max,
+                    max,
+                    16,
+                    move |s| rdma::pingpong_a(s, &sv, warmup, n),
+                    move |s| rdma::pingpong_b(s, &sb, warmup, n),
+                )
+            }
+            None => Err(io::Error::other(format!(
+                "{} has no latency test",
+                c.name()
+            ))),
+        },
+    };
+    let name = config.name();
+    match r {
+        Ok(v) => sizes
+            .iter()
+            .zip(v)
+            .map(|(&s, samples)| Record::new(&name, s, "half_rtt", "us", samples))
+            .collect(),
+        Err(e) => sizes
+            .iter()
+            .map(|&s| Record::failed(&name, s, "half_rtt", "us", &e))
+            .collect(),
+    }
+}
+
+/// How much a bandwidth round moves.
+#[derive(Clone, Copy, Debug)]
+pub struct BwParams {
+    /// Outstanding writes.
+    pub depth: usize,
+    /// Rounds (samples) per size.
+    pub rounds: usize,
+    /// Bytes per round (at most `max_msgs` messages).
+    pub bytes: usize,
+    /// Most messages per round.
+    pub max_msgs: usize,
+    /// Write size of the kernel TCP stream ceiling.
+    pub stream_chunk: usize,
+}
+
+/// Bandwidth of `config`: one record per size (the ceilings, which do
+/// not depend on the message size, give one record).
+pub fn bandwidth(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    config: Config,
+    sizes: &[usize],
+    p: BwParams,
+) -> Vec<Record> {
+    let name = config.name();
+    let port = next_port();
+    let one = |size: usize, count: usize, r: io::Result<Vec<f64>>| {
+        let mut rec = match r {
+            Ok(v) => Record::new(&name, size, "bandwidth", "Gb/s", v),
+            Err(e) => Record::failed(&name, size, "bandwidth", "Gb/s", &e),
+        };
+        rec.messages = count;
+        vec![rec]
+    };
+    match config {
+        Config::TcpStream => {
+            let count = rdma::count_for(p.stream_chunk, p.bytes, p.max_msgs);
+            one(
+                p.stream_chunk,
+                count,
+                sock::stream(topo, cpus, port, false, p.stream_chunk, count, p.rounds),
+            )
+        }
+        Config::SmoltcpRaw => one(0, 1, raw::stream(topo, cpus, port, p.bytes, p.rounds)),
+        Config::TcpBlocking | Config::TcpBusypoll => sizes
+            .iter()
+            .flat_map(|&size| {
+                let count = rdma::count_for(size, p.bytes, p.max_msgs);
+                let spin = config == Config::TcpBusypoll;
+                let r = sock::stream(topo, cpus, next_port(), spin, size, count, p.rounds);
+                one(size, count, r)
+            })
+            .collect(),
+        c => {
+            let Some(e) = c.engine() else {
+                return Vec::new();
+            };
+            let max = sizes.iter().copied().max().unwrap_or(1);
+            let (sa, depth, rounds, bytes, msgs) =
+                (sizes.to_vec(), p.depth, p.rounds, p.bytes, p.max_msgs);
+            let sb = sa.clone();
+            let r = rdma::run_pair(
+                topo,
+                cpus,
+                e,
+                port,
+                max.max(4),
+                2 * max,
+                depth + 8,
+                move |s| rdma::spray_a(s, &sa, depth, rounds, bytes, msgs),
+                move |s| rdma::spray_b(s, &sb, rounds),
+            );
+            match r {
+                Ok(v) => sizes
+                    .iter()
+                    .zip(v)
+                    .map(|(&s, b)| {
+                        let mut rec = Record::new(&name, s, "bandwidth", "Gb/s", b.gbps);
+                        rec.messages = b.count;
+                        rec
+                    })
+                    .collect(),
+                Err(e) => sizes
+                    .iter()
+                    .map(|&s| Record::failed(&name, s, "bandwidth", "Gb/s", &e))
+                    .collect(),
+            }
+        }
+    }
+}
+
+/// What every report says about how the run was made.
+pub fn notes() -> Vec<String> {
+    vec![
+        "each side: one thread in its own namespace, pinned to its own CPU; RDMA engines in manual progress, driven by that thread (spinning)".into(),
+        "AF_XDP: native XDP on veth, copy mode; kernel ends: tx checksum, TSO and GSO off (scripts/lib/topology.sh)".into(),
+        "tcp-busypoll: nonblocking socket, read() retried in a spin loop (SO_BUSY_POLL not set); tcp-blocking: blocking read()".into(),
+        "latency: half round trip of a ping-pong, each side polls the last byte of its buffer".into(),
+        "bandwidth: per round, the sender's clock stops when the receiver's 4-byte answer (RDMA Write / TCP bytes) arrives".into(),
+    ]
+}
+
+/// Exit early with a note unless root (the smoke step of scripts/test
+/// relies on the note).
+pub fn require_root(tool: &str) -> bool {
+    if topo::is_root() {
+        return true;
+    }
+    eprintln!("{tool}: needs root (network namespaces, veth, XDP, AF_XDP); skipped");
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4"), Ok(4));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("99999999999999999999M").is_err());
+    }
+
+    #[test]
+    fn sweeps_are_powers_of_two() {
+        assert_eq!(parse_sweep("1..8").unwrap().0, vec![1, 2, 4, 8]);
+        assert_eq!(parse_sweep("1..1M").unwrap().0.len(), 21);
+        assert_eq!(parse_sweep("3..16").unwrap().0, vec![3, 4, 8, 16]);
+        assert!(parse_sweep("8..1").is_err());
+        assert!(parse_sweep("8").is_err());
+    }
+
+    #[test]
+    fn cpus_parse() {
+        assert_eq!(parse_cpus("0,1"), Ok(CpuPair(0, 1)));
+        assert!(parse_cpus("0").is_err());
+        assert!(parse_cpus("0,x").is_err());
+    }
+
+    #[test]
+    fn config_names_match_the_cli() {
+        assert_eq!(Config::AfxdpCrcMarkers.name(), "afxdp-crc-markers");
+        assert_eq!(Config::TcpBusypoll.name(), "tcp-busypoll");
+        assert_eq!(Config::SmoltcpRaw.name(), "smoltcp-raw");
+        assert!(Config::KernelCrcOn
+            .engine()
+            .is_some_and(|e| !e.xdp && e.crc));
+        assert!(Config::TcpStream.engine().is_none());
+    }
+}

@@ -5,6 +5,8 @@
 //!   pool.
 //! * `device`: `XskDevice`, a `smoltcp::phy::Device` whose tokens read
 //!   and write UMEM frames in place, with an optional pcap capture.
+//! * `raw`: [`RawTcp`], the user-space TCP alone over the same socket
+//!   (transport ceiling for benchmarks).
 //! * `worker`: `XdpIo`, the state one engine pass works on
 //!   (`XdpIo::run_once`), and the connection manager's side of it.
 //!
@@ -18,6 +20,7 @@
 //! application call kicks it.
 
 pub(crate) mod device;
+mod raw;
 pub(crate) mod umem;
 pub(crate) mod worker;
 
@@ -26,6 +29,7 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 pub use iwarp_bpf::{ActiveMode, AttachMode, Counters as SteerCounters};
+pub use raw::RawTcp;
 pub use umem::RingCounters;
 
 /// How to open an AF_XDP device ([`Backend::AfXdp`](crate::Backend::AfXdp)).

@@ -120,7 +120,7 @@ impl std::fmt::Debug for XdpIo {
     }
 }
 
-fn mac_of(ifname: &str) -> std::io::Result<[u8; 6]> {
+pub(crate) fn mac_of(ifname: &str) -> std::io::Result<[u8; 6]> {
     let addrs = nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)?;
     addrs
         .filter(|a| a.interface_name == ifname)
@@ -736,7 +736,7 @@ fn to_std(addr: IpAddress, port: u16) -> SocketAddr {
 }
 
 /// A raw descriptor as `AsRawFd` (for the XSKMAP update).
-struct RawFd(i32);
+pub(crate) struct RawFd(pub(crate) i32);
 
 impl std::os::fd::AsRawFd for RawFd {
     fn as_raw_fd(&self) -> i32 {

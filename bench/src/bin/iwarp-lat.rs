@@ -1,0 +1,123 @@
+//! Half round trip of an RDMA Write ping-pong in which each side polls the
+//! last byte of its buffer (A writes `size` bytes into B's buffer, B sees
+//! the last byte change and writes them back; half RTT = RTT / 2), per
+//! configuration and size, next to kernel TCP ping-pongs of the same
+//! sizes. Needs root.
+
+use clap::Parser;
+use iwarp_bench::report::{self, Record, Report};
+use iwarp_bench::topo::{self, Topology};
+use iwarp_bench::{latency, parse_size, parse_sweep, Common, Config};
+
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    #[command(flatten)]
+    common: Common,
+    /// Message sizes, e.g. 4,64K.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with = "sweep")]
+    sizes: Option<Vec<usize>>,
+    /// Powers of two from LO to HI, e.g. 1..1M.
+    #[arg(long, value_parser = parse_sweep)]
+    sweep: Option<iwarp_bench::Sweep>,
+    /// Configurations, e.g. afxdp-crc-off,tcp-busypoll (default: all).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    config: Option<Vec<Config>>,
+    /// Iterations not counted, per size.
+    #[arg(long)]
+    warmup: Option<usize>,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if !iwarp_bench::require_root("iwarp-lat") {
+        return std::process::ExitCode::SUCCESS;
+    }
+    if let Err(e) = topo::install_teardown() {
+        eprintln!("iwarp-lat: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let c = &cli.common;
+    let sizes = iwarp_bench::sizes(
+        &cli.sizes,
+        &cli.sweep,
+        if c.quick { &[4, 4096] } else { &[4, 64 << 10] },
+    );
+    let n = c.n.unwrap_or(if c.quick { 20 } else { 10_000 });
+    let warmup = cli.warmup.unwrap_or(if c.quick { 5 } else { 1_000 });
+    let configs: Vec<Config> = cli
+        .config
+        .clone()
+        .unwrap_or_else(|| Config::MESSAGE.to_vec());
+    let cpus = c.cpus();
+    let topo = match Topology::up(c.mtu.into()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("iwarp-lat: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    println!("command: {}", report::command_line());
+    println!(
+        "MTU {}, CPUs {cpus:?}, n={n} (+{warmup} warm-up), half round trips in µs",
+        topo.mtu
+    );
+    let mut recs: Vec<Record> = Vec::new();
+    for cfg in configs {
+        eprintln!("latency: {}", cfg.name());
+        recs.extend(latency(&topo, cpus, cfg, &sizes, warmup, n));
+    }
+    drop(topo);
+    println!();
+    print!("{}", report::table(&recs));
+    let failed = recs.iter().any(|r| r.error.is_some());
+    if let Some(p) = &c.json {
+        let rep = Report {
+            tool: "iwarp-lat".into(),
+            command: report::command_line(),
+            mtu: c.mtu.into(),
+            cpus,
+            notes: iwarp_bench::notes(),
+            records: recs,
+            ratios: Vec::new(),
+        };
+        if let Err(e) = report::write_json(p, &rep) {
+            eprintln!("iwarp-lat: {}: {e}", p.display());
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_parses() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["x", "--sweep", "1..1M", "-n", "3", "--quick"]).unwrap();
+        assert_eq!(iwarp_bench::sizes(&c.sizes, &c.sweep, &[]).len(), 21);
+        let c = Cli::try_parse_from([
+            "x",
+            "--sizes",
+            "4,64K",
+            "--config",
+            "afxdp-crc-on,tcp-busypoll",
+            "--mtu",
+            "3506",
+            "--json",
+            "out.json",
+        ])
+        .unwrap();
+        assert_eq!(iwarp_bench::sizes(&c.sizes, &c.sweep, &[]), vec![4, 65536]);
+        assert_eq!(c.config.unwrap().len(), 2);
+        assert!(Cli::try_parse_from(["x", "--mtu", "9000"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--sizes", "4", "--sweep", "1..4"]).is_err());
+    }
+}

@@ -1,0 +1,295 @@
+//! Results: every raw sample as JSON (serde_json) and a text table.
+
+use std::io;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::stats::{summarize, Summary};
+
+/// One measured series.
+#[derive(Clone, Debug, Serialize)]
+pub struct Record {
+    /// Configuration name (`afxdp-crc-on`, `tcp-busypoll`, ...).
+    pub config: String,
+    /// Message size in bytes (for streams: the write size).
+    pub size: usize,
+    /// What the samples are (`half_rtt`, `bandwidth`).
+    pub metric: String,
+    /// Unit of the samples (`us`, `Gb/s`).
+    pub unit: String,
+    /// Messages per sample (bandwidth rounds), 1 for latency.
+    pub messages: usize,
+    /// Summary of `samples`.
+    pub summary: Option<Summary>,
+    /// Every sample, in the order measured.
+    pub samples: Vec<f64>,
+    /// The error, if this configuration failed.
+    pub error: Option<String>,
+}
+
+impl Record {
+    /// A record of `samples`.
+    pub fn new(config: &str, size: usize, metric: &str, unit: &str, samples: Vec<f64>) -> Self {
+        Self {
+            config: config.into(),
+            size,
+            metric: metric.into(),
+            unit: unit.into(),
+            messages: 1,
+            summary: summarize(&samples),
+            samples,
+            error: None,
+        }
+    }
+
+    /// A record of a failed configuration.
+    pub fn failed(config: &str, size: usize, metric: &str, unit: &str, e: &io::Error) -> Self {
+        let mut r = Self::new(config, size, metric, unit, Vec::new());
+        r.error = Some(e.to_string());
+        r
+    }
+
+    /// The median, if there are samples.
+    pub fn p50(&self) -> Option<f64> {
+        self.summary.map(|s| s.p50)
+    }
+}
+
+/// Add `new` to `all`: samples of a series already there (same config,
+/// size and metric) are appended to it (a failure marks it failed).
+pub fn merge(all: &mut Vec<Record>, new: Vec<Record>) {
+    for r in new {
+        match all
+            .iter_mut()
+            .find(|x| x.config == r.config && x.size == r.size && x.metric == r.metric)
+        {
+            Some(x) => {
+                x.samples.extend_from_slice(&r.samples);
+                x.summary = summarize(&x.samples);
+                if x.error.is_none() {
+                    x.error = r.error;
+                }
+            }
+            None => all.push(r),
+        }
+    }
+}
+
+/// The whole output of one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The binary.
+    pub tool: String,
+    /// The command line.
+    pub command: String,
+    /// MTU of the veth pair.
+    pub mtu: usize,
+    /// CPUs of side a and side b.
+    pub cpus: (Option<usize>, Option<usize>),
+    /// How the engines are driven and what the baselines do.
+    pub notes: Vec<String>,
+    /// Every series.
+    pub records: Vec<Record>,
+    /// Derived figures (ratios), if any.
+    pub ratios: Vec<Ratio>,
+}
+
+/// A ratio of two medians against a target.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ratio {
+    /// What is compared.
+    pub name: String,
+    /// The ratio (None if a side is missing).
+    pub value: Option<f64>,
+    /// `<=` or `>=`.
+    pub op: String,
+    /// The target.
+    pub target: f64,
+    /// Whether the target is met.
+    pub met: Option<bool>,
+}
+
+impl Ratio {
+    /// `num / den` against `op target`.
+    pub fn new(name: &str, num: Option<f64>, den: Option<f64>, op: &str, target: f64) -> Self {
+        let value = match (num, den) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        let met = value.map(|v| if op == "<=" { v <= target } else { v >= target });
+        Self {
+            name: name.into(),
+            value,
+            op: op.into(),
+            target,
+            met,
+        }
+    }
+}
+
+/// The command line as one string.
+pub fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// Write `r` as pretty JSON to `path`.
+pub fn write_json(path: &Path, r: &Report) -> io::Result<()> {
+    let s = serde_json::to_string_pretty(r).map_err(io::Error::other)?;
+    std::fs::write(path, s + "\n")
+}
+
+/// Human size: 4, 64K, 1M; 0 (a byte stream without messages): "-".
+pub fn size_str(n: usize) -> String {
+    if n == 0 {
+        "-".into()
+    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{}M", n >> 20)
+    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+        format!("{}K", n >> 10)
+    } else {
+        n.to_string()
+    }
+}
+
+fn num(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.1}")
+    } else if v >= 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// A table of the records: one row each.
+pub fn table(records: &[Record]) -> String {
+    let head = [
+        "config", "size", "unit", "n", "mean", "stddev", "p50", "p99", "min", "max",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
+    for r in records {
+        let mut row = vec![r.config.clone(), size_str(r.size), r.unit.clone()];
+        match (&r.summary, &r.error) {
+            (_, Some(e)) => row.push(format!("FAILED: {e}")),
+            (Some(s), None) => {
+                row.push(s.n.to_string());
+                for v in [s.mean, s.stddev, s.p50, s.p99, s.min, s.max] {
+                    row.push(num(v));
+                }
+            }
+            (None, None) => row.push("no samples".into()),
+        }
+        rows.push(row);
+    }
+    render(&rows)
+}
+
+/// Left-aligned first column, right-aligned others; the last cell of a
+/// short row is printed as is.
+pub fn render(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut w = vec![0; cols];
+    for r in rows {
+        if r.len() == cols {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            let pad = w[i].saturating_sub(c.chars().count());
+            if i > 0 {
+                line.push_str("  ");
+            }
+            if i == 0 {
+                line.push_str(c);
+                line.push_str(&" ".repeat(pad));
+            } else if r.len() < cols && i == r.len() - 1 {
+                line.push_str(c);
+            } else {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(c);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_appends_samples_of_a_series() {
+        let mut all = vec![Record::new("a", 4, "half_rtt", "us", vec![1.0])];
+        merge(
+            &mut all,
+            vec![
+                Record::new("a", 4, "half_rtt", "us", vec![3.0]),
+                Record::new("a", 8, "half_rtt", "us", vec![5.0]),
+            ],
+        );
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].samples, vec![1.0, 3.0]);
+        assert_eq!(all[0].summary.unwrap().mean, 2.0);
+        merge(
+            &mut all,
+            vec![Record::failed(
+                "a",
+                8,
+                "half_rtt",
+                "us",
+                &io::Error::other("x"),
+            )],
+        );
+        assert!(all[1].error.is_some());
+    }
+
+    #[test]
+    fn sizes_print_short() {
+        assert_eq!(size_str(4), "4");
+        assert_eq!(size_str(65536), "64K");
+        assert_eq!(size_str(1 << 20), "1M");
+        assert_eq!(size_str(1000), "1000");
+        assert_eq!(size_str(0), "-");
+    }
+
+    #[test]
+    fn ratios_judge_targets() {
+        let r = Ratio::new("x", Some(3.0), Some(6.0), "<=", 0.6);
+        assert_eq!((r.value, r.met), (Some(0.5), Some(true)));
+        let r = Ratio::new("x", Some(8.0), Some(10.0), ">=", 0.9);
+        assert_eq!(r.met, Some(false));
+        let r = Ratio::new("x", None, Some(1.0), ">=", 0.9);
+        assert_eq!((r.value, r.met), (None, None));
+    }
+
+    #[test]
+    fn table_has_every_record_and_serializes() {
+        let recs = vec![
+            Record::new("a", 4, "half_rtt", "us", vec![1.0, 2.0, 3.0]),
+            Record::failed("b", 64, "half_rtt", "us", &io::Error::other("boom")),
+        ];
+        let t = table(&recs);
+        assert_eq!(t.lines().count(), 3);
+        assert!(t.contains("FAILED: boom"));
+        let rep = Report {
+            tool: "t".into(),
+            command: "t -n 1".into(),
+            mtu: 1500,
+            cpus: (Some(0), Some(1)),
+            notes: vec![],
+            records: recs,
+            ratios: vec![],
+        };
+        let v: serde_json::Value = serde_json::to_value(&rep).unwrap();
+        assert_eq!(v["records"][0]["samples"].as_array().unwrap().len(), 3);
+        assert_eq!(v["records"][0]["summary"]["p50"], 2.0);
+    }
+}

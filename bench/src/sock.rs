@@ -1,0 +1,213 @@
+//! Kernel TCP baselines with std sockets (`TCP_NODELAY` on): ping-pong
+//! and one-directional streams, blocking or busy-polling. Busy-polling
+//! here means a nonblocking socket whose `read` is retried in a spin
+//! loop (`SO_BUSY_POLL` is not set: a veth has no NAPI queue to poll
+//! from a socket).
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::rdma::WAIT;
+use crate::topo::{spawn_in, Topology, KERNEL_B};
+
+fn err(msg: impl Into<String>) -> io::Error {
+    io::Error::other(msg.into())
+}
+
+fn read_full(s: &mut TcpStream, buf: &mut [u8], spin: bool) -> io::Result<()> {
+    if !spin {
+        return s.read_exact(buf);
+    }
+    let mut off = 0;
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while off < buf.len() {
+        match s.read(&mut buf[off..]) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => off += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                spins = spins.wrapping_add(1);
+                if spins % 4096 == 0 && start.elapsed() > WAIT {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn write_full(s: &mut TcpStream, buf: &[u8], spin: bool) -> io::Result<()> {
+    if !spin {
+        return s.write_all(buf);
+    }
+    let mut off = 0;
+    let start = Instant::now();
+    while off < buf.len() {
+        match s.write(&buf[off..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => off += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                if start.elapsed() > WAIT {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn prepare(s: &TcpStream, spin: bool) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(WAIT))?;
+    s.set_write_timeout(Some(WAIT))?;
+    s.set_nonblocking(spin)
+}
+
+/// Run the server `fb` (side b, on its accepted stream) and client `fa`
+/// (side a, connected to it) in their namespaces.
+fn pair<A: Send + 'static>(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    port: u16,
+    fa: impl FnOnce(TcpStream) -> io::Result<A> + Send + 'static,
+    fb: impl FnOnce(TcpStream) -> io::Result<()> + Send + 'static,
+) -> io::Result<A> {
+    let addr = SocketAddr::new(KERNEL_B.into(), port);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hb = spawn_in(&topo.ns_b, cpus.1, "tcp-b", move || -> io::Result<()> {
+        let l = TcpListener::bind(addr)?;
+        let _ = tx.send(());
+        l.set_nonblocking(true)?;
+        let start = Instant::now();
+        let s = loop {
+            match l.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if start.elapsed() > WAIT {
+                        return Err(err("no connection"));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        fb(s)
+    })?;
+    rx.recv_timeout(WAIT)
+        .map_err(|_| err("tcp server did not start"))?;
+    let ha = spawn_in(&topo.ns_a, cpus.0, "tcp-a", move || {
+        let s = TcpStream::connect_timeout(&addr, WAIT)?;
+        fa(s)
+    })?;
+    let ra = ha.join().map_err(|_| err("tcp client panicked"))?;
+    let rb = hb.join().map_err(|_| err("tcp server panicked"))?;
+    let a = ra??;
+    rb??;
+    Ok(a)
+}
+
+/// Ping-pong of `size`-byte messages: half round trips in µs after the
+/// warm-up, per size.
+pub fn pingpong(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    port: u16,
+    spin: bool,
+    sizes: Vec<usize>,
+    warmup: usize,
+    n: usize,
+) -> io::Result<Vec<Vec<f64>>> {
+    let max = sizes.iter().copied().max().unwrap_or(1);
+    let sb = sizes.clone();
+    pair(
+        topo,
+        cpus,
+        port,
+        move |mut s| {
+            prepare(&s, spin)?;
+            let mut out_buf = vec![0x5a; max];
+            let mut in_buf = vec![0; max];
+            let mut out = Vec::new();
+            for &size in &sizes {
+                let mut v = Vec::with_capacity(n);
+                for i in 0..warmup + n {
+                    out_buf[size - 1] = crate::rdma::tag(i);
+                    let t0 = Instant::now();
+                    write_full(&mut s, &out_buf[..size], spin)?;
+                    read_full(&mut s, &mut in_buf[..size], spin)?;
+                    let dt = t0.elapsed();
+                    if i >= warmup {
+                        v.push(dt.as_secs_f64() * 1e6 / 2.0);
+                    }
+                }
+                out.push(v);
+            }
+            Ok(out)
+        },
+        move |mut s| {
+            prepare(&s, spin)?;
+            let mut buf = vec![0; max];
+            for &size in &sb {
+                for _ in 0..warmup + n {
+                    read_full(&mut s, &mut buf[..size], spin)?;
+                    write_full(&mut s, &buf[..size], spin)?;
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+/// One-directional stream: per round, side a writes `count` writes of
+/// `chunk` bytes, side b reads them all and answers 4 bytes, which stop
+/// the clock. Returns Gb/s of payload per round.
+#[allow(clippy::too_many_arguments)]
+pub fn stream(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    port: u16,
+    spin: bool,
+    chunk: usize,
+    count: usize,
+    rounds: usize,
+) -> io::Result<Vec<f64>> {
+    let total = chunk * count;
+    pair(
+        topo,
+        cpus,
+        port,
+        move |mut s| {
+            prepare(&s, spin)?;
+            let src = vec![0xa5; chunk];
+            let mut ack = [0u8; 4];
+            let mut v = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let t0 = Instant::now();
+                for _ in 0..count {
+                    write_full(&mut s, &src, spin)?;
+                }
+                read_full(&mut s, &mut ack, spin)?;
+                v.push(total as f64 * 8.0 / t0.elapsed().as_secs_f64() / 1e9);
+            }
+            Ok(v)
+        },
+        move |mut s| {
+            prepare(&s, spin)?;
+            let mut buf = vec![0; 256 << 10];
+            for _ in 0..rounds {
+                let mut got = 0;
+                while got < total {
+                    let want = (total - got).min(buf.len());
+                    read_full(&mut s, &mut buf[..want], spin)?;
+                    got += want;
+                }
+                write_full(&mut s, &[0, 0, 0, 1], spin)?;
+            }
+            Ok(())
+        },
+    )
+}

@@ -1,0 +1,189 @@
+//! Two network namespaces joined by a veth pair (`scripts/lib/topology.sh`,
+//! embedded), threads that run inside them, and teardown on every exit
+//! path: drop (normal return and panics that unwind), and SIGINT, SIGTERM
+//! or SIGHUP through [`install_teardown`].
+//!
+//! Addresses (198.18.0.0/15, benchmarking range): the kernel ends of the
+//! veth are [`KERNEL_A`] and [`KERNEL_B`]; the AF_XDP engines own
+//! [`XDP_A`] and [`XDP_B`] on the same link (the steering program passes
+//! everything else to the kernel), so one topology serves every
+//! configuration of a run.
+
+use std::fs::File;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+
+use nix::sched::{setns, CloneFlags};
+
+/// Kernel address of side a (veth `xa`).
+pub const KERNEL_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// Kernel address of side b (veth `xb`).
+pub const KERNEL_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+/// The AF_XDP engine's address on side a.
+pub const XDP_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 11);
+/// The AF_XDP engine's address on side b.
+pub const XDP_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 12);
+/// Prefix length of every address above.
+pub const PREFIX: u8 = 24;
+/// The interface in namespace a.
+pub const IF_A: &str = "xa";
+/// The interface in namespace b.
+pub const IF_B: &str = "xb";
+
+const SCRIPT: &str = include_str!("../../scripts/lib/topology.sh");
+
+/// Tags of topologies that are up (for the signal handler).
+static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<String>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn run_script(args: &[&str]) -> io::Result<std::process::Output> {
+    let path = std::env::temp_dir().join(format!("iwarp-bench-topology-{}.sh", std::process::id()));
+    std::fs::write(&path, SCRIPT)?;
+    let out = Command::new("bash").arg(&path).args(args).output();
+    let _ = std::fs::remove_file(&path);
+    out
+}
+
+fn down(tag: &str) {
+    let _ = run_script(&["down", tag]);
+}
+
+/// Namespaces `iwx-<pid>-<n>-a` / `-b` joined by veth `xa` <-> `xb`;
+/// deleted on drop.
+#[derive(Debug)]
+pub struct Topology {
+    tag: String,
+    /// Namespace of side a.
+    pub ns_a: String,
+    /// Namespace of side b.
+    pub ns_b: String,
+    /// MTU of the veth pair.
+    pub mtu: usize,
+}
+
+impl Topology {
+    /// Create the namespaces with kernel addresses [`KERNEL_A`] and
+    /// [`KERNEL_B`] at `mtu` (68..=3506).
+    pub fn up(mtu: usize) -> io::Result<Self> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let tag = format!(
+            "b{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        live().push(tag.clone());
+        let t = Self {
+            ns_a: format!("iwx-{tag}-a"),
+            ns_b: format!("iwx-{tag}-b"),
+            tag,
+            mtu,
+        };
+        let cidr = |a: Ipv4Addr| format!("{a}/{PREFIX}");
+        let out = run_script(&[
+            "up",
+            &t.tag,
+            &mtu.to_string(),
+            &cidr(KERNEL_A),
+            &cidr(KERNEL_B),
+        ])?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "topology up: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(t)
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        down(&self.tag);
+        live().retain(|t| t != &self.tag);
+    }
+}
+
+/// Block SIGINT, SIGTERM and SIGHUP in the calling thread (call it first
+/// in `main`, before any thread exists, so every thread inherits the
+/// mask) and start a thread that waits for them, deletes every live
+/// topology and exits with status 130.
+pub fn install_teardown() -> io::Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGHUP);
+    set.thread_block().map_err(io::Error::from)?;
+    std::thread::Builder::new()
+        .name("teardown".into())
+        .spawn(move || {
+            if let Ok(sig) = set.wait() {
+                eprintln!("\n{sig}: deleting the namespaces");
+                let tags: Vec<String> = live().clone();
+                for t in &tags {
+                    down(t);
+                }
+                std::process::exit(130);
+            }
+        })?;
+    Ok(())
+}
+
+/// Pin the calling thread to `cpu`; failures are reported, not fatal.
+pub fn pin(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    let ok = set.set(cpu).is_ok()
+        && nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok();
+    if !ok {
+        eprintln!("note: could not pin a thread to CPU {cpu}");
+    }
+}
+
+/// Run `f` on a new thread that entered network namespace `ns` and is
+/// pinned to `cpu`.
+pub fn spawn_in<T: Send + 'static>(
+    ns: &str,
+    cpu: Option<usize>,
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<JoinHandle<io::Result<T>>> {
+    let file = File::open(format!("/run/netns/{ns}"))?;
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            setns(file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+            if let Some(c) = cpu {
+                pin(c);
+            }
+            Ok(f())
+        })
+}
+
+/// The CPUs of the two sides: the first two the process may run on
+/// (`None` for both if there is only one).
+pub fn default_cpus() -> (Option<usize>, Option<usize>) {
+    let Ok(set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+        return (None, None);
+    };
+    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .take(2)
+        .collect();
+    match cpus[..] {
+        [a, b] => (Some(a), Some(b)),
+        _ => (None, None),
+    }
+}
+
+/// Whether the process runs as root (namespaces, veth, XDP need it).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
