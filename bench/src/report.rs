@@ -3,12 +3,12 @@
 use std::io;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::stats::{summarize, Summary};
 
 /// One measured series.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Record {
     /// Configuration name (`afxdp-crc-on`, `tcp-busypoll`, ...).
     pub config: String,
@@ -26,6 +26,9 @@ pub struct Record {
     pub samples: Vec<f64>,
     /// The error, if this configuration failed.
     pub error: Option<String>,
+    /// Queue pairs used (scale runs), if it is a parameter of the series.
+    #[serde(default)]
+    pub qps: Option<usize>,
 }
 
 impl Record {
@@ -40,6 +43,7 @@ impl Record {
             summary: summarize(&samples),
             samples,
             error: None,
+            qps: None,
         }
     }
 
@@ -77,7 +81,7 @@ pub fn merge(all: &mut Vec<Record>, new: Vec<Record>) {
 }
 
 /// The whole output of one run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     /// The binary.
     pub tool: String,
@@ -96,7 +100,7 @@ pub struct Report {
 }
 
 /// A ratio of two medians against a target.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ratio {
     /// What is compared.
     pub name: String,

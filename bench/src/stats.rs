@@ -1,9 +1,9 @@
 //! Summary statistics of a set of samples.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Mean, sample standard deviation, nearest-rank percentiles and extremes.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// Number of samples.
     pub n: usize,
