@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use smoltcp::iface::{Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult};
 use smoltcp::iface::{SocketHandle, SocketSet};
@@ -137,8 +138,11 @@ pub struct Stack<D: Device> {
     neighbors: Vec<(Ipv4Address, EthernetAddress)>,
     neighbor_refresh_at: Instant,
     listeners: Vec<Listener>,
-    conns: HashMap<SocketHandle, Conn>,
+    conns: HashMap<SocketHandle, Conn, HandleHash>,
     counters: Counters,
+    /// Something was queued for egress since the last poll (data, a FIN,
+    /// a reset, a SYN): see [`Stack::egress_due`].
+    egress_due: bool,
 }
 
 impl<D: Device> fmt::Debug for Stack<D> {
@@ -149,6 +153,31 @@ impl<D: Device> fmt::Debug for Stack<D> {
             .field("connections", &self.conns.len())
             .field("counters", &self.counters())
             .finish_non_exhaustive()
+    }
+}
+
+/// Hashing for socket handles: a handle is a small slot index, hashed
+/// on every per-connection call of every engine pass, where SipHash's
+/// DoS resistance buys nothing (the keys are ours, not the peer's).
+type HandleHash = BuildHasherDefault<IndexHasher>;
+
+/// A multiplicative (Fibonacci) hash of the integers a handle hashes as.
+#[derive(Default)]
+struct IndexHasher(u64);
+
+impl Hasher for IndexHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
@@ -192,8 +221,9 @@ impl<D: Device> Stack<D> {
             neighbors: Vec::new(),
             neighbor_refresh_at: now,
             listeners: Vec::new(),
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             counters: Counters::default(),
+            egress_due: false,
         }
     }
 
@@ -328,6 +358,7 @@ impl<D: Device> Stack<D> {
         c.remote = Some(remote);
         self.conns.insert(h, c);
         self.counters.connects += 1;
+        self.egress_due = true;
         Ok(ConnId(h))
     }
 
@@ -424,6 +455,7 @@ impl<D: Device> Stack<D> {
                 Err(_) => break,
             }
         }
+        self.egress_due |= total > 0;
         Ok(total)
     }
 
@@ -452,12 +484,14 @@ impl<D: Device> Stack<D> {
     /// Close our direction (FIN after the queued data).
     pub fn close(&mut self, conn: ConnId) -> Result<(), Error> {
         self.socket(conn)?.close();
+        self.egress_due = true;
         Ok(())
     }
 
     /// Abort the connection (RST at the next poll).
     pub fn abort(&mut self, conn: ConnId) -> Result<(), Error> {
         self.socket(conn)?.abort();
+        self.egress_due = true;
         Ok(())
     }
 
@@ -595,6 +629,7 @@ impl<D: Device> Stack<D> {
             self.counters.ingress_budget_hits += 1;
         }
         self.update_listeners();
+        self.egress_due = false;
         let mut budget_hit = true;
         for _ in 0..self.config.egress_budget {
             match self
@@ -614,6 +649,14 @@ impl<D: Device> Stack<D> {
         self.iface.poll_maintenance(now);
         did |= self.update_conns();
         did
+    }
+
+    /// Whether data, a FIN, a reset or a SYN was queued since the last
+    /// [`Stack::poll`]: a caller that polled before filling the transmit
+    /// rings needs another poll only then (timers and ACKs wait for the
+    /// next pass or [`Stack::poll_at`]).
+    pub fn egress_due(&self) -> bool {
+        self.egress_due
     }
 
     /// When to poll next at the latest (`now` or earlier: at once).

@@ -462,7 +462,9 @@ impl XdpIo {
             work += self.pump_conn(ctx, i, now);
         }
         work += self.pump_lingering(now);
-        if self.stack.poll(t) {
+        // Egress for what the pass queued; a pass that queued nothing left
+        // the first poll's egress complete.
+        if self.stack.egress_due() && self.stack.poll(t) {
             work += 1;
         }
         let dev = self.stack.device_mut();
