@@ -23,6 +23,7 @@ pub mod load;
 pub mod raw;
 pub mod rdma;
 pub mod report;
+pub mod scale;
 pub mod sock;
 pub mod stats;
 pub mod topo;
