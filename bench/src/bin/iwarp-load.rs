@@ -32,8 +32,8 @@ struct Cli {
     /// Seconds of traffic per run (default 4; --quick: 1).
     #[arg(long)]
     secs: Option<f64>,
-    /// Seconds of idle-rate measurement before each run (default 1;
-    /// --quick: 0.3).
+    /// Seconds of idle-rate measurement before and after each run
+    /// (default 1; --quick: 0.3).
     #[arg(long)]
     idle_secs: Option<f64>,
     /// Outstanding RDMA Writes.
@@ -178,7 +178,7 @@ fn main() -> std::process::ExitCode {
     let failed = recs.iter().any(|r| r.error.is_some());
     if let Some(path) = &c.json {
         let mut notes = iwarp_bench::notes();
-        notes.push("load: a thread at nice 19 / SCHED_IDLE pinned to each side's core counts loop iterations; bg_slowdown = 1 - rate during traffic / rate just before it with both cores idle".into());
+        notes.push("load: a thread at nice 19 / SCHED_IDLE pinned to each side's core counts loop iterations; bg_slowdown = 1 - rate during traffic / idle rate (the higher of a window just before and one just after the traffic, no traffic running)".into());
         notes.push("load: cpu_per_gb from /proc/stat of each side's core over the traffic (user + system + irq + softirq; the background task's time is in nice, left out); the whole core counts, other processes too".into());
         notes.push("load: NAME = manual progress, the side's thread spins; NAME-sleep = the engine's own progress thread (busy_poll off, epoll when idle), the application blocks in Cq::wait; tcp-stream = blocking writes and reads of the message size".into());
         let rep = Report {
