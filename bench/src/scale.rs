@@ -50,6 +50,9 @@ pub struct ScaleParams {
     pub sender: Sender,
     /// UMEM frames of the AF_XDP engines.
     pub frames: u32,
+    /// Size side b's TCP buffers so N windows fit its fill ring
+    /// (`iwarp_tcp::Config::fit_rx_frames`) instead of the defaults.
+    pub fit: bool,
 }
 
 /// What a scale run measured.
@@ -65,6 +68,9 @@ pub struct ScaleResult {
     pub rss_traffic: u64,
     /// Side b's smoltcp receive + transmit buffer per connection (KiB).
     pub tcp_buffers: f64,
+    /// Frames side b's AF_XDP socket dropped (rx ring full or fill ring
+    /// empty) over the run.
+    pub rx_dropped: u64,
 }
 
 /// `VmRSS` (KiB) of a `/proc/self/status` text.
@@ -142,7 +148,11 @@ pub fn run(
     let (to_b, from_a) = mpsc::channel::<()>();
     let (back_a, b_says) = mpsc::channel::<()>();
     let hb = spawn_in(&topo.ns_b, cpus.1, "scale-b", move || -> io::Result<_> {
-        let cfg = xdp(true, mtu, p.frames);
+        let mut cfg = xdp(true, mtu, p.frames);
+        if p.fit {
+            let mss = mtu.saturating_sub(40);
+            cfg.tcp = cfg.tcp.fit_rx_frames(p.frames as usize / 2, mss, n);
+        }
         let tcp_buffers = (cfg.tcp.rx_buffer + cfg.tcp.tx_buffer) as f64 / 1024.0;
         let dev = retry_open(|| Device::open(Backend::AfXdp(cfg.clone()), manual(2)))?;
         let pd = dev.alloc_pd();
@@ -199,7 +209,8 @@ pub fn run(
         while t.elapsed() < Duration::from_millis(50) {
             dev.progress();
         }
-        Ok((rss_before, rss_setup, rss_traffic, tcp_buffers))
+        let dropped = st.xdp.map_or(0, |x| x.rx_dropped + x.rx_ring_full);
+        Ok((rss_before, rss_setup, rss_traffic, tcp_buffers, dropped))
     })?;
     let ha = spawn_in(&topo.ns_a, cpus.0, "scale-a", move || -> io::Result<f64> {
         let backend = match p.sender {
@@ -297,13 +308,16 @@ pub fn run(
     let ra = ha.join().map_err(|_| err("side a panicked"))?;
     let rb = hb.join().map_err(|_| err("side b panicked"))?;
     match (ra?, rb?) {
-        (Ok(gbps), Ok((rss_before, rss_setup, rss_traffic, tcp_buffers))) => Ok(ScaleResult {
-            gbps,
-            rss_before,
-            rss_setup,
-            rss_traffic,
-            tcp_buffers,
-        }),
+        (Ok(gbps), Ok((rss_before, rss_setup, rss_traffic, tcp_buffers, rx_dropped))) => {
+            Ok(ScaleResult {
+                gbps,
+                rss_before,
+                rss_setup,
+                rss_traffic,
+                tcp_buffers,
+                rx_dropped,
+            })
+        }
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
         (Err(a), Err(b)) => Err(err(format!("side a: {a}; side b: {b}"))),
     }

@@ -37,13 +37,22 @@ struct Cli {
     /// UMEM frames of the AF_XDP engines.
     #[arg(long, default_value_t = 4096)]
     frames: u32,
+    /// Size the receiver's TCP buffers so N windows fit its fill ring
+    /// (rx frames x MSS / N) instead of the default 256 KiB.
+    #[arg(long)]
+    fit_window: bool,
 }
 
 /// The series name: receiver backend and sender backend.
-fn series(s: Sender) -> String {
-    match s {
-        Sender::Kernel => "afxdp-rx/kernel-tx".into(),
-        Sender::Afxdp => "afxdp-rx/afxdp-tx".into(),
+fn series(s: Sender, fit: bool) -> String {
+    let base = match s {
+        Sender::Kernel => "afxdp-rx/kernel-tx",
+        Sender::Afxdp => "afxdp-rx/afxdp-tx",
+    };
+    if fit {
+        format!("{base}-fit")
+    } else {
+        base.into()
     }
 }
 
@@ -71,6 +80,7 @@ fn main() -> std::process::ExitCode {
         warmup: cli.warmup.unwrap_or(if c.quick { 0.3 } else { 1.0 }),
         sender: cli.sender,
         frames: cli.frames,
+        fit: cli.fit_window,
     };
     let reps = c.n.unwrap_or(1).max(1);
     let cpus = c.cpus();
@@ -83,10 +93,11 @@ fn main() -> std::process::ExitCode {
     };
     println!("command: {}", report::command_line());
     println!(
-        "MTU {}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames",
-        topo.mtu, p.size, p.window, p.secs, p.warmup, p.sender, p.frames
+        "MTU {}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames, receiver TCP buffers {}",
+        topo.mtu, p.size, p.window, p.secs, p.warmup, p.sender, p.frames,
+        if p.fit { "fitted to the fill ring" } else { "default" }
     );
-    let name = series(p.sender);
+    let name = series(p.sender, p.fit);
     let mut recs: Vec<Record> = Vec::new();
     let mut rows = vec![[
         "qps",
@@ -97,6 +108,7 @@ fn main() -> std::process::ExitCode {
         "KiB/QP setup",
         "KiB/QP traffic",
         "tcp bufs KiB/QP",
+        "rx drops",
     ]
     .map(String::from)
     .to_vec()];
@@ -121,6 +133,7 @@ fn main() -> std::process::ExitCode {
                         format!("{setup:.1}"),
                         format!("{traffic:.1}"),
                         format!("{:.0}", r.tcp_buffers),
+                        r.rx_dropped.to_string(),
                     ]);
                     let rec = |cfg: &str, m: &str, u: &str, v: f64| {
                         with(Record::new(cfg, p.size, m, u, vec![v]))
@@ -172,7 +185,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; tcp bufs = side b's smoltcp receive + transmit buffers per connection, allocated, resident only once touched)");
+    println!("(RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; tcp bufs = side b's smoltcp receive + transmit buffers per connection, allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped)");
     let agg = |n: usize| {
         recs.iter()
             .find(|r| r.metric == "aggregate_bw" && r.qps == Some(n) && r.config == name)
