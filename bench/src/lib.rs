@@ -19,9 +19,11 @@
 //! kernel TCP with std sockets ([`sock`]) and a bare smoltcp stream over
 //! the engine's AF_XDP socket ([`raw`]). Results: [`stats`], [`report`].
 
+pub mod load;
 pub mod raw;
 pub mod rdma;
 pub mod report;
+pub mod scale;
 pub mod sock;
 pub mod stats;
 pub mod topo;

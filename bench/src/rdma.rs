@@ -164,8 +164,30 @@ impl Side {
         sq_depth: usize,
         l: Link,
     ) -> io::Result<Self> {
+        Self::connect_with(e, side_b, mtu, port, len, src_len, sq_depth, l, None)
+    }
+
+    /// [`Side::connect`] with a choice of progress: `None` is manual
+    /// progress (the application thread spins); `Some(cpu)` is the
+    /// engine's own progress thread, pinned to `cpu` and sleeping in
+    /// epoll when idle (`busy_poll` off, AF_XDP in wakeup mode).
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_with(
+        e: Engine,
+        side_b: bool,
+        mtu: usize,
+        port: u16,
+        len: usize,
+        src_len: usize,
+        sq_depth: usize,
+        l: Link,
+        thread: Option<Option<usize>>,
+    ) -> io::Result<Self> {
         let cfg = DeviceConfig {
-            progress: Progress::Manual,
+            progress: match thread {
+                None => Progress::Manual,
+                Some(cpu) => Progress::Thread { cpu },
+            },
             seed: Some(if side_b { 2 } else { 1 }),
             busy_poll: false,
         };
@@ -268,6 +290,17 @@ impl Side {
                 return Err(err("the other side did not arrive"));
             }
         }
+    }
+
+    /// [`Side::meet`] without spinning: blocks on the other side (for a
+    /// side whose engine has its own progress thread).
+    pub fn meet_blocking(&self, timeout: Duration) -> io::Result<()> {
+        self.tx
+            .send(())
+            .map_err(|_| err("the other side is gone"))?;
+        self.rx
+            .recv_timeout(timeout)
+            .map_err(|_| err("the other side did not arrive"))
     }
 
     /// Spin until the byte at `off` of our buffer is `v`, driving the
@@ -476,6 +509,88 @@ pub fn spray_b(s: &Side, sizes: &[usize], rounds: usize) -> io::Result<()> {
     s.meet()
 }
 
+/// What a timed stream moved.
+#[derive(Clone, Copy, Debug)]
+pub struct Moved<T> {
+    /// Payload bytes of the writes completed between `start` and `end`.
+    pub bytes: u64,
+    /// Taken when the stream started.
+    pub start: T,
+    /// Taken when it stopped.
+    pub end: T,
+}
+
+/// A timed unidirectional RDMA Write stream, side a (sender): `size`-byte
+/// writes with at most `depth` outstanding for `secs` seconds; `mark` is
+/// called at the start and at the end. With `sleep` the thread waits for
+/// completions in [`Cq::wait`] (the engine's own thread runs it),
+/// otherwise it spins on [`Device::progress`].
+pub fn stream_a<T>(
+    s: &Side,
+    size: usize,
+    depth: usize,
+    secs: f64,
+    sleep: bool,
+    mut mark: impl FnMut() -> T,
+) -> io::Result<Moved<T>> {
+    let meet = |s: &Side| {
+        if sleep {
+            s.meet_blocking(WAIT)
+        } else {
+            s.meet()
+        }
+    };
+    meet(s)?;
+    let dur = Duration::from_secs_f64(secs);
+    let mut wc = [EMPTY_WC; 64];
+    let (mut posted, mut done) = (0u64, 0u64);
+    let start = mark();
+    let t0 = Instant::now();
+    let mut spins = 0u32;
+    let mut last_done = Instant::now();
+    while t0.elapsed() < dur {
+        while posted - done < depth as u64 {
+            s.write(0, 0, size, true)?;
+            posted += 1;
+        }
+        let n = if sleep {
+            s.cq.wait(&mut wc, Some(Duration::from_millis(100)))
+        } else {
+            s.dev.progress();
+            s.cq.poll(&mut wc)
+        };
+        if let Some(w) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
+            return Err(err(format!("completion error {w:?}")));
+        }
+        done += n as u64;
+        if n > 0 {
+            last_done = Instant::now();
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 && last_done.elapsed() > WAIT {
+            return Err(err("stream stalled"));
+        }
+    }
+    let end = mark();
+    let bytes = done * size as u64;
+    meet(s)?;
+    Ok(Moved { bytes, start, end })
+}
+
+/// The timed stream, side b (receiver): waits for side a to start and
+/// to finish, spinning on [`Device::progress`] or (`sleep`) blocked
+/// while the engine's own thread works.
+pub fn stream_b(s: &Side, secs: f64, sleep: bool) -> io::Result<()> {
+    for _ in 0..2 {
+        if sleep {
+            s.meet_blocking(WAIT + Duration::from_secs_f64(secs))?;
+        } else {
+            s.meet()?;
+        }
+    }
+    Ok(())
+}
+
 /// Run side a's `fa` and side b's `fb` in their namespaces on their CPUs
 /// over a connection of engine `e`.
 #[allow(clippy::too_many_arguments)]
@@ -490,16 +605,40 @@ pub fn run_pair<A: Send + 'static>(
     fa: impl FnOnce(&Side) -> io::Result<A> + Send + 'static,
     fb: impl FnOnce(&Side) -> io::Result<()> + Send + 'static,
 ) -> io::Result<A> {
+    run_pair_with(topo, cpus, e, false, port, len, src_len, sq_depth, fa, fb)
+}
+
+/// [`run_pair`], with the engines' own progress threads (`threads`:
+/// pinned to each side's CPU, sleeping when idle) instead of manual
+/// progress.
+#[allow(clippy::too_many_arguments)]
+pub fn run_pair_with<A: Send + 'static>(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    e: Engine,
+    threads: bool,
+    port: u16,
+    len: usize,
+    src_len: usize,
+    sq_depth: usize,
+    fa: impl FnOnce(&Side) -> io::Result<A> + Send + 'static,
+    fb: impl FnOnce(&Side) -> io::Result<()> + Send + 'static,
+) -> io::Result<A> {
     let (la, lb) = link();
     let mtu = topo.mtu;
+    let (ta, tb) = if threads {
+        (Some(cpus.0), Some(cpus.1))
+    } else {
+        (None, None)
+    };
     let hb = crate::topo::spawn_in(&topo.ns_b, cpus.1, "side-b", move || {
-        let s = Side::connect(e, true, mtu, port, len, src_len, sq_depth, lb)?;
+        let s = Side::connect_with(e, true, mtu, port, len, src_len, sq_depth, lb, tb)?;
         let r = fb(&s);
         s.close();
         r
     })?;
     let ha = crate::topo::spawn_in(&topo.ns_a, cpus.0, "side-a", move || {
-        let s = Side::connect(e, false, mtu, port, len, src_len, sq_depth, la)?;
+        let s = Side::connect_with(e, false, mtu, port, len, src_len, sq_depth, la, ta)?;
         let r = fa(&s);
         s.close();
         r

@@ -211,3 +211,46 @@ pub fn stream(
         },
     )
 }
+
+/// A timed one-directional stream of blocking `chunk`-byte writes for
+/// `secs` seconds (side a writes, side b reads until EOF); `mark` is
+/// called at the start and at the end on side a's thread.
+pub fn timed_stream<T: Send + 'static>(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    port: u16,
+    chunk: usize,
+    secs: f64,
+    mut mark: impl FnMut() -> T + Send + 'static,
+) -> io::Result<crate::rdma::Moved<T>> {
+    pair(
+        topo,
+        cpus,
+        port,
+        move |mut s| {
+            prepare(&s, false)?;
+            let src = vec![0xa5; chunk];
+            let dur = Duration::from_secs_f64(secs);
+            let mut bytes = 0u64;
+            let start = mark();
+            let t0 = Instant::now();
+            while t0.elapsed() < dur {
+                s.write_all(&src)?;
+                bytes += chunk as u64;
+            }
+            let end = mark();
+            s.shutdown(std::net::Shutdown::Write)?;
+            let mut b = [0u8; 1];
+            // Side b closes after EOF.
+            let _ = s.read(&mut b)?;
+            Ok(crate::rdma::Moved { bytes, start, end })
+        },
+        move |mut s| {
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(WAIT + Duration::from_secs_f64(secs)))?;
+            let mut buf = vec![0; 256 << 10];
+            while s.read(&mut buf)? > 0 {}
+            Ok(())
+        },
+    )
+}

@@ -1,0 +1,259 @@
+//! Aggregate RDMA Write throughput and memory per QP with many queue
+//! pairs on one AF_XDP engine core (side b, the receiver); side a opens
+//! the QPs (kernel-socket engine by default) and keeps a window of writes
+//! outstanding on each, posting round robin. Prints the ratio of the
+//! largest QP count's aggregate to the 1-QP aggregate. Needs root.
+
+use clap::Parser;
+use iwarp_bench::report::{self, Ratio, Record, Report};
+use iwarp_bench::scale::{self, ScaleParams, Sender};
+use iwarp_bench::stats::summarize;
+use iwarp_bench::topo::{self, Topology};
+use iwarp_bench::{next_port, parse_size, Common};
+
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    #[command(flatten)]
+    common: Common,
+    /// QP counts (default 1,16,256,1024; --quick: 1,16).
+    #[arg(long, value_delimiter = ',')]
+    qps: Option<Vec<usize>>,
+    /// Bytes per RDMA Write.
+    #[arg(long, value_parser = parse_size, default_value = "64K")]
+    size: usize,
+    /// Outstanding writes per QP.
+    #[arg(short = 'w', long, default_value_t = 4)]
+    window: usize,
+    /// Seconds of counted traffic per QP count (default 3; --quick: 1).
+    #[arg(long)]
+    secs: Option<f64>,
+    /// Seconds of traffic before counting (default 1; --quick: 0.3).
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Backend of the sending side.
+    #[arg(long, value_enum, default_value = "kernel")]
+    sender: Sender,
+    /// UMEM frames of the AF_XDP engines.
+    #[arg(long, default_value_t = 4096)]
+    frames: u32,
+    /// Size the receiver's TCP buffers so N windows fit its fill ring
+    /// (rx frames x MSS / N) instead of the default 256 KiB.
+    #[arg(long)]
+    fit_window: bool,
+}
+
+/// The series name: receiver backend and sender backend.
+fn series(s: Sender, fit: bool) -> String {
+    let base = match s {
+        Sender::Kernel => "afxdp-rx/kernel-tx",
+        Sender::Afxdp => "afxdp-rx/afxdp-tx",
+    };
+    if fit {
+        format!("{base}-fit")
+    } else {
+        base.into()
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if !iwarp_bench::require_root("iwarp-scale") {
+        return std::process::ExitCode::SUCCESS;
+    }
+    if let Err(e) = topo::install_teardown() {
+        eprintln!("iwarp-scale: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let c = &cli.common;
+    let counts = cli.qps.clone().unwrap_or_else(|| {
+        if c.quick {
+            vec![1, 16]
+        } else {
+            vec![1, 16, 256, 1024]
+        }
+    });
+    let p = ScaleParams {
+        size: cli.size,
+        window: cli.window.max(1),
+        secs: cli.secs.unwrap_or(if c.quick { 1.0 } else { 3.0 }),
+        warmup: cli.warmup.unwrap_or(if c.quick { 0.3 } else { 1.0 }),
+        sender: cli.sender,
+        frames: cli.frames,
+        fit: cli.fit_window,
+    };
+    let reps = c.n.unwrap_or(1).max(1);
+    let cpus = c.cpus();
+    let topo = match Topology::up(c.mtu.into()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("iwarp-scale: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    println!("command: {}", report::command_line());
+    println!(
+        "MTU {}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames, receiver TCP buffers {}",
+        topo.mtu, p.size, p.window, p.secs, p.warmup, p.sender, p.frames,
+        if p.fit { "fitted to the fill ring" } else { "default" }
+    );
+    let name = series(p.sender, p.fit);
+    let mut recs: Vec<Record> = Vec::new();
+    let mut rows = vec![[
+        "qps",
+        "Gb/s",
+        "RSS before",
+        "RSS setup",
+        "RSS traffic",
+        "KiB/QP setup",
+        "KiB/QP traffic",
+        "tcp bufs KiB/QP",
+        "rx drops",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for _ in 0..reps {
+        for &n in &counts {
+            eprintln!("scale: {n} QPs");
+            let with = |mut r: Record| {
+                r.qps = Some(n);
+                r
+            };
+            let mut new = Vec::new();
+            match scale::run(&topo, cpus, n, next_port(), p) {
+                Ok(r) => {
+                    let setup = scale::per_qp(r.rss_before, r.rss_setup, n);
+                    let traffic = scale::per_qp(r.rss_before, r.rss_traffic, n);
+                    rows.push(vec![
+                        n.to_string(),
+                        format!("{:.2}", r.gbps),
+                        r.rss_before.to_string(),
+                        r.rss_setup.to_string(),
+                        r.rss_traffic.to_string(),
+                        format!("{setup:.1}"),
+                        format!("{traffic:.1}"),
+                        format!("{:.0}", r.tcp_buffers),
+                        r.rx_dropped.to_string(),
+                    ]);
+                    let rec = |cfg: &str, m: &str, u: &str, v: f64| {
+                        with(Record::new(cfg, p.size, m, u, vec![v]))
+                    };
+                    new.push(rec(&name, "aggregate_bw", "Gb/s", r.gbps));
+                    new.push(rec(&name, "mem_per_qp", "KiB", setup));
+                    new.push(rec(
+                        &format!("{name}/after-traffic"),
+                        "mem_per_qp",
+                        "KiB",
+                        traffic,
+                    ));
+                    new.push(rec(
+                        &format!("{name}/tcp-buffers"),
+                        "mem_per_qp",
+                        "KiB",
+                        r.tcp_buffers,
+                    ));
+                }
+                Err(e) => {
+                    eprintln!("scale: {n} QPs: {e}");
+                    rows.push(vec![n.to_string(), format!("FAILED: {e}")]);
+                    new.push(with(Record::failed(
+                        &name,
+                        p.size,
+                        "aggregate_bw",
+                        "Gb/s",
+                        &e,
+                    )));
+                    new.push(with(Record::failed(&name, p.size, "mem_per_qp", "KiB", &e)));
+                }
+            }
+            // Series differ by QP count: merge only the same count.
+            for r in new {
+                match recs
+                    .iter_mut()
+                    .find(|x| x.config == r.config && x.metric == r.metric && x.qps == r.qps)
+                {
+                    Some(x) => {
+                        x.samples.extend_from_slice(&r.samples);
+                        x.summary = summarize(&x.samples);
+                        x.error = x.error.take().or(r.error);
+                    }
+                    None => recs.push(r),
+                }
+            }
+        }
+    }
+    drop(topo);
+    println!();
+    print!("{}", report::render(&rows));
+    println!("(RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; tcp bufs = side b's smoltcp receive + transmit buffers per connection, allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped)");
+    let agg = |n: usize| {
+        recs.iter()
+            .find(|r| r.metric == "aggregate_bw" && r.qps == Some(n) && r.config == name)
+            .and_then(Record::p50)
+    };
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let mut ratios = Vec::new();
+    if max > 1 && counts.contains(&1) {
+        let r = Ratio::new(
+            &format!("aggregate {max} QPs / 1 QP"),
+            agg(max),
+            agg(1),
+            ">=",
+            0.8,
+        );
+        match r.value {
+            Some(v) => println!(
+                "ratio {}: {v:.2} (target >= 0.8: {})",
+                r.name,
+                if r.met == Some(true) {
+                    "met"
+                } else {
+                    "not met"
+                }
+            ),
+            None => println!("ratio {}: n/a", r.name),
+        }
+        ratios.push(r);
+    }
+    let failed = recs.iter().any(|r| r.error.is_some());
+    if let Some(path) = &c.json {
+        let mut notes = iwarp_bench::notes();
+        notes.push(format!("scale: side b = one AF_XDP engine in manual progress on one core (receiver); side a = {:?} engine (sender) on the other; every QP keeps {} writes of {} B outstanding, reposted as completions arrive", p.sender, p.window, p.size));
+        notes.push("scale: mem_per_qp = (process RSS with N QPs connected - RSS before any QP) / N, both engines in one process; /after-traffic: RSS after the traffic; /tcp-buffers: side b's smoltcp rx + tx buffer per connection (computed)".into());
+        let rep = Report {
+            tool: "iwarp-scale".into(),
+            command: report::command_line(),
+            mtu: c.mtu.into(),
+            cpus,
+            notes,
+            records: recs,
+            ratios,
+        };
+        if let Err(e) = report::write_json(path, &rep) {
+            eprintln!("iwarp-scale: {}: {e}", path.display());
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_parses() {
+        Cli::command().debug_assert();
+        let c = Cli::try_parse_from(["x", "--qps", "1,16,1024", "--sender", "afxdp", "--quick"])
+            .unwrap();
+        assert_eq!(c.qps, Some(vec![1, 16, 1024]));
+        assert_eq!(c.sender, Sender::Afxdp);
+        assert_eq!(c.size, 65536);
+        assert!(Cli::try_parse_from(["x", "--sender", "siw"]).is_err());
+    }
+}

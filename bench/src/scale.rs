@@ -1,0 +1,344 @@
+//! Many queue pairs on one engine core: side b is one AF_XDP engine
+//! (manual progress, its thread spinning on one core) that accepts N
+//! connections; side a opens N QPs to it (kernel-socket or AF_XDP
+//! engine, one thread on the other core) and keeps a window of RDMA
+//! Writes outstanding on every QP, posting round robin as completions
+//! come back. Measures the aggregate throughput and the process's
+//! resident memory before and after the N QPs are set up (both engines
+//! live in this process: the difference is both sides' user-space
+//! memory per QP; the kernel's socket buffers are not in it).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::time::{Duration, Instant};
+
+use iwarp_engine::xdp::AttachMode;
+use iwarp_engine::{
+    Access, Backend, ConnParams, Device, DeviceConfig, Progress, Qp, QpInit, SendOp, SendWr,
+    WcStatus, XdpConfig, EMPTY_WC,
+};
+
+use crate::rdma::{retry_open, WAIT};
+use crate::topo::{spawn_in, Topology, IF_A, IF_B, PREFIX, XDP_A, XDP_B};
+
+fn err(msg: impl Into<String>) -> io::Error {
+    io::Error::other(msg.into())
+}
+
+/// The backend of the sending side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sender {
+    /// Kernel-socket engine (its socket buffers are kernel memory).
+    Kernel,
+    /// AF_XDP engine (both sides' smoltcp buffers are in the RSS).
+    Afxdp,
+}
+
+/// What a scale run does.
+#[derive(Clone, Copy, Debug)]
+pub struct ScaleParams {
+    /// Bytes per RDMA Write.
+    pub size: usize,
+    /// Outstanding writes per QP.
+    pub window: usize,
+    /// Seconds of counted traffic.
+    pub secs: f64,
+    /// Seconds of traffic before counting starts.
+    pub warmup: f64,
+    /// Backend of side a.
+    pub sender: Sender,
+    /// UMEM frames of the AF_XDP engines.
+    pub frames: u32,
+    /// Size side b's TCP buffers so N windows fit its fill ring
+    /// (`iwarp_tcp::Config::fit_rx_frames`) instead of the defaults.
+    pub fit: bool,
+}
+
+/// What a scale run measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScaleResult {
+    /// Aggregate payload Gb/s over the counted seconds.
+    pub gbps: f64,
+    /// Process RSS (KiB) with both devices open, before any QP.
+    pub rss_before: u64,
+    /// Process RSS (KiB) with the N QPs connected.
+    pub rss_setup: u64,
+    /// Process RSS (KiB) after the traffic.
+    pub rss_traffic: u64,
+    /// Side b's smoltcp receive + transmit buffer per connection (KiB).
+    pub tcp_buffers: f64,
+    /// Frames side b's AF_XDP socket dropped (rx ring full or fill ring
+    /// empty) over the run.
+    pub rx_dropped: u64,
+}
+
+/// `VmRSS` (KiB) of a `/proc/self/status` text.
+pub fn parse_rss(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_ascii_whitespace().next()?.parse().ok())
+}
+
+/// This process's resident set (KiB).
+pub fn rss() -> io::Result<u64> {
+    parse_rss(&std::fs::read_to_string("/proc/self/status")?)
+        .ok_or_else(|| err("no VmRSS in /proc/self/status"))
+}
+
+/// `(after - before) / n` in KiB (0 if memory went down).
+pub fn per_qp(before: u64, after: u64, n: usize) -> f64 {
+    after.saturating_sub(before) as f64 / n.max(1) as f64
+}
+
+fn xdp(side_b: bool, mtu: usize, frames: u32) -> XdpConfig {
+    let (ifname, ip) = if side_b { (IF_B, XDP_B) } else { (IF_A, XDP_A) };
+    let mut c = XdpConfig::new(ifname, ip, PREFIX);
+    c.attach = AttachMode::Native;
+    c.busy_poll = false;
+    c.mtu = mtu;
+    c.frames = frames;
+    c
+}
+
+fn manual(seed: u64) -> DeviceConfig {
+    DeviceConfig {
+        progress: Progress::Manual,
+        seed: Some(seed),
+        busy_poll: false,
+    }
+}
+
+/// Spin `dev`'s engine until a message arrives on `rx`.
+fn spin_recv<T>(dev: &Device, rx: &Receiver<T>, timeout: Duration) -> io::Result<T> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(t) => return Ok(t),
+            Err(TryRecvError::Disconnected) => return Err(err("the other side is gone")),
+            Err(TryRecvError::Empty) if start.elapsed() > timeout => {
+                return Err(err("the other side did not answer"))
+            }
+            Err(TryRecvError::Empty) => {
+                dev.progress();
+            }
+        }
+    }
+}
+
+/// Side b's buffer as side a sees it.
+#[derive(Clone, Copy, Debug)]
+struct Target {
+    addr: SocketAddr,
+    va: u64,
+    rkey: u32,
+}
+
+/// One run with `n` QPs.
+pub fn run(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    n: usize,
+    port: u16,
+    p: ScaleParams,
+) -> io::Result<ScaleResult> {
+    let mtu = topo.mtu;
+    let (to_a, from_b) = mpsc::channel::<Target>();
+    let (to_b, from_a) = mpsc::channel::<()>();
+    let (back_a, b_says) = mpsc::channel::<()>();
+    let hb = spawn_in(&topo.ns_b, cpus.1, "scale-b", move || -> io::Result<_> {
+        let mut cfg = xdp(true, mtu, p.frames);
+        if p.fit {
+            let mss = mtu.saturating_sub(40);
+            cfg.tcp = cfg.tcp.fit_rx_frames(p.frames as usize / 2, mss, n);
+        }
+        let tcp_buffers = (cfg.tcp.rx_buffer + cfg.tcp.tx_buffer) as f64 / 1024.0;
+        let dev = retry_open(|| Device::open(Backend::AfXdp(cfg.clone()), manual(2)))?;
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(64);
+        let buf = dev.reg_mr(&pd, p.size, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+        let lis = dev
+            .listen(SocketAddr::new(XDP_B.into(), port))
+            .map_err(|e| err(format!("listen: {e}")))?;
+        to_a.send(Target {
+            addr: lis.local_addr(),
+            va: buf.addr(),
+            rkey: buf.rkey(),
+        })
+        .map_err(|_| err("side a is gone"))?;
+        // Side a has opened its device too.
+        spin_recv(&dev, &from_a, WAIT)?;
+        let rss_before = rss()?;
+        let mut qps: Vec<Qp> = Vec::with_capacity(n);
+        for i in 0..n {
+            let req = lis
+                .get_request(Some(WAIT))
+                .map_err(|e| err(format!("get_request {i}: {e}")))?;
+            let qi = QpInit {
+                pd: pd.clone(),
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                sq_depth: 4,
+                rq_depth: 4,
+                sig_all: false,
+            };
+            qps.push(
+                req.accept(qi, ConnParams::default())
+                    .map_err(|e| err(format!("accept {i}: {e}")))?,
+            );
+        }
+        // Side a has all N connected.
+        spin_recv(&dev, &from_a, WAIT)?;
+        let rss_setup = rss()?;
+        back_a.send(()).map_err(|_| err("side a is gone"))?;
+        // The traffic runs until side a says it is done.
+        spin_recv(
+            &dev,
+            &from_a,
+            WAIT + Duration::from_secs_f64(p.secs + p.warmup),
+        )?;
+        let rss_traffic = rss()?;
+        let st = dev.stats();
+        if qps.iter().any(|q| q.state() != iwarp_engine::QpState::Rts) {
+            return Err(err(format!("a QP left RTS ({st:?})")));
+        }
+        back_a.send(()).map_err(|_| err("side a is gone"))?;
+        drop(qps);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            dev.progress();
+        }
+        let dropped = st.xdp.map_or(0, |x| x.rx_dropped + x.rx_ring_full);
+        Ok((rss_before, rss_setup, rss_traffic, tcp_buffers, dropped))
+    })?;
+    let ha = spawn_in(&topo.ns_a, cpus.0, "scale-a", move || -> io::Result<f64> {
+        let backend = match p.sender {
+            Sender::Kernel => Backend::Kernel,
+            Sender::Afxdp => Backend::AfXdp(xdp(false, mtu, p.frames)),
+        };
+        let dev = retry_open(|| Device::open(backend.clone(), manual(1)))?;
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(n * p.window + 64);
+        let src = dev.reg_mr(&pd, p.size, Access::LOCAL_WRITE)?;
+        let t = from_b
+            .recv_timeout(WAIT)
+            .map_err(|_| err("side b did not listen"))?;
+        to_b.send(()).map_err(|_| err("side b is gone"))?;
+        let mut qps: Vec<Qp> = Vec::with_capacity(n);
+        for i in 0..n {
+            let qi = QpInit {
+                pd: pd.clone(),
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                sq_depth: p.window + 4,
+                rq_depth: 4,
+                sig_all: false,
+            };
+            qps.push(
+                dev.connect(t.addr, qi, ConnParams::default())
+                    .map_err(|e| err(format!("connect {i}: {e}")))?,
+            );
+        }
+        to_b.send(()).map_err(|_| err("side b is gone"))?;
+        spin_recv(&dev, &b_says, WAIT)?;
+        let post = |q: usize| {
+            qps[q]
+                .post_send(&SendWr {
+                    wr_id: q as u64,
+                    op: SendOp::Write {
+                        remote_addr: t.va,
+                        rkey: t.rkey,
+                    },
+                    sgl: &[src.sge(0, p.size)],
+                    signaled: true,
+                })
+                .map_err(|e| err(format!("post_send on QP {q}: {e:?}")))
+        };
+        for _ in 0..p.window {
+            for q in 0..n {
+                post(q)?;
+            }
+        }
+        let mut wc = vec![EMPTY_WC; 256];
+        let t0 = Instant::now();
+        let warm = Duration::from_secs_f64(p.warmup);
+        let end = warm + Duration::from_secs_f64(p.secs);
+        let (mut counted, mut last) = (0u64, Instant::now());
+        let mut counting = None;
+        loop {
+            let el = t0.elapsed();
+            if el >= end {
+                break;
+            }
+            if counting.is_none() && el >= warm {
+                counting = Some(Instant::now());
+            }
+            dev.progress();
+            let k = cq.poll(&mut wc);
+            if k > 0 {
+                last = Instant::now();
+            } else if last.elapsed() > WAIT {
+                return Err(err(format!("stalled ({:?})", dev.stats())));
+            }
+            for w in &wc[..k] {
+                if w.status != WcStatus::Success {
+                    return Err(err(format!("completion error {w:?}")));
+                }
+                if counting.is_some() {
+                    counted += p.size as u64;
+                }
+                post(w.wr_id as usize)?;
+            }
+        }
+        let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
+        to_b.send(()).map_err(|_| err("side b is gone"))?;
+        spin_recv(&dev, &b_says, WAIT)?;
+        drop(qps);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            dev.progress();
+        }
+        Ok(if dt > 0.0 {
+            counted as f64 * 8.0 / dt / 1e9
+        } else {
+            0.0
+        })
+    })?;
+    let ra = ha.join().map_err(|_| err("side a panicked"))?;
+    let rb = hb.join().map_err(|_| err("side b panicked"))?;
+    match (ra?, rb?) {
+        (Ok(gbps), Ok((rss_before, rss_setup, rss_traffic, tcp_buffers, rx_dropped))) => {
+            Ok(ScaleResult {
+                gbps,
+                rss_before,
+                rss_setup,
+                rss_traffic,
+                tcp_buffers,
+                rx_dropped,
+            })
+        }
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+        (Err(a), Err(b)) => Err(err(format!("side a: {a}; side b: {b}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_parses() {
+        let s = "Name:\tx\nVmPeak:\t  9000 kB\nVmRSS:\t    5120 kB\nRssAnon:\t 100 kB\n";
+        assert_eq!(parse_rss(s), Some(5120));
+        assert_eq!(parse_rss("Name: x\n"), None);
+        assert_eq!(parse_rss("VmRSS: lots\n"), None);
+    }
+
+    #[test]
+    fn per_qp_arithmetic() {
+        assert_eq!(per_qp(1000, 1000 + 16 * 300, 16), 300.0);
+        assert_eq!(per_qp(2000, 1000, 4), 0.0);
+        assert_eq!(per_qp(0, 10, 0), 10.0);
+    }
+}
