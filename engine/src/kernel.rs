@@ -87,7 +87,8 @@ pub(crate) struct ConnInfo {
 #[derive(Debug)]
 pub(crate) enum Sock {
     Kernel(TcpStream),
-    Xdp(iwarp_tcp::ConnId),
+    /// (engine index, connection).
+    Xdp(usize, iwarp_tcp::ConnId),
 }
 
 /// A TCP connection whose MPA request has arrived, waiting for the
@@ -170,9 +171,13 @@ pub(crate) struct Engine {
     lingering: Vec<Lingering>,
     cqs: Vec<(CqId, Arc<CqQueue>)>,
     rx_buf: Vec<u8>,
-    /// The AF_XDP backend; `None`: kernel sockets (also after an AF_XDP
-    /// device shut down).
-    pub(crate) xdp: Option<Box<XdpIo>>,
+    /// The AF_XDP backend's engines, one per receive queue; empty: kernel
+    /// sockets (also after an AF_XDP device shut down).
+    pub(crate) xdp: Vec<XdpIo>,
+    /// An engine forwarded frames to another one in the last pass.
+    forwarded: bool,
+    /// Round-robin start of the engine choice of outgoing connections.
+    next_dial: usize,
     /// Passes run.
     pub(crate) passes: u64,
 }
@@ -190,7 +195,9 @@ impl Engine {
             lingering: Vec::new(),
             cqs: Vec::new(),
             rx_buf: vec![0; IO_BUF],
-            xdp: None,
+            xdp: Vec::new(),
+            forwarded: false,
+            next_dial: 0,
             passes: 0,
         }
     }
@@ -226,8 +233,14 @@ impl Engine {
     /// Stop listening: close the socket and every connection whose request
     /// has not reached the application yet.
     pub(crate) fn remove_listener(&mut self, shared: &Arc<ListenShared>) {
-        if let Some(x) = self.xdp.as_mut() {
-            x.remove_listener(shared);
+        if !self.xdp.is_empty() {
+            for x in &mut self.xdp {
+                x.remove_listener(shared);
+            }
+            let queued: Vec<Request> = lock(&shared.q).drain(..).collect();
+            for r in queued {
+                self.drop_sock(r.sock);
+            }
             return;
         }
         let registry = &self.registry;
@@ -255,13 +268,16 @@ impl Engine {
         input: Vec<u8>,
         shared: Arc<ConnShared>,
     ) -> io::Result<()> {
-        let mut sock = match (sock, self.xdp.as_mut()) {
-            (Sock::Kernel(s), None) => s,
-            (Sock::Xdp(c), Some(x)) => {
-                x.add_conn(qp, c, shared);
-                return Ok(());
-            }
-            _ => return Err(io::ErrorKind::NotConnected.into()),
+        let mut sock = match sock {
+            Sock::Kernel(s) if self.xdp.is_empty() => s,
+            Sock::Xdp(k, c) => match self.xdp.get_mut(k) {
+                Some(x) => {
+                    x.add_conn(qp, c, shared);
+                    return Ok(());
+                }
+                None => return Err(io::ErrorKind::NotConnected.into()),
+            },
+            Sock::Kernel(_) => return Err(io::ErrorKind::NotConnected.into()),
         };
         let token = self.token();
         self.registry
@@ -285,8 +301,8 @@ impl Engine {
     pub(crate) fn release_qp(&mut self, qp: QpId) {
         self.ctx.disconnect(qp);
         let now = self.now();
-        if let Some(x) = self.xdp.as_mut() {
-            if !x.release_qp(qp, now) {
+        if !self.xdp.is_empty() {
+            if !self.xdp.iter_mut().any(|x| x.release_qp(qp, now)) {
                 let _ = self.ctx.destroy_qp(qp);
             }
             return;
@@ -301,8 +317,10 @@ impl Engine {
 
     /// Turn pending QP events of `qp` into connection-manager state now.
     pub(crate) fn pass_events(&mut self, qp: QpId) {
-        if let Some(x) = self.xdp.as_mut() {
-            x.pass_events(&mut self.ctx, qp);
+        if !self.xdp.is_empty() {
+            for x in &mut self.xdp {
+                x.pass_events(&mut self.ctx, qp);
+            }
             return;
         }
         if let Some(c) = self.conns.iter().find(|c| c.qp == qp) {
@@ -314,9 +332,9 @@ impl Engine {
     pub(crate) fn linger(&mut self, sock: Sock, bytes: Vec<u8>) {
         let mut sock = match sock {
             Sock::Kernel(s) => s,
-            xdp => {
-                if let Some(x) = self.xdp.as_mut() {
-                    x.linger(xdp, bytes);
+            Sock::Xdp(k, c) => {
+                if let Some(x) = self.xdp.get_mut(k) {
+                    x.linger(Sock::Xdp(k, c), bytes);
                 }
                 return;
             }
@@ -337,13 +355,20 @@ impl Engine {
 
     /// Close every socket (the device is going away).
     pub(crate) fn shutdown(&mut self) {
-        if let Some(mut x) = self.xdp.take() {
+        if !self.xdp.is_empty() {
+            let mut engines = std::mem::take(&mut self.xdp);
             let now = self.now();
-            let fd = x.fd();
-            let _ = self.registry.deregister(&mut mio::unix::SourceFd(&fd));
-            x.shutdown(&mut self.ctx, now);
-            // Detaches the program, closes the socket and the UMEM.
-            drop(x);
+            for x in &mut engines {
+                let fd = x.fd();
+                let _ = self.registry.deregister(&mut mio::unix::SourceFd(&fd));
+                x.shutdown(&mut self.ctx, now);
+            }
+            // The program leaves the interface before the sockets and the
+            // UMEMs close.
+            if let Some(x) = engines.first() {
+                x.steer().detach();
+            }
+            drop(engines);
             self.move_completions();
             return;
         }
@@ -365,11 +390,19 @@ impl Engine {
         }
     }
 
-    /// When the next timer is due, if any.
-    pub(crate) fn next_deadline(&mut self) -> Option<CoreInstant> {
+    /// When the next timer is due, if any (of AF_XDP engine `which`
+    /// only, if given).
+    pub(crate) fn next_deadline(&mut self, which: Option<usize>) -> Option<CoreInstant> {
         let now = self.now();
-        if let Some(x) = self.xdp.as_mut() {
-            return x.next_deadline(&self.ctx, now);
+        if !self.xdp.is_empty() {
+            let ctx = &self.ctx;
+            return self
+                .xdp
+                .iter_mut()
+                .enumerate()
+                .filter(|(k, _)| which.is_none_or(|w| w == *k))
+                .filter_map(|(_, x)| x.next_deadline(ctx, now))
+                .min();
         }
         let conns = self
             .conns
@@ -380,9 +413,9 @@ impl Engine {
     }
 
     /// The time until the next timer, capped at `cap`.
-    fn sleep_for(&mut self, cap: Option<Duration>) -> Option<Duration> {
+    fn sleep_for(&mut self, which: Option<usize>, cap: Option<Duration>) -> Option<Duration> {
         let timer = self
-            .next_deadline()
+            .next_deadline(which)
             .map(|d| d.saturating_duration_since(self.now()));
         match (timer, cap) {
             (Some(t), Some(c)) => Some(t.min(c)),
@@ -393,11 +426,28 @@ impl Engine {
     /// One progress pass. Returns a measure of the work done (0: nothing
     /// happened, the caller may sleep).
     pub(crate) fn pass(&mut self) -> usize {
+        self.pass_which(None)
+    }
+
+    /// One progress pass; with the AF_XDP backend over engine `which`
+    /// only, if given (its progress thread's pass).
+    pub(crate) fn pass_which(&mut self, which: Option<usize>) -> usize {
         let now = self.now();
         self.passes += 1;
         let mut work = 0;
-        if let Some(x) = self.xdp.as_mut() {
-            work += x.run_once(&mut self.ctx, now);
+        if !self.xdp.is_empty() {
+            for k in 0..self.xdp.len() {
+                if which.is_some_and(|w| w != k) {
+                    continue;
+                }
+                work += self.xdp[k].run_once(&mut self.ctx, now);
+                for (to, frame) in self.xdp[k].take_outbox() {
+                    if let Some(x) = self.xdp.get_mut(to) {
+                        x.deliver(frame);
+                        self.forwarded = true;
+                    }
+                }
+            }
             work += self.move_completions();
             return work;
         }
@@ -679,23 +729,80 @@ impl Engine {
 
     /// Connections driven by the core (either backend).
     pub(crate) fn conn_count(&self) -> usize {
-        self.conns.len() + self.xdp.as_ref().map_or(0, |x| x.conn_count())
+        self.conns.len() + self.xdp.iter().map(XdpIo::conn_count).sum::<usize>()
     }
 
     /// Close a connection nobody will use.
     pub(crate) fn drop_sock(&mut self, sock: Sock) {
-        if let Some(x) = self.xdp.as_mut() {
-            x.drop_sock(sock);
+        if let Sock::Xdp(k, _) = sock {
+            if let Some(x) = self.xdp.get_mut(k) {
+                x.drop_sock(sock);
+            }
         }
     }
 
-    /// Use the AF_XDP backend `x`: its socket joins the epoll set.
-    pub(crate) fn set_xdp(&mut self, x: Box<XdpIo>) -> io::Result<()> {
-        let fd = x.fd();
-        self.registry
-            .register(&mut mio::unix::SourceFd(&fd), XSK, Interest::READABLE)?;
-        self.xdp = Some(x);
+    /// Use the AF_XDP backend's engines: their sockets join the epoll set
+    /// (the device's poller wakes on any of them).
+    pub(crate) fn set_xdp(&mut self, engines: Vec<XdpIo>) -> io::Result<()> {
+        for (k, x) in engines.iter().enumerate() {
+            let fd = x.fd();
+            self.registry.register(
+                &mut mio::unix::SourceFd(&fd),
+                Token(XSK.0 - k),
+                Interest::READABLE,
+            )?;
+        }
+        self.xdp = engines;
         Ok(())
+    }
+
+    /// Whether an engine forwarded frames since the last call.
+    pub(crate) fn take_forwarded(&mut self) -> bool {
+        std::mem::take(&mut self.forwarded)
+    }
+
+    /// Listen on every AF_XDP engine (one queue of requests).
+    pub(crate) fn listen_xdp(
+        &mut self,
+        addr: SocketAddr,
+    ) -> Result<(Arc<ListenShared>, SocketAddr), CmError> {
+        let first = self.xdp.first_mut().ok_or(CmError::Closed)?;
+        let port = first.listen_port(addr)?;
+        let shared = Arc::new(ListenShared::default());
+        let mut bound = None;
+        for k in 0..self.xdp.len() {
+            match self.xdp[k].listen(port, &shared) {
+                Ok(a) => bound = Some(a),
+                Err(e) => {
+                    for x in &mut self.xdp[..k] {
+                        x.remove_listener(&shared);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((shared, bound.ok_or(CmError::Closed)?))
+    }
+
+    /// Start an outgoing connection on the least-loaded AF_XDP engine
+    /// (ties: round robin).
+    pub(crate) fn dial_xdp(
+        &mut self,
+        addr: SocketAddr,
+        conn: Arc<ConnShared>,
+    ) -> Result<(Sock, SocketAddr), CmError> {
+        let n = self.xdp.len();
+        if n == 0 {
+            return Err(CmError::Closed);
+        }
+        let start = self.next_dial % n;
+        self.next_dial = self.next_dial.wrapping_add(1);
+        let k = (0..n)
+            .map(|i| (start + i) % n)
+            .min_by_key(|&k| self.xdp[k].load())
+            .unwrap_or(0);
+        let (cid, local) = self.xdp[k].dial(addr, conn)?;
+        Ok((Sock::Xdp(k, cid), local))
     }
 }
 
@@ -794,6 +901,33 @@ pub(crate) struct Shared {
     /// Application threads waiting for the engine lock (a busy-polling
     /// progress thread steps aside for them).
     waiters: AtomicUsize,
+    /// Multi-core AF_XDP: how the progress threads of engines 1.. sleep.
+    sleepers: std::sync::OnceLock<Vec<Arc<Sleeper>>>,
+}
+
+/// How the progress thread of an AF_XDP engine other than the first
+/// sleeps: its own poller (its socket and a waker).
+#[derive(Debug)]
+pub(crate) struct Sleeper {
+    waker: Waker,
+    sleeping: AtomicBool,
+    dirty: AtomicBool,
+}
+
+impl Sleeper {
+    /// A poller woken by AF_XDP socket `fd` and by [`Shared::kick`].
+    pub(crate) fn new(fd: i32) -> io::Result<(Arc<Self>, Poll)> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        poll.registry()
+            .register(&mut mio::unix::SourceFd(&fd), XSK, Interest::READABLE)?;
+        let s = Arc::new(Self {
+            waker,
+            sleeping: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+        });
+        Ok((s, poll))
+    }
 }
 
 impl Shared {
@@ -811,6 +945,7 @@ impl Shared {
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             waiters: AtomicUsize::new(0),
+            sleepers: std::sync::OnceLock::new(),
         })
     }
 
@@ -834,6 +969,54 @@ impl Shared {
         self.dirty.store(true, Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) {
             let _ = self.waker.wake();
+        }
+        for s in self.sleepers.get().map_or(&[][..], Vec::as_slice) {
+            s.dirty.store(true, Ordering::SeqCst);
+            if s.sleeping.load(Ordering::SeqCst) {
+                let _ = s.waker.wake();
+            }
+        }
+    }
+
+    /// Set the sleepers of engines 1.. (once, before their threads run).
+    pub(crate) fn set_sleepers(&self, s: Vec<Arc<Sleeper>>) {
+        let _ = self.sleepers.set(s);
+    }
+
+    /// One pass of AF_XDP engine `k` (its progress thread's); wakes the
+    /// others if it forwarded frames to them.
+    fn pass_engine(&self, k: usize) -> usize {
+        let (work, forwarded) = {
+            let mut e = self.engine();
+            let w = e.pass_which(Some(k));
+            (w, e.take_forwarded())
+        };
+        if forwarded {
+            self.kick();
+        }
+        work
+    }
+
+    /// The progress thread of AF_XDP engine `k` ≥ 1.
+    pub(crate) fn run_engine(&self, k: usize, mut poll: Poll, sleeper: &Sleeper) {
+        let mut events = Events::with_capacity(16);
+        while !self.stop.load(Ordering::SeqCst) {
+            sleeper.dirty.store(false, Ordering::SeqCst);
+            let work = self.pass_engine(k);
+            self.step_aside();
+            if work > 0 {
+                continue;
+            }
+            if self.busy_poll {
+                std::hint::spin_loop();
+                continue;
+            }
+            sleeper.sleeping.store(true, Ordering::SeqCst);
+            if !sleeper.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
+                let timeout = self.engine().sleep_for(Some(k), None);
+                let _ = poll.poll(&mut events, timeout);
+            }
+            sleeper.sleeping.store(false, Ordering::SeqCst);
         }
     }
 
@@ -860,6 +1043,9 @@ impl Shared {
         self.stop.store(true, Ordering::SeqCst);
         self.sleeping.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
+        for s in self.sleepers.get().map_or(&[][..], Vec::as_slice) {
+            let _ = s.waker.wake();
+        }
     }
 
     /// The progress thread's loop.
@@ -869,7 +1055,9 @@ impl Shared {
         };
         while !self.stop.load(Ordering::SeqCst) {
             self.dirty.store(false, Ordering::SeqCst);
-            let work = self.progress();
+            // AF_XDP: engine 0 (every engine of a single-queue device);
+            // the kernel backend ignores the choice.
+            let work = self.pass_engine(0);
             self.step_aside();
             if work > 0 {
                 continue;
@@ -880,7 +1068,7 @@ impl Shared {
             }
             self.sleeping.store(true, Ordering::SeqCst);
             if !self.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
-                let timeout = self.engine().sleep_for(None);
+                let timeout = self.engine().sleep_for(Some(0), None);
                 let _ = poll.poll(&mut events, timeout);
             }
             self.sleeping.store(false, Ordering::SeqCst);
@@ -893,7 +1081,7 @@ impl Shared {
     /// another thread creates are seen).
     fn idle_wait(&self, max: Duration) {
         let cap = max.min(MANUAL_SLICE);
-        let timeout = self.engine().sleep_for(Some(cap)).unwrap_or(cap);
+        let timeout = self.engine().sleep_for(None, Some(cap)).unwrap_or(cap);
         match self.poll.try_lock() {
             Ok(mut g) => match g.as_mut() {
                 Some((poll, events)) => {

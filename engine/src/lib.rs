@@ -124,7 +124,7 @@ pub use iwarp::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use iwarp::mem::Access;
 pub use iwarp::mpa::handshake::{ConnectRequest, HandshakeError, Negotiated, RtrSet, RtrType};
 pub use iwarp::qp::{PostError, QpState, RecvWr, SendOp, SendWr, Sge};
-pub use xdp::{XdpConfig, XdpStats};
+pub use xdp::{EngineStats, XdpConfig, XdpStats};
 
 /// A placeholder completion for initialising the buffers passed to
 /// [`Cq::poll`] and [`Cq::wait`].

@@ -11,6 +11,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
+use std::ops::RangeInclusive;
 use std::path::Path;
 
 use iwarp_tcp::smoltcp::phy::{self, DeviceCapabilities, Medium};
@@ -63,6 +64,62 @@ impl Pcap {
     }
 }
 
+/// Multi-core: which engine a received TCP segment belongs to, by its
+/// destination (local) port.
+#[derive(Debug, Default)]
+pub(crate) struct Forward {
+    /// Ports every engine listens on (their segments stay where the
+    /// receive queue put them).
+    pub(crate) listening: Vec<u16>,
+    /// The other engines' ephemeral port parts, by engine index.
+    pub(crate) others: Vec<(usize, RangeInclusive<u16>)>,
+}
+
+/// Where a received frame goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dest {
+    /// This engine.
+    Here,
+    /// Another engine (index).
+    There(usize),
+    /// Every engine (ARP: each smoltcp stack resolves and answers for
+    /// itself).
+    Everywhere,
+}
+
+impl Forward {
+    /// Where an Ethernet frame received on this engine's queue goes.
+    fn dest(&self, frame: &[u8]) -> Dest {
+        self.owner(frame).unwrap_or(Dest::Here)
+    }
+
+    fn owner(&self, frame: &[u8]) -> Option<Dest> {
+        if self.others.is_empty() {
+            return None;
+        }
+        match frame.get(12..14)? {
+            [0x08, 0x06] => return Some(Dest::Everywhere),
+            [0x08, 0x00] => {}
+            _ => return None,
+        }
+        let ip = frame.get(ETH_HEADER..)?;
+        let (&vihl, &proto) = (ip.first()?, ip.get(9)?);
+        let frag = u16::from_be_bytes([*ip.get(6)?, *ip.get(7)?]) & 0x3fff;
+        if vihl >> 4 != 4 || proto != 6 || frag != 0 {
+            return None;
+        }
+        let tcp = ip.get(usize::from(vihl & 0x0f) * 4..)?;
+        let port = u16::from_be_bytes([*tcp.get(2)?, *tcp.get(3)?]);
+        if self.listening.contains(&port) {
+            return None;
+        }
+        self.others
+            .iter()
+            .find(|(_, r)| r.contains(&port))
+            .map(|(i, _)| Dest::There(*i))
+    }
+}
+
 /// The AF_XDP socket as a smoltcp Ethernet device.
 pub(crate) struct XskDevice {
     pub(crate) frames: Frames,
@@ -73,6 +130,15 @@ pub(crate) struct XskDevice {
     pcap: Option<RefCell<Pcap>>,
     /// Where a frame goes when no UMEM frame is free (it is dropped).
     scratch: Vec<u8>,
+    /// Multi-core: the ports of the other engines.
+    pub(crate) forward: Forward,
+    /// Frames received here for another engine: (engine, copy).
+    pub(crate) outbox: Vec<(usize, Vec<u8>)>,
+    /// Frames other engines received for this one (handed to smoltcp
+    /// before the UMEM's).
+    pub(crate) inbox: VecDeque<Vec<u8>>,
+    pub(crate) forwarded_out: u64,
+    pub(crate) forwarded_in: u64,
 }
 
 impl std::fmt::Debug for XskDevice {
@@ -104,6 +170,11 @@ impl XskDevice {
             mtu,
             pcap: pcap.map(RefCell::new),
             scratch: Vec::new(),
+            forward: Forward::default(),
+            outbox: Vec::new(),
+            inbox: VecDeque::new(),
+            forwarded_out: 0,
+            forwarded_in: 0,
         })
     }
 
@@ -112,18 +183,50 @@ impl XskDevice {
     pub(crate) fn rx_burst(&mut self) -> usize {
         // Frames still queued from an earlier burst (smoltcp's ingress
         // budget) are handed out first.
-        let n = if self.rx.len() < super::umem::RX_BURST {
+        let before = self.rx.len();
+        let n = if before < super::umem::RX_BURST {
             self.frames.rx_burst(&mut self.rx)
         } else {
             0
         };
+        if n > 0 && !self.forward.others.is_empty() {
+            self.forward_foreign(before);
+        }
         self.frames.refill();
         n
     }
 
+    /// Copy the frames from `self.rx[from..]` that belong to another
+    /// engine into the outbox and recycle their UMEM frames.
+    fn forward_foreign(&mut self, from: usize) {
+        let mut i = from;
+        while i < self.rx.len() {
+            let desc = self.rx[i];
+            // SAFETY: `desc` came from this UMEM's rx ring and is user
+            // space's until it is recycled; nothing writes to it meanwhile.
+            let data = unsafe { self.frames.umem.data(&desc) };
+            match self.forward.dest(data.contents()) {
+                Dest::Here => i += 1,
+                Dest::There(owner) => {
+                    self.outbox.push((owner, data.contents().to_vec()));
+                    self.forwarded_out += 1;
+                    if let Some(d) = self.rx.remove(i) {
+                        self.frames.recycle.push(d);
+                    }
+                }
+                Dest::Everywhere => {
+                    for (j, _) in &self.forward.others {
+                        self.outbox.push((*j, data.contents().to_vec()));
+                    }
+                    i += 1;
+                }
+            }
+        }
+    }
+
     /// Received frames not yet given to smoltcp.
     pub(crate) fn rx_queued(&self) -> usize {
-        self.rx.len()
+        self.rx.len() + self.inbox.len()
     }
 
     /// Submit what smoltcp wrote; recycle what it read.
@@ -148,6 +251,8 @@ impl XskDevice {
 pub(crate) struct XskRx<'a> {
     umem: &'a Umem,
     desc: Option<FrameDesc>,
+    /// A frame another engine received for this one.
+    owned: Option<Vec<u8>>,
     recycle: &'a mut Vec<FrameDesc>,
     pcap: Option<&'a RefCell<Pcap>>,
     ts: Instant,
@@ -158,6 +263,12 @@ impl phy::RxToken for XskRx<'_> {
     where
         F: FnOnce(&[u8]) -> R,
     {
+        if let Some(frame) = self.owned.take() {
+            if let Some(p) = self.pcap {
+                p.borrow_mut().record(self.ts, &frame);
+            }
+            return f(&frame);
+        }
         let desc = self.desc.take().expect("consumed once");
         // SAFETY: `desc` came from this UMEM's rx ring and is user space's
         // until it is recycled below; nothing writes to it meanwhile.
@@ -222,7 +333,10 @@ impl phy::Device for XskDevice {
     type TxToken<'a> = XskTx<'a>;
 
     fn receive(&mut self, ts: Instant) -> Option<(XskRx<'_>, XskTx<'_>)> {
-        let desc = self.rx.pop_front()?;
+        let (desc, owned) = match self.inbox.pop_front() {
+            Some(v) => (None, Some(v)),
+            None => (Some(self.rx.pop_front()?), None),
+        };
         let Frames {
             umem,
             free,
@@ -235,7 +349,8 @@ impl phy::Device for XskDevice {
         Some((
             XskRx {
                 umem,
-                desc: Some(desc),
+                desc,
+                owned,
                 recycle,
                 pcap,
                 ts,

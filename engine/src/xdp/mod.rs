@@ -34,8 +34,18 @@ pub struct XdpConfig {
     /// The interface (in the network namespace of the thread calling
     /// [`Device::open`](crate::Device::open)).
     pub ifname: String,
-    /// The receive queue the engine serves (one worker, one queue).
+    /// The receive queue the engine serves (one worker, one queue), when
+    /// `queues` is empty.
     pub queue: u32,
+    /// Multi-core: one engine per receive queue listed here (each its own
+    /// AF_XDP socket, UMEM, smoltcp stack and progress thread; see the
+    /// module documentation). Empty (the default): one engine on `queue`.
+    pub queues: Vec<u32>,
+    /// Multi-core: the core engine `i`'s progress thread is pinned to
+    /// (`cpus[i]`; an engine without an entry is not pinned, except engine
+    /// 0, which follows [`Progress::Thread`](crate::Progress::Thread)'s
+    /// `cpu`).
+    pub cpus: Vec<usize>,
     /// The engine's own IPv4 address: it answers ARP for it; the kernel's
     /// interface may have another address or none.
     pub ip: Ipv4Addr,
@@ -72,6 +82,8 @@ impl XdpConfig {
         Self {
             ifname: ifname.into(),
             queue: 0,
+            queues: Vec::new(),
+            cpus: Vec::new(),
             ip,
             prefix,
             gateway: None,
@@ -86,6 +98,34 @@ impl XdpConfig {
         }
     }
 
+    /// The receive queues, one engine each.
+    pub(crate) fn engine_queues(&self) -> Vec<u32> {
+        if self.queues.is_empty() {
+            vec![self.queue]
+        } else {
+            self.queues.clone()
+        }
+    }
+
+    /// Engine `i`'s share of the ephemeral ports: `n` contiguous, disjoint
+    /// parts of `ephemeral_ports` (the last one takes the remainder).
+    /// `None` if a part would be empty.
+    pub(crate) fn ephemeral_part(&self, i: usize, n: usize) -> Option<RangeInclusive<u16>> {
+        let (lo, hi) = (
+            u32::from(*self.ephemeral_ports.start()),
+            u32::from(*self.ephemeral_ports.end()),
+        );
+        let n = u32::try_from(n).ok().filter(|&n| n > 0)?;
+        let i = u32::try_from(i).ok().filter(|&i| i < n)?;
+        if hi < lo || hi - lo + 1 < n {
+            return None;
+        }
+        let each = (hi - lo + 1) / n;
+        let start = lo + i * each;
+        let end = if i + 1 == n { hi } else { start + each - 1 };
+        Some(u16::try_from(start).ok()?..=u16::try_from(end).ok()?)
+    }
+
     /// UMEM frame size: the smallest power of two holding an MTU-sized
     /// Ethernet frame after the 256 bytes of XDP headroom.
     pub(crate) fn frame_size(&self) -> u32 {
@@ -95,6 +135,28 @@ impl XdpConfig {
             4096
         }
     }
+}
+
+/// Counters of one engine of a multi-core AF_XDP device (one receive
+/// queue).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// The receive queue it serves.
+    pub queue: u32,
+    /// Passes run.
+    pub passes: u64,
+    /// Connections it drives.
+    pub connections: usize,
+    /// Its user-space TCP's counters.
+    pub tcp: iwarp_tcp::Counters,
+    /// Its rings and socket counters (the steering counters are the
+    /// device's, in every engine's entry).
+    pub xdp: XdpStats,
+    /// Frames that arrived on this engine's queue for a port of another
+    /// engine, copied over to it.
+    pub forwarded_out: u64,
+    /// Frames other engines copied over to this one.
+    pub forwarded_in: u64,
 }
 
 /// Counters of the AF_XDP side (monotonic).
@@ -136,5 +198,21 @@ mod tests {
         assert_eq!(c.frame_size(), 4096);
         assert!(c.busy_poll);
         assert_eq!(c.ephemeral_ports, 49152..=65535);
+    }
+
+    #[test]
+    fn ephemeral_parts_are_disjoint_and_cover_the_range() {
+        let mut c = XdpConfig::new("veth0", Ipv4Addr::new(198, 18, 0, 1), 24);
+        assert_eq!(c.engine_queues(), vec![0]);
+        assert_eq!(c.ephemeral_part(0, 1), Some(49152..=65535));
+        assert_eq!(c.ephemeral_part(0, 2), Some(49152..=57343));
+        assert_eq!(c.ephemeral_part(1, 2), Some(57344..=65535));
+        assert_eq!(c.ephemeral_part(2, 2), None);
+        c.ephemeral_ports = 1000..=1002;
+        assert_eq!(c.ephemeral_part(0, 2), Some(1000..=1000));
+        assert_eq!(c.ephemeral_part(1, 2), Some(1001..=1002));
+        assert_eq!(c.ephemeral_part(0, 4), None);
+        c.queues = vec![3, 1];
+        assert_eq!(c.engine_queues(), vec![3, 1]);
     }
 }
