@@ -19,8 +19,8 @@ use iwarp::verbs::VerbsError;
 use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
-use crate::kernel::Sleeper;
 use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Request, Shared, Sock};
+use crate::kernel::{Sleeper, XdpRef};
 use crate::xdp::worker::XdpIo;
 use crate::xdp::{EngineStats, XdpConfig, XdpStats};
 
@@ -125,7 +125,10 @@ impl Device {
         let mut shared = Shared::new(seed, threaded, cfg.busy_poll)?;
         // Engines 1.. of a multi-core AF_XDP device: their sockets and
         // the cores their threads are pinned to.
-        let mut extra: Vec<(i32, Option<usize>)> = Vec::new();
+        let mut extra: Vec<(XdpRef, i32, Option<usize>)> = Vec::new();
+        // Engine 0 of a multi-core device (a single engine runs its whole
+        // pass under the device lock, as the kernel backend).
+        let mut first: Option<XdpRef> = None;
         let mut cpu0 = match cfg.progress {
             Progress::Thread { cpu } => cpu,
             Progress::Manual => None,
@@ -133,13 +136,19 @@ impl Device {
         if let Backend::AfXdp(xcfg) = &backend {
             let mut e = shared.engine();
             let now = e.now();
-            let engines = XdpIo::open_all(xcfg, now, seed)?;
+            let engines: Vec<XdpRef> = XdpIo::open_all(xcfg, now, seed)?
+                .into_iter()
+                .map(|x| Arc::new(Mutex::new(x)))
+                .collect();
             extra = engines
                 .iter()
                 .enumerate()
                 .skip(1)
-                .map(|(k, x)| (x.fd(), xcfg.cpus.get(k).copied()))
+                .map(|(k, x)| (x.clone(), lock(x).fd(), xcfg.cpus.get(k).copied()))
                 .collect();
+            if engines.len() > 1 {
+                first = engines.first().cloned();
+            }
             e.set_xdp(engines)?;
             drop(e);
             if xcfg.busy_poll {
@@ -162,7 +171,8 @@ impl Device {
         }
         let mut sleepers = Vec::new();
         let mut polls = Vec::new();
-        for &(fd, _) in &extra {
+        for (_, fd, _) in &extra {
+            let fd = *fd;
             let (s, p) = Sleeper::new(fd)?;
             sleepers.push(s);
             polls.push(p);
@@ -175,10 +185,10 @@ impl Device {
                 if let Some(cpu) = cpu0 {
                     pin(cpu);
                 }
-                s.run();
+                s.run(first);
             })?;
         lock(&dev.inner.threads).push(t);
-        for (k, ((_, cpu), (sleeper, poll))) in extra
+        for (k, ((x, _, cpu), (sleeper, poll))) in extra
             .into_iter()
             .zip(sleepers.into_iter().zip(polls))
             .enumerate()
@@ -190,7 +200,7 @@ impl Device {
                     if let Some(cpu) = cpu {
                         pin(cpu);
                     }
-                    s.run_engine(k + 1, poll, &sleeper);
+                    s.run_engine(k + 1, x, poll, &sleeper);
                 })?;
             lock(&dev.inner.threads).push(t);
         }
@@ -217,11 +227,11 @@ impl Device {
             ..Stats::default()
         };
         if let Some(x) = e.xdp.first() {
-            let (tcp, xdp) = x.stats();
+            let (tcp, xdp) = lock(x).stats();
             s.tcp = Some(tcp);
             s.xdp = Some(xdp);
         }
-        s.engines = e.xdp.iter().map(XdpIo::engine_stats).collect();
+        s.engines = e.xdp.iter().map(|x| lock(x).engine_stats()).collect();
         s
     }
 

@@ -36,6 +36,9 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use crate::cm::{CmError, CmEvent};
 use crate::xdp::worker::XdpIo;
 
+/// An AF_XDP engine behind its own lock.
+pub(crate) type XdpRef = Arc<Mutex<XdpIo>>;
+
 /// The waker's token is 0, sockets count up from 1; the AF_XDP socket
 /// takes the last one.
 const XSK: Token = Token(usize::MAX);
@@ -173,9 +176,10 @@ pub(crate) struct Engine {
     rx_buf: Vec<u8>,
     /// The AF_XDP backend's engines, one per receive queue; empty: kernel
     /// sockets (also after an AF_XDP device shut down).
-    pub(crate) xdp: Vec<XdpIo>,
-    /// An engine forwarded frames to another one in the last pass.
-    forwarded: bool,
+    /// Each behind its own lock (taken after this engine's, never before
+    /// it): a multi-core device's progress threads run their engine's
+    /// I/O steps holding only that lock.
+    pub(crate) xdp: Vec<XdpRef>,
     /// Round-robin start of the engine choice of outgoing connections.
     next_dial: usize,
     /// Passes run.
@@ -196,7 +200,6 @@ impl Engine {
             cqs: Vec::new(),
             rx_buf: vec![0; IO_BUF],
             xdp: Vec::new(),
-            forwarded: false,
             next_dial: 0,
             passes: 0,
         }
@@ -234,8 +237,8 @@ impl Engine {
     /// has not reached the application yet.
     pub(crate) fn remove_listener(&mut self, shared: &Arc<ListenShared>) {
         if !self.xdp.is_empty() {
-            for x in &mut self.xdp {
-                x.remove_listener(shared);
+            for x in &self.xdp {
+                lock(x).remove_listener(shared);
             }
             let queued: Vec<Request> = lock(&shared.q).drain(..).collect();
             for r in queued {
@@ -270,9 +273,9 @@ impl Engine {
     ) -> io::Result<()> {
         let mut sock = match sock {
             Sock::Kernel(s) if self.xdp.is_empty() => s,
-            Sock::Xdp(k, c) => match self.xdp.get_mut(k) {
+            Sock::Xdp(k, c) => match self.xdp.get(k) {
                 Some(x) => {
-                    x.add_conn(qp, c, shared);
+                    lock(x).add_conn(qp, c, shared);
                     return Ok(());
                 }
                 None => return Err(io::ErrorKind::NotConnected.into()),
@@ -302,7 +305,7 @@ impl Engine {
         self.ctx.disconnect(qp);
         let now = self.now();
         if !self.xdp.is_empty() {
-            if !self.xdp.iter_mut().any(|x| x.release_qp(qp, now)) {
+            if !self.xdp.iter().any(|x| lock(x).release_qp(qp, now)) {
                 let _ = self.ctx.destroy_qp(qp);
             }
             return;
@@ -318,8 +321,8 @@ impl Engine {
     /// Turn pending QP events of `qp` into connection-manager state now.
     pub(crate) fn pass_events(&mut self, qp: QpId) {
         if !self.xdp.is_empty() {
-            for x in &mut self.xdp {
-                x.pass_events(&mut self.ctx, qp);
+            for x in &self.xdp {
+                lock(x).pass_events(&mut self.ctx, qp);
             }
             return;
         }
@@ -333,8 +336,8 @@ impl Engine {
         let mut sock = match sock {
             Sock::Kernel(s) => s,
             Sock::Xdp(k, c) => {
-                if let Some(x) = self.xdp.get_mut(k) {
-                    x.linger(Sock::Xdp(k, c), bytes);
+                if let Some(x) = self.xdp.get(k) {
+                    lock(x).linger(Sock::Xdp(k, c), bytes);
                 }
                 return;
             }
@@ -356,17 +359,19 @@ impl Engine {
     /// Close every socket (the device is going away).
     pub(crate) fn shutdown(&mut self) {
         if !self.xdp.is_empty() {
-            let mut engines = std::mem::take(&mut self.xdp);
+            let engines = std::mem::take(&mut self.xdp);
             let now = self.now();
-            for x in &mut engines {
+            for x in &engines {
+                let mut x = lock(x);
                 let fd = x.fd();
                 let _ = self.registry.deregister(&mut mio::unix::SourceFd(&fd));
                 x.shutdown(&mut self.ctx, now);
             }
             // The program leaves the interface before the sockets and the
-            // UMEMs close.
+            // UMEMs close (the progress threads holding the engines are
+            // joined: these are the last references).
             if let Some(x) = engines.first() {
-                x.steer().detach();
+                lock(x).steer().detach();
             }
             drop(engines);
             self.move_completions();
@@ -398,10 +403,10 @@ impl Engine {
             let ctx = &self.ctx;
             return self
                 .xdp
-                .iter_mut()
+                .iter()
                 .enumerate()
                 .filter(|(k, _)| which.is_none_or(|w| w == *k))
-                .filter_map(|(_, x)| x.next_deadline(ctx, now))
+                .filter_map(|(_, x)| lock(x).next_deadline(ctx, now))
                 .min();
         }
         let conns = self
@@ -425,28 +430,16 @@ impl Engine {
 
     /// One progress pass. Returns a measure of the work done (0: nothing
     /// happened, the caller may sleep).
+    /// With the AF_XDP backend: every engine, all steps under the device
+    /// lock (manual progress; the progress threads use
+    /// [`Shared::pass_engine`]).
     pub(crate) fn pass(&mut self) -> usize {
-        self.pass_which(None)
-    }
-
-    /// One progress pass; with the AF_XDP backend over engine `which`
-    /// only, if given (its progress thread's pass).
-    pub(crate) fn pass_which(&mut self, which: Option<usize>) -> usize {
         let now = self.now();
         self.passes += 1;
         let mut work = 0;
         if !self.xdp.is_empty() {
-            for k in 0..self.xdp.len() {
-                if which.is_some_and(|w| w != k) {
-                    continue;
-                }
-                work += self.xdp[k].run_once(&mut self.ctx, now);
-                for (to, frame) in self.xdp[k].take_outbox() {
-                    if let Some(x) = self.xdp.get_mut(to) {
-                        x.deliver(frame);
-                        self.forwarded = true;
-                    }
-                }
+            for x in &self.xdp {
+                work += lock(x).run_once(&mut self.ctx, now);
             }
             work += self.move_completions();
             return work;
@@ -729,23 +722,23 @@ impl Engine {
 
     /// Connections driven by the core (either backend).
     pub(crate) fn conn_count(&self) -> usize {
-        self.conns.len() + self.xdp.iter().map(XdpIo::conn_count).sum::<usize>()
+        self.conns.len() + self.xdp.iter().map(|x| lock(x).conn_count()).sum::<usize>()
     }
 
     /// Close a connection nobody will use.
     pub(crate) fn drop_sock(&mut self, sock: Sock) {
         if let Sock::Xdp(k, _) = sock {
-            if let Some(x) = self.xdp.get_mut(k) {
-                x.drop_sock(sock);
+            if let Some(x) = self.xdp.get(k) {
+                lock(x).drop_sock(sock);
             }
         }
     }
 
     /// Use the AF_XDP backend's engines: their sockets join the epoll set
     /// (the device's poller wakes on any of them).
-    pub(crate) fn set_xdp(&mut self, engines: Vec<XdpIo>) -> io::Result<()> {
+    pub(crate) fn set_xdp(&mut self, engines: Vec<XdpRef>) -> io::Result<()> {
         for (k, x) in engines.iter().enumerate() {
-            let fd = x.fd();
+            let fd = lock(x).fd();
             self.registry.register(
                 &mut mio::unix::SourceFd(&fd),
                 Token(XSK.0 - k),
@@ -756,26 +749,22 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether an engine forwarded frames since the last call.
-    pub(crate) fn take_forwarded(&mut self) -> bool {
-        std::mem::take(&mut self.forwarded)
-    }
-
     /// Listen on every AF_XDP engine (one queue of requests).
     pub(crate) fn listen_xdp(
         &mut self,
         addr: SocketAddr,
     ) -> Result<(Arc<ListenShared>, SocketAddr), CmError> {
-        let first = self.xdp.first_mut().ok_or(CmError::Closed)?;
-        let port = first.listen_port(addr)?;
+        let first = self.xdp.first().ok_or(CmError::Closed)?;
+        let port = lock(first).listen_port(addr)?;
         let shared = Arc::new(ListenShared::default());
         let mut bound = None;
         for k in 0..self.xdp.len() {
-            match self.xdp[k].listen(port, &shared) {
+            let r = lock(&self.xdp[k]).listen(port, &shared);
+            match r {
                 Ok(a) => bound = Some(a),
                 Err(e) => {
-                    for x in &mut self.xdp[..k] {
-                        x.remove_listener(&shared);
+                    for x in &self.xdp[..k] {
+                        lock(x).remove_listener(&shared);
                     }
                     return Err(e);
                 }
@@ -799,9 +788,9 @@ impl Engine {
         self.next_dial = self.next_dial.wrapping_add(1);
         let k = (0..n)
             .map(|i| (start + i) % n)
-            .min_by_key(|&k| self.xdp[k].load())
+            .min_by_key(|&k| lock(&self.xdp[k]).load())
             .unwrap_or(0);
-        let (cid, local) = self.xdp[k].dial(addr, conn)?;
+        let (cid, local) = lock(&self.xdp[k]).dial(addr, conn)?;
         Ok((Sock::Xdp(k, cid), local))
     }
 }
@@ -901,6 +890,8 @@ pub(crate) struct Shared {
     /// Application threads waiting for the engine lock (a busy-polling
     /// progress thread steps aside for them).
     waiters: AtomicUsize,
+    /// The engine's clock origin.
+    epoch: std::time::Instant,
     /// Multi-core AF_XDP: how the progress threads of engines 1.. sleep.
     sleepers: std::sync::OnceLock<Vec<Arc<Sleeper>>>,
 }
@@ -935,8 +926,11 @@ impl Shared {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let registry = poll.registry().try_clone()?;
+        let engine = Engine::new(seed, registry);
+        let epoch = engine.epoch;
         Ok(Self {
-            engine: Mutex::new(Engine::new(seed, registry)),
+            engine: Mutex::new(engine),
+            epoch,
             poll: Mutex::new(Some((poll, Events::with_capacity(256)))),
             waker,
             threaded,
@@ -983,26 +977,48 @@ impl Shared {
         let _ = self.sleepers.set(s);
     }
 
-    /// One pass of AF_XDP engine `k` (its progress thread's); wakes the
-    /// others if it forwarded frames to them.
-    fn pass_engine(&self, k: usize) -> usize {
-        let (work, forwarded) = {
-            let mut e = self.engine();
-            let w = e.pass_which(Some(k));
-            (w, e.take_forwarded())
+    /// One pass of a progress thread. Kernel backend: [`Engine::pass`].
+    /// AF_XDP: the pass of engine `x` alone, its I/O steps (rx burst and
+    /// smoltcp ingress; smoltcp egress and tx burst) under the engine's
+    /// own lock, only the steps that touch the core's context under the
+    /// device lock; wakes the other engines' threads if it forwarded
+    /// frames to them.
+    fn pass_engine(&self, x: Option<&XdpRef>) -> usize {
+        let Some(x) = x else {
+            return self.engine().pass();
         };
+        let now = self.now();
+        let mut work = lock(x).io_in(now);
+        {
+            let mut e = self.engine();
+            e.passes += 1;
+            let mut g = lock(x);
+            work += g.drive(&mut e.ctx, now);
+            drop(g);
+            work += e.move_completions();
+        }
+        let mut g = lock(x);
+        work += g.io_out(now);
+        let forwarded = g.take_forwarded();
+        drop(g);
         if forwarded {
             self.kick();
         }
         work
     }
 
+    /// The core's clock (as [`Engine::now`], without its lock).
+    fn now(&self) -> CoreInstant {
+        let us = self.epoch.elapsed().as_micros();
+        CoreInstant::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
+    }
+
     /// The progress thread of AF_XDP engine `k` ≥ 1.
-    pub(crate) fn run_engine(&self, k: usize, mut poll: Poll, sleeper: &Sleeper) {
+    pub(crate) fn run_engine(&self, k: usize, x: XdpRef, mut poll: Poll, sleeper: &Sleeper) {
         let mut events = Events::with_capacity(16);
         while !self.stop.load(Ordering::SeqCst) {
             sleeper.dirty.store(false, Ordering::SeqCst);
-            let work = self.pass_engine(k);
+            let work = self.pass_engine(Some(&x));
             self.step_aside();
             if work > 0 {
                 continue;
@@ -1048,8 +1064,8 @@ impl Shared {
         }
     }
 
-    /// The progress thread's loop.
-    pub(crate) fn run(&self) {
+    /// The progress thread's loop (of AF_XDP engine 0 `x`, if given).
+    pub(crate) fn run(&self, x: Option<XdpRef>) {
         let Some((mut poll, mut events)) = lock(&self.poll).take() else {
             return;
         };
@@ -1057,7 +1073,7 @@ impl Shared {
             self.dirty.store(false, Ordering::SeqCst);
             // AF_XDP: engine 0 (every engine of a single-queue device);
             // the kernel backend ignores the choice.
-            let work = self.pass_engine(0);
+            let work = self.pass_engine(x.as_ref());
             self.step_aside();
             if work > 0 {
                 continue;

@@ -14,7 +14,7 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{mpsc, Arc, Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use iwarp_engine::xdp::AttachMode;
@@ -179,11 +179,42 @@ fn wait_op(cq: &Cq, op: WcOpcode) -> WorkCompletion {
     wc[0]
 }
 
+/// Connection ids whose server side has posted its first receive (the
+/// client's first Send waits for it: a Send without a posted receive is
+/// the client's error, answered with a Terminate).
+#[derive(Default)]
+struct Ready {
+    ids: Mutex<Vec<u8>>,
+    cv: Condvar,
+}
+
+impl Ready {
+    fn set(&self, id: u8) {
+        self.ids.lock().unwrap().push(id);
+        self.cv.notify_all();
+    }
+
+    fn wait(&self, id: u8) {
+        let g = self.ids.lock().unwrap();
+        let (_g, t) = self
+            .cv
+            .wait_timeout_while(g, WAIT, |ids| !ids.contains(&id))
+            .unwrap();
+        assert!(!t.timed_out(), "conn {id}: the server never got ready");
+    }
+}
+
 /// Accept `n` connections; each gets its own region (offered in the MPA
 /// reply's private data: address, rkey) and a thread that echoes every
 /// Send after checking it. Returns the device's stats once every echo
 /// thread is done.
-fn serve(kind: Kind, n: usize, up: mpsc::Sender<SocketAddr>, streams: usize) -> Stats {
+fn serve(
+    kind: Kind,
+    n: usize,
+    up: mpsc::Sender<SocketAddr>,
+    streams: usize,
+    ready: Arc<Ready>,
+) -> Stats {
     let dev = open(kind, "xb", IP_B);
     let listen_ip = match kind {
         Kind::Xdp(_) => Ipv4Addr::UNSPECIFIED,
@@ -217,6 +248,7 @@ fn serve(kind: Kind, n: usize, up: mpsc::Sender<SocketAddr>, streams: usize) -> 
             ..ConnParams::default()
         };
         let qp = req.accept(qi, params).expect("accept");
+        let ready = ready.clone();
         threads.push(std::thread::spawn(move || {
             let post_recv = |qp: &Qp| {
                 qp.post_recv(&RecvWr {
@@ -226,6 +258,7 @@ fn serve(kind: Kind, n: usize, up: mpsc::Sender<SocketAddr>, streams: usize) -> 
                 .unwrap()
             };
             post_recv(&qp);
+            ready.set(id);
             for (i, &len) in SIZES.iter().enumerate() {
                 let wc = wait_op(&cq, WcOpcode::Recv);
                 assert_eq!(wc.byte_len as usize, len);
@@ -270,7 +303,14 @@ fn serve(kind: Kind, n: usize, up: mpsc::Sender<SocketAddr>, streams: usize) -> 
 
 /// Connection `id`: Write, Read back, Send and its echo, for each size;
 /// then, with `stream_bytes` > 0, a stream of 64 KiB Writes.
-fn run_conn(dev: &Device, addr: SocketAddr, id: u8, stream_bytes: usize, go: &Barrier) -> f64 {
+fn run_conn(
+    dev: &Device,
+    addr: SocketAddr,
+    id: u8,
+    stream_bytes: usize,
+    go: &Barrier,
+    ready: &Ready,
+) -> f64 {
     let cq = dev.create_cq(64);
     let qi = init(dev, &cq);
     let src = dev.reg_mr(&qi.pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
@@ -284,6 +324,7 @@ fn run_conn(dev: &Device, addr: SocketAddr, id: u8, stream_bytes: usize, go: &Ba
     let pd = qp.peer_private_data();
     let remote_addr = u64::from_be_bytes(pd[..8].try_into().unwrap());
     let rkey = u32::from_be_bytes(pd[8..12].try_into().unwrap());
+    ready.wait(id);
     for (i, &len) in SIZES.iter().enumerate() {
         let seed = id.wrapping_mul(16).wrapping_add(i as u8);
         src.write(0, &pattern(len, seed));
@@ -332,7 +373,13 @@ fn run_conn(dev: &Device, addr: SocketAddr, id: u8, stream_bytes: usize, go: &Ba
             let n = cq.wait(&mut wc, Some(WAIT));
             assert!(n > 0, "conn {id}: no completion");
             for w in &wc[..n] {
-                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                if w.status != WcStatus::Success {
+                    let mut evs = Vec::new();
+                    while let Some(e) = qp.poll_event() {
+                        evs.push(e);
+                    }
+                    panic!("conn {id}: {w:?}, events {evs:?}, stats {:?}", dev.stats());
+                }
                 seen.push(w.opcode);
             }
         }
@@ -400,7 +447,9 @@ fn run(server: Kind, client: Kind, n: usize, stream_bytes: usize) -> (Stats, Sta
     );
     let (up_tx, up_rx) = mpsc::channel();
     let streams = usize::from(stream_bytes > 0);
-    let srv = spawn_in(&topo.b, move || serve(server, n, up_tx, streams));
+    let ready = Arc::new(Ready::default());
+    let r = ready.clone();
+    let srv = spawn_in(&topo.b, move || serve(server, n, up_tx, streams, r));
     let addr = up_rx.recv_timeout(WAIT).expect("server up");
     let cli = spawn_in(&topo.a, move || {
         let dev = open(client, "xa", IP_A);
@@ -408,8 +457,8 @@ fn run(server: Kind, client: Kind, n: usize, stream_bytes: usize) -> (Stats, Sta
         let start = Instant::now();
         let conns: Vec<_> = (0..n)
             .map(|i| {
-                let (dev, go) = (dev.clone(), go.clone());
-                std::thread::spawn(move || run_conn(&dev, addr, i as u8, stream_bytes, &go))
+                let (dev, go, ready) = (dev.clone(), go.clone(), ready.clone());
+                std::thread::spawn(move || run_conn(&dev, addr, i as u8, stream_bytes, &go, &ready))
             })
             .collect();
         let secs: Vec<f64> = conns

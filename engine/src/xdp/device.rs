@@ -13,6 +13,8 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::ops::RangeInclusive;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use iwarp_tcp::smoltcp::phy::{self, DeviceCapabilities, Medium};
 use iwarp_tcp::smoltcp::time::Instant;
@@ -73,6 +75,41 @@ pub(crate) struct Forward {
     pub(crate) listening: Vec<u16>,
     /// The other engines' ephemeral port parts, by engine index.
     pub(crate) others: Vec<(usize, RangeInclusive<u16>)>,
+    /// Every engine's inbox, by engine index.
+    pub(crate) inboxes: Vec<Arc<Inbox>>,
+    /// This engine's index.
+    pub(crate) me: usize,
+}
+
+/// Frames other engines received for one engine (copies).
+#[derive(Debug, Default)]
+pub(crate) struct Inbox {
+    q: Mutex<Vec<Vec<u8>>>,
+    /// Frames in `q` (read without the lock by the owner's passes).
+    len: AtomicUsize,
+}
+
+impl Inbox {
+    fn push(&self, frame: Vec<u8>) {
+        let mut q = q_lock(&self.q);
+        q.push(frame);
+        self.len.store(q.len(), Ordering::Release);
+    }
+
+    fn drain_into(&self, out: &mut VecDeque<Vec<u8>>) -> usize {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let mut q = q_lock(&self.q);
+        let n = q.len();
+        out.extend(q.drain(..));
+        self.len.store(0, Ordering::Release);
+        n
+    }
+}
+
+fn q_lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Where a received frame goes.
@@ -132,11 +169,12 @@ pub(crate) struct XskDevice {
     scratch: Vec<u8>,
     /// Multi-core: the ports of the other engines.
     pub(crate) forward: Forward,
-    /// Frames received here for another engine: (engine, copy).
-    pub(crate) outbox: Vec<(usize, Vec<u8>)>,
+    /// A frame went to another engine's inbox since the last
+    /// [`Self::take_forwarded`].
+    forwarded: bool,
     /// Frames other engines received for this one (handed to smoltcp
     /// before the UMEM's).
-    pub(crate) inbox: VecDeque<Vec<u8>>,
+    inbox: VecDeque<Vec<u8>>,
     pub(crate) forwarded_out: u64,
     pub(crate) forwarded_in: u64,
 }
@@ -171,7 +209,7 @@ impl XskDevice {
             pcap: pcap.map(RefCell::new),
             scratch: Vec::new(),
             forward: Forward::default(),
-            outbox: Vec::new(),
+            forwarded: false,
             inbox: VecDeque::new(),
             forwarded_out: 0,
             forwarded_in: 0,
@@ -193,7 +231,17 @@ impl XskDevice {
             self.forward_foreign(before);
         }
         self.frames.refill();
-        n
+        let fwd = match self.forward.inboxes.get(self.forward.me) {
+            Some(i) => i.drain_into(&mut self.inbox),
+            None => 0,
+        };
+        self.forwarded_in += fwd as u64;
+        n + fwd
+    }
+
+    /// Whether frames went to other engines since the last call.
+    pub(crate) fn take_forwarded(&mut self) -> bool {
+        std::mem::take(&mut self.forwarded)
     }
 
     /// Copy the frames from `self.rx[from..]` that belong to another
@@ -208,7 +256,10 @@ impl XskDevice {
             match self.forward.dest(data.contents()) {
                 Dest::Here => i += 1,
                 Dest::There(owner) => {
-                    self.outbox.push((owner, data.contents().to_vec()));
+                    if let Some(inbox) = self.forward.inboxes.get(owner) {
+                        inbox.push(data.contents().to_vec());
+                        self.forwarded = true;
+                    }
                     self.forwarded_out += 1;
                     if let Some(d) = self.rx.remove(i) {
                         self.frames.recycle.push(d);
@@ -216,7 +267,10 @@ impl XskDevice {
                 }
                 Dest::Everywhere => {
                     for (j, _) in &self.forward.others {
-                        self.outbox.push((*j, data.contents().to_vec()));
+                        if let Some(inbox) = self.forward.inboxes.get(*j) {
+                            inbox.push(data.contents().to_vec());
+                            self.forwarded = true;
+                        }
                     }
                     i += 1;
                 }

@@ -26,7 +26,7 @@ use iwarp_tcp::smoltcp::time::Instant as SmolInstant;
 use iwarp_tcp::smoltcp::wire::{EthernetAddress, IpAddress};
 use iwarp_tcp::{ConnId, Error as TcpError, Stack};
 
-use super::device::{Pcap, XskDevice};
+use super::device::{Inbox, Pcap, XskDevice};
 use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
 use crate::cm::{CmError, CmEvent};
@@ -270,6 +270,7 @@ impl XdpIo {
                 current: base,
             }),
         });
+        let inboxes: Vec<Arc<Inbox>> = (0..n).map(|_| Arc::default()).collect();
         let mut engines = Vec::with_capacity(n);
         for (index, (&queue, part)) in queues.iter().zip(&parts).enumerate() {
             let frames = Frames::new(&cfg.ifname, queue, cfg.frames, cfg.frame_size())?;
@@ -285,6 +286,8 @@ impl XdpIo {
                 .filter(|&(j, _)| j != index)
                 .map(|(j, r)| (j, r.clone()))
                 .collect();
+            dev.forward.inboxes = inboxes.clone();
+            dev.forward.me = index;
             let fd = dev.frames.fd();
             let mut tcp = cfg.tcp;
             tcp.seed ^= seed ^ (index as u64).rotate_left(17);
@@ -332,16 +335,10 @@ impl XdpIo {
         &self.steer
     }
 
-    /// Frames received here for other engines: (engine, frame).
-    pub(crate) fn take_outbox(&mut self) -> Vec<(usize, Vec<u8>)> {
-        std::mem::take(&mut self.stack.device_mut().outbox)
-    }
-
-    /// A frame another engine received for this one.
-    pub(crate) fn deliver(&mut self, frame: Vec<u8>) {
-        let dev = self.stack.device_mut();
-        dev.forwarded_in += 1;
-        dev.inbox.push_back(frame);
+    /// Whether this engine handed frames to other engines since the last
+    /// call (their threads may sleep: wake them).
+    pub(crate) fn take_forwarded(&mut self) -> bool {
+        self.stack.device_mut().take_forwarded()
     }
 
     /// Connections (and connects in progress) this engine drives.
@@ -617,20 +614,36 @@ impl XdpIo {
 
     /// One pass; returns a measure of the work done (0: idle).
     pub(crate) fn run_once(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
+        self.io_in(now) + self.drive(ctx, now) + self.io_out(now)
+    }
+
+    /// Steps 1-2 of a pass (no core state involved: a multi-core device
+    /// runs them without the device lock).
+    pub(crate) fn io_in(&mut self, now: CoreInstant) -> usize {
         self.passes += 1;
-        let t = smol(now);
         let mut work = self.stack.device_mut().rx_burst();
-        if self.stack.poll(t) {
+        if self.stack.poll(smol(now)) {
             work += 1;
         }
-        work += self.accept_new(now);
+        work
+    }
+
+    /// Steps 3-4: everything that touches the core's context.
+    pub(crate) fn drive(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
+        let mut work = self.accept_new(now);
         work += self.pump_pending(now);
         work += self.pump_dials();
         for i in 0..self.conns.len() {
             work += self.pump_conn(ctx, i, now);
         }
         work += self.pump_lingering(now);
-        if self.stack.poll(t) {
+        work + self.reap(ctx, now)
+    }
+
+    /// Steps 5-6 (as [`Self::io_in`], without the device lock).
+    pub(crate) fn io_out(&mut self, now: CoreInstant) -> usize {
+        let mut work = 0;
+        if self.stack.poll(smol(now)) {
             work += 1;
         }
         let dev = self.stack.device_mut();
@@ -638,7 +651,6 @@ impl XdpIo {
         if dev.frames.tx_busy() || dev.rx_queued() > 0 {
             work += 1;
         }
-        work += self.reap(ctx, now);
         if self.steer_dirty {
             self.update_steering();
         }
