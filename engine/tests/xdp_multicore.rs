@@ -140,7 +140,20 @@ fn open(kind: Kind, dev: &str, ip: Ipv4Addr) -> Device {
         Kind::Xdp(n) => {
             let mut c = XdpConfig::new(dev, ip, 24);
             c.attach = AttachMode::Native;
-            c.busy_poll = false;
+            // Measurements only: IWARP_MC_BUSY=1 busy-polls; IWARP_MC_PIN
+            // pins engine i to core i on the client, core 1 - i (`cross`)
+            // or i (`same`) on the server; one engine: client core 0,
+            // server core 1.
+            c.busy_poll = std::env::var_os("IWARP_MC_BUSY").is_some();
+            if let Ok(pin) = std::env::var("IWARP_MC_PIN") {
+                let server = dev == "xb";
+                c.cpus = match (n, server, pin.as_str()) {
+                    (1, false, _) => vec![0],
+                    (1, true, _) => vec![1],
+                    (_, true, "cross") => (0..n as usize).rev().collect(),
+                    _ => (0..n as usize).collect(),
+                };
+            }
             c.frames = 2048;
             // Up to 16 SYNs in one burst may land on one engine.
             c.tcp.backlog = 32;
@@ -179,9 +192,11 @@ fn wait_op(cq: &Cq, op: WcOpcode) -> WorkCompletion {
     wc[0]
 }
 
-/// Connection ids whose server side has posted its first receive (the
-/// client's first Send waits for it: a Send without a posted receive is
-/// the client's error, answered with a Terminate).
+/// Connection ids whose server side reached a point: posted its first
+/// receive (the client's first Send waits for it: a Send without a posted
+/// receive is the client's error, answered with a Terminate), or received
+/// the Send that ends a stream (the client keeps its device open until
+/// then: dropping a device resets its connections).
 #[derive(Default)]
 struct Ready {
     ids: Mutex<Vec<u8>>,
@@ -214,6 +229,7 @@ fn serve(
     up: mpsc::Sender<SocketAddr>,
     streams: usize,
     ready: Arc<Ready>,
+    done: Arc<Ready>,
 ) -> Stats {
     let dev = open(kind, "xb", IP_B);
     let listen_ip = match kind {
@@ -248,7 +264,7 @@ fn serve(
             ..ConnParams::default()
         };
         let qp = req.accept(qi, params).expect("accept");
-        let ready = ready.clone();
+        let (ready, done) = (ready.clone(), done.clone());
         threads.push(std::thread::spawn(move || {
             let post_recv = |qp: &Qp| {
                 qp.post_recv(&RecvWr {
@@ -286,6 +302,7 @@ fn serve(
             // The client's stream of Writes (if any) ends with a Send.
             if streams > 0 {
                 wait_op(&cq, WcOpcode::Recv);
+                done.set(id);
             }
             // Keep the QP until the client is done with it.
             qp.wait_event(WAIT);
@@ -310,6 +327,7 @@ fn run_conn(
     stream_bytes: usize,
     go: &Barrier,
     ready: &Ready,
+    finished: &Ready,
 ) -> f64 {
     let cq = dev.create_cq(64);
     let qi = init(dev, &cq);
@@ -428,6 +446,7 @@ fn run_conn(
         })
         .unwrap();
         wait_op(&cq, WcOpcode::Send);
+        finished.wait(id);
     }
     secs
 }
@@ -448,8 +467,9 @@ fn run(server: Kind, client: Kind, n: usize, stream_bytes: usize) -> (Stats, Sta
     let (up_tx, up_rx) = mpsc::channel();
     let streams = usize::from(stream_bytes > 0);
     let ready = Arc::new(Ready::default());
-    let r = ready.clone();
-    let srv = spawn_in(&topo.b, move || serve(server, n, up_tx, streams, r));
+    let done = Arc::new(Ready::default());
+    let (r, d) = (ready.clone(), done.clone());
+    let srv = spawn_in(&topo.b, move || serve(server, n, up_tx, streams, r, d));
     let addr = up_rx.recv_timeout(WAIT).expect("server up");
     let cli = spawn_in(&topo.a, move || {
         let dev = open(client, "xa", IP_A);
@@ -457,8 +477,11 @@ fn run(server: Kind, client: Kind, n: usize, stream_bytes: usize) -> (Stats, Sta
         let start = Instant::now();
         let conns: Vec<_> = (0..n)
             .map(|i| {
-                let (dev, go, ready) = (dev.clone(), go.clone(), ready.clone());
-                std::thread::spawn(move || run_conn(&dev, addr, i as u8, stream_bytes, &go, &ready))
+                let (dev, go) = (dev.clone(), go.clone());
+                let (ready, done) = (ready.clone(), done.clone());
+                std::thread::spawn(move || {
+                    run_conn(&dev, addr, i as u8, stream_bytes, &go, &ready, &done)
+                })
             })
             .collect();
         let secs: Vec<f64> = conns
