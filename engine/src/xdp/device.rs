@@ -8,7 +8,7 @@
 //! copied between the UMEM and smoltcp's own buffers.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::ops::RangeInclusive;
@@ -79,6 +79,10 @@ pub(crate) struct Forward {
     pub(crate) inboxes: Vec<Arc<Inbox>>,
     /// This engine's index.
     pub(crate) me: usize,
+    /// The device's passive connections and their engines.
+    pub(crate) flows: Arc<Flows>,
+    /// The passive connections this engine owns (checked without a lock).
+    mine: HashSet<FlowKey>,
 }
 
 /// Frames other engines received for one engine (copies).
@@ -112,6 +116,26 @@ fn q_lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A passive connection seen from our side: (remote IPv4 address as a
+/// big-endian `u32`, remote port, local port).
+pub(crate) type FlowKey = (u32, u16, u16);
+
+/// Most passive connections the shared flow table remembers (a SYN flood
+/// must not grow it without bound; beyond it, new connections stay on the
+/// queue their SYN arrived on, unprotected against a queue change).
+const MAX_FLOWS: usize = 1 << 16;
+
+/// Which engine owns each passive connection of a multi-core device. An
+/// engine registers a connection when its SYN arrives (the engine of that
+/// queue accepts it); a later segment of it arriving on another queue (a
+/// kernel peer re-draws its transmit hash after a retransmission timeout)
+/// is handed to the owner instead of reaching the listener there, which
+/// would answer with a reset.
+#[derive(Debug, Default)]
+pub(crate) struct Flows {
+    map: Mutex<HashMap<FlowKey, usize>>,
+}
+
 /// Where a received frame goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Dest {
@@ -126,11 +150,23 @@ enum Dest {
 
 impl Forward {
     /// Where an Ethernet frame received on this engine's queue goes.
-    fn dest(&self, frame: &[u8]) -> Dest {
+    fn dest(&mut self, frame: &[u8]) -> Dest {
         self.owner(frame).unwrap_or(Dest::Here)
     }
 
-    fn owner(&self, frame: &[u8]) -> Option<Dest> {
+    /// Forget passive connection `key` (released).
+    pub(crate) fn forget(&mut self, key: FlowKey) {
+        self.mine.remove(&key);
+        if self.others.is_empty() {
+            return;
+        }
+        let mut map = q_lock(&self.flows.map);
+        if map.get(&key) == Some(&self.me) {
+            map.remove(&key);
+        }
+    }
+
+    fn owner(&mut self, frame: &[u8]) -> Option<Dest> {
         if self.others.is_empty() {
             return None;
         }
@@ -147,13 +183,34 @@ impl Forward {
         }
         let tcp = ip.get(usize::from(vihl & 0x0f) * 4..)?;
         let port = u16::from_be_bytes([*tcp.get(2)?, *tcp.get(3)?]);
-        if self.listening.contains(&port) {
+        let listening = self.listening.contains(&port);
+        if !listening {
+            // Outgoing connections: each engine has its own local ports.
+            if let Some((j, _)) = self.others.iter().find(|(_, r)| r.contains(&port)) {
+                return Some(Dest::There(*j));
+            }
+        }
+        let src = u32::from_be_bytes([*ip.get(12)?, *ip.get(13)?, *ip.get(14)?, *ip.get(15)?]);
+        let key = (src, u16::from_be_bytes([*tcp.first()?, *tcp.get(1)?]), port);
+        if self.mine.contains(&key) {
             return None;
         }
-        self.others
-            .iter()
-            .find(|(_, r)| r.contains(&port))
-            .map(|(i, _)| Dest::There(*i))
+        let syn_only = tcp.get(13)? & 0x12 == 0x02;
+        let mut map = q_lock(&self.flows.map);
+        match map.get(&key) {
+            Some(&j) if j != self.me => Some(Dest::There(j)),
+            Some(_) => {
+                self.mine.insert(key);
+                None
+            }
+            None => {
+                if listening && syn_only && map.len() < MAX_FLOWS {
+                    map.insert(key, self.me);
+                    self.mine.insert(key);
+                }
+                None
+            }
+        }
     }
 }
 
@@ -237,6 +294,11 @@ impl XskDevice {
         };
         self.forwarded_in += fwd as u64;
         n + fwd
+    }
+
+    /// Forget passive connection `key` (released).
+    pub(crate) fn forget(&mut self, key: FlowKey) {
+        self.forward.forget(key);
     }
 
     /// Whether frames went to other engines since the last call.
@@ -455,6 +517,61 @@ impl phy::Device for XskDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An Ethernet/IPv4/TCP frame from 198.18.0.1:`sport` to `dport`.
+    fn tcp_frame(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[14 + 9] = 6;
+        f[14 + 12..14 + 16].copy_from_slice(&[198, 18, 0, 1]);
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
+        f[34 + 13] = flags;
+        f
+    }
+
+    fn engine(me: usize, flows: &Arc<Flows>) -> Forward {
+        let parts = [49152..=57343, 57344..=65535];
+        Forward {
+            listening: vec![7174],
+            others: (0..2)
+                .filter(|&j| j != me)
+                .map(|j| (j, parts[j].clone()))
+                .collect(),
+            inboxes: Vec::new(),
+            me,
+            flows: flows.clone(),
+            mine: HashSet::new(),
+        }
+    }
+
+    #[test]
+    fn frames_go_to_the_engine_that_owns_them() {
+        let flows = Arc::new(Flows::default());
+        let (mut e0, mut e1) = (engine(0, &flows), engine(1, &flows));
+        // ARP: everyone; not IPv4/TCP or truncated: here.
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(e0.dest(&arp), Dest::Everywhere);
+        assert_eq!(e0.dest(&[0u8; 10]), Dest::Here);
+        assert_eq!(e0.dest(&tcp_frame(7174, 60000, 0x10)[..36]), Dest::Here);
+        // Outgoing connections: by local port.
+        assert_eq!(e0.dest(&tcp_frame(7174, 60000, 0x10)), Dest::There(1));
+        assert_eq!(e1.dest(&tcp_frame(7174, 50000, 0x10)), Dest::There(0));
+        assert_eq!(e0.dest(&tcp_frame(7174, 50000, 0x10)), Dest::Here);
+        // A passive connection belongs to the engine that got its SYN.
+        assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x02)), Dest::Here);
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x10)), Dest::There(0));
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x02)), Dest::There(0));
+        assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x18)), Dest::Here);
+        // Unknown non-SYN segments stay where they arrive.
+        assert_eq!(e1.dest(&tcp_frame(40001, 7174, 0x10)), Dest::Here);
+        // Released: the next connection with that 4-tuple is new.
+        e0.forget((u32::from_be_bytes([198, 18, 0, 1]), 40000, 7174));
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x02)), Dest::Here);
+        assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x10)), Dest::There(1));
+    }
 
     #[test]
     fn pcap_header_and_record() {

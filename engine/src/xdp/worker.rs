@@ -13,6 +13,7 @@
 //! 5. smoltcp egress (the transmit tokens write into UMEM frames);
 //! 6. tx burst: reclaim completions, submit, kick `sendto` while needed.
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
@@ -23,10 +24,10 @@ use iwarp::time::{Duration as CoreDuration, Instant as CoreInstant};
 use iwarp::verbs::Context;
 use iwarp_bpf::{SteerConfig, Steering};
 use iwarp_tcp::smoltcp::time::Instant as SmolInstant;
-use iwarp_tcp::smoltcp::wire::{EthernetAddress, IpAddress};
+use iwarp_tcp::smoltcp::wire::{EthernetAddress, IpAddress, IpEndpoint};
 use iwarp_tcp::{ConnId, Error as TcpError, Stack};
 
-use super::device::{Inbox, Pcap, XskDevice};
+use super::device::{FlowKey, Flows, Inbox, Pcap, XskDevice};
 use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
 use crate::cm::{CmError, CmEvent};
@@ -193,6 +194,9 @@ pub(crate) struct XdpIo {
     lingering: Vec<Lingering>,
     /// A connection or listener went away: recompute the steered ports.
     steer_dirty: bool,
+    /// Multi-core: the flow keys of accepted connections, forgotten in the
+    /// shared flow table when they are released.
+    passive: HashMap<ConnId, FlowKey>,
     fd: i32,
     pub(crate) passes: u64,
 }
@@ -271,6 +275,7 @@ impl XdpIo {
             }),
         });
         let inboxes: Vec<Arc<Inbox>> = (0..n).map(|_| Arc::default()).collect();
+        let flows = Arc::new(Flows::default());
         let mut engines = Vec::with_capacity(n);
         for (index, (&queue, part)) in queues.iter().zip(&parts).enumerate() {
             let frames = Frames::new(&cfg.ifname, queue, cfg.frames, cfg.frame_size())?;
@@ -287,6 +292,7 @@ impl XdpIo {
                 .map(|(j, r)| (j, r.clone()))
                 .collect();
             dev.forward.inboxes = inboxes.clone();
+            dev.forward.flows = flows.clone();
             dev.forward.me = index;
             let fd = dev.frames.fd();
             let mut tcp = cfg.tcp;
@@ -323,6 +329,7 @@ impl XdpIo {
                 conns: Vec::new(),
                 lingering: Vec::new(),
                 steer_dirty: false,
+                passive: HashMap::new(),
                 fd,
                 passes: 0,
             });
@@ -662,6 +669,17 @@ impl XdpIo {
         for l in &self.listeners {
             while let Some(conn) = self.stack.accept(l.port) {
                 work += 1;
+                if let Some((
+                    local,
+                    IpEndpoint {
+                        addr: IpAddress::Ipv4(ip),
+                        port,
+                    },
+                )) = self.stack.endpoints(conn)
+                {
+                    let key = (u32::from_be_bytes(ip.octets()), port, local.port);
+                    self.passive.insert(conn, key);
+                }
                 let config = handshake::Config {
                     ird: iwarp::wire::mpa::IrdOrd::MAX,
                     ord: iwarp::wire::mpa::IrdOrd::MAX,
@@ -834,7 +852,7 @@ impl XdpIo {
                 c.eof = true;
                 ctx.handle_eof(qp);
             }
-            let _ = self.stack.release(c.conn);
+            release(&mut self.stack, &mut self.passive, c.conn);
             work += 1 + drain_events(ctx, qp, &c.shared);
         }
         work
@@ -843,7 +861,7 @@ impl XdpIo {
     fn pump_lingering(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
         let before = self.lingering.len();
-        let stack = &mut self.stack;
+        let (stack, passive) = (&mut self.stack, &mut self.passive);
         self.lingering.retain_mut(|l| {
             let since = *l.since.get_or_insert(now);
             if l.pos < l.out.len() {
@@ -866,7 +884,7 @@ impl XdpIo {
                 || now.saturating_duration_since(since) > LINGER;
             if done {
                 let _ = stack.abort(l.conn);
-                let _ = stack.release(l.conn);
+                release(stack, passive, l.conn);
                 work += 1;
             }
             !done
@@ -881,14 +899,14 @@ impl XdpIo {
     /// reset dropped ones that do not finish closing in time.
     fn reap(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
         let before = self.conns.len();
-        let stack = &mut self.stack;
+        let (stack, passive) = (&mut self.stack, &mut self.passive);
         self.conns.retain_mut(|c| {
             let Some(since) = c.orphan else {
                 return true;
             };
             if !c.gone && now.saturating_duration_since(since) > LINGER {
                 let _ = stack.abort(c.conn);
-                let _ = stack.release(c.conn);
+                release(stack, passive, c.conn);
                 c.gone = true;
             }
             if c.gone {
@@ -905,6 +923,15 @@ impl XdpIo {
         }
         reaped
     }
+}
+
+/// Release `conn` and, if it was accepted, forget it in the device's
+/// flow table.
+fn release(stack: &mut Stack<XskDevice>, passive: &mut HashMap<ConnId, FlowKey>, conn: ConnId) {
+    if let Some(key) = passive.remove(&conn) {
+        stack.device_mut().forget(key);
+    }
+    let _ = stack.release(conn);
 }
 
 #[allow(unreachable_patterns)]
