@@ -988,18 +988,28 @@ impl Shared {
             return self.engine().pass();
         };
         let now = self.now();
+        let t0 = std::time::Instant::now();
         let mut work = lock(x).io_in(now);
+        let t1 = std::time::Instant::now();
+        let t2;
         {
             let mut e = self.engine();
+            t2 = std::time::Instant::now();
             e.passes += 1;
             let mut g = lock(x);
             work += g.drive(&mut e.ctx, now);
             drop(g);
             work += e.move_completions();
         }
+        let t3 = std::time::Instant::now();
         let mut g = lock(x);
         work += g.io_out(now);
         let forwarded = g.take_forwarded();
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let t4 = std::time::Instant::now();
+        g.timing.0 += ns(t1 - t0) + ns(t4 - t3);
+        g.timing.1 += ns(t2 - t1);
+        g.timing.2 += ns(t3 - t2);
         drop(g);
         if forwarded {
             self.kick();

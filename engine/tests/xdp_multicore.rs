@@ -542,8 +542,9 @@ fn run_with(
     for (who, s) in [("client", &cs), ("server", &ss)] {
         for e in &s.engines {
             println!(
-                "{who} engine on queue {}: {} accepted, {} opened, rx {} tx {} frames, forwarded out {} in {}",
-                e.queue, e.tcp.accepted, e.tcp.connects, e.tcp.rx_frames, e.tcp.tx_frames, e.forwarded_out, e.forwarded_in
+                "{who} engine on queue {}: {} accepted, {} opened, rx {} tx {} frames, forwarded out {} in {}; ms in I/O {}, waiting for the device lock {}, holding it {}",
+                e.queue, e.tcp.accepted, e.tcp.connects, e.tcp.rx_frames, e.tcp.tx_frames, e.forwarded_out, e.forwarded_in,
+                e.io_ns / 1_000_000, e.lock_wait_ns / 1_000_000, e.core_ns / 1_000_000
             );
         }
     }

@@ -217,6 +217,15 @@ pub struct EngineStats {
     pub forwarded_out: u64,
     /// Frames other engines copied over to this one.
     pub forwarded_in: u64,
+    /// Multi-core progress threads: nanoseconds spent in the I/O steps
+    /// (under the engine's own lock only).
+    pub io_ns: u64,
+    /// Multi-core progress threads: nanoseconds spent waiting for the
+    /// device lock (the engines serialize on the shared verbs context).
+    pub lock_wait_ns: u64,
+    /// Multi-core progress threads: nanoseconds spent holding the device
+    /// lock (core work).
+    pub core_ns: u64,
 }
 
 /// Counters of the AF_XDP side (monotonic).

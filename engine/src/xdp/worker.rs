@@ -197,8 +197,14 @@ pub(crate) struct XdpIo {
     /// Multi-core: the flow keys of accepted connections, forgotten in the
     /// shared flow table when they are released.
     passive: HashMap<ConnId, FlowKey>,
+    /// Outgoing connections from `dial` until the device adds them
+    /// (`add_conn`) or drops them: they count as load.
+    opening: std::collections::HashSet<ConnId>,
     fd: i32,
     pub(crate) passes: u64,
+    /// Time split of the multi-core passes: (I/O, device-lock wait, core)
+    /// in nanoseconds.
+    pub(crate) timing: (u64, u64, u64),
 }
 
 impl std::fmt::Debug for XdpIo {
@@ -330,8 +336,10 @@ impl XdpIo {
                 lingering: Vec::new(),
                 steer_dirty: false,
                 passive: HashMap::new(),
+                opening: std::collections::HashSet::new(),
                 fd,
                 passes: 0,
+                timing: (0, 0, 0),
             });
         }
         Ok(engines)
@@ -350,7 +358,7 @@ impl XdpIo {
 
     /// Connections (and connects in progress) this engine drives.
     pub(crate) fn load(&self) -> usize {
-        self.conns.len() + self.dials.len() + self.pending.len()
+        self.conns.len() + self.opening.len() + self.pending.len()
     }
 
     /// The AF_XDP socket's descriptor (registered for epoll).
@@ -388,6 +396,9 @@ impl XdpIo {
             xdp,
             forwarded_out: dev.forwarded_out,
             forwarded_in: dev.forwarded_in,
+            io_ns: self.timing.0,
+            lock_wait_ns: self.timing.1,
+            core_ns: self.timing.2,
         }
     }
 
@@ -513,6 +524,7 @@ impl XdpIo {
         if let Sock::Xdp(_, c) = sock {
             let _ = self.stack.abort(c);
             self.dials.retain(|d| d.conn != c);
+            self.opening.remove(&c);
             self.lingering.push(Lingering {
                 conn: c,
                 out: Vec::new(),
@@ -538,6 +550,7 @@ impl XdpIo {
             .connect((ip, addr.port()), port)
             .map_err(|_| CmError::Unreachable)?;
         self.dials.push(Dial { conn, shared });
+        self.opening.insert(conn);
         // The reply may arrive on another queue: the other engines forward
         // this engine's ports here.
         Ok((conn, SocketAddr::new(self.ip.into(), port)))
@@ -545,6 +558,7 @@ impl XdpIo {
 
     /// Drive `qp` over `conn`.
     pub(crate) fn add_conn(&mut self, qp: QpId, conn: ConnId, shared: Arc<ConnShared>) {
+        self.opening.remove(&conn);
         self.conns.push(Conn {
             qp,
             conn,
@@ -775,11 +789,12 @@ impl XdpIo {
 
     fn pump_dials(&mut self) -> usize {
         let mut work = 0;
-        let stack = &mut self.stack;
+        let (stack, opening) = (&mut self.stack, &mut self.opening);
         self.dials.retain(|d| {
             let outcome = if stack.is_established(d.conn) {
                 Some(Ok(stack.emss(d.conn).unwrap_or_else(|| stack.local_mss())))
             } else if stack.is_reset(d.conn) || stack.is_closed(d.conn) {
+                opening.remove(&d.conn);
                 let _ = stack.release(d.conn);
                 Some(Err(CmError::ConnectionRefused))
             } else {
