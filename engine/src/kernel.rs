@@ -1081,8 +1081,9 @@ impl Shared {
         };
         while !self.stop.load(Ordering::SeqCst) {
             self.dirty.store(false, Ordering::SeqCst);
-            // AF_XDP: engine 0 (every engine of a single-queue device);
-            // the kernel backend ignores the choice.
+            // `x`: engine 0 of a multi-core AF_XDP device; otherwise the
+            // whole pass under the device lock (kernel backend, one
+            // AF_XDP engine).
             let work = self.pass_engine(x.as_ref());
             self.step_aside();
             if work > 0 {
