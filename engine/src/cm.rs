@@ -286,7 +286,7 @@ impl Drop for ConnRequest {
         // A kernel socket closes itself; a user-space TCP connection is
         // reset by the engine.
         if let Some(req) = self.req.take() {
-            if let Sock::Xdp(_) = req.sock {
+            if let Sock::Xdp(..) = req.sock {
                 self.shared.engine().drop_sock(req.sock);
                 self.shared.kick();
             }

@@ -20,10 +20,14 @@ use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
 use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Request, Shared, Sock};
+use crate::kernel::{Sleeper, XdpRef};
 use crate::xdp::worker::XdpIo;
-use crate::xdp::{XdpConfig, XdpStats};
+use crate::xdp::{EngineStats, XdpConfig, XdpStats};
 
 /// Which I/O backend runs the protocol core.
+// Built once per `Device::open`: its size does not matter, and boxing the
+// configuration would change the application API.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// Kernel TCP sockets (`std::net`), polled with epoll.
@@ -35,7 +39,7 @@ pub enum Backend {
 }
 
 /// Counters of a device, readable while it runs ([`Device::stats`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Engine passes run.
     pub passes: u64,
@@ -44,8 +48,10 @@ pub struct Stats {
     /// The user-space TCP's counters (AF_XDP backend).
     pub tcp: Option<iwarp_tcp::Counters>,
     /// Rings, steering program and kernel socket counters (AF_XDP
-    /// backend).
+    /// backend; of the first engine).
     pub xdp: Option<XdpStats>,
+    /// AF_XDP backend: each engine's counters (one per receive queue).
+    pub engines: Vec<EngineStats>,
 }
 
 /// Who runs the progress engine.
@@ -86,13 +92,13 @@ impl Default for DeviceConfig {
 #[derive(Debug)]
 struct DeviceInner {
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
         self.shared.stop();
-        if let Some(t) = lock(&self.thread).take() {
+        for t in lock(&self.threads).drain(..) {
             let _ = t.join();
         }
         self.shared.engine().shutdown();
@@ -117,38 +123,88 @@ impl Device {
         });
         let threaded = matches!(cfg.progress, Progress::Thread { .. });
         let mut shared = Shared::new(seed, threaded, cfg.busy_poll)?;
+        // Engines 1.. of a multi-core AF_XDP device: their sockets and
+        // the cores their threads are pinned to.
+        let mut extra: Vec<(XdpRef, i32, Option<usize>)> = Vec::new();
+        // Engine 0 of a multi-core device (a single engine runs its whole
+        // pass under the device lock, as the kernel backend).
+        let mut first: Option<XdpRef> = None;
+        let mut cpu0 = match cfg.progress {
+            Progress::Thread { cpu } => cpu,
+            Progress::Manual => None,
+        };
         if let Backend::AfXdp(xcfg) = &backend {
             let mut e = shared.engine();
             let now = e.now();
-            let io = XdpIo::open(xcfg, now, seed)?;
-            e.set_xdp(Box::new(io))?;
+            let engines: Vec<XdpRef> = XdpIo::open_all(xcfg, now, seed)?
+                .into_iter()
+                .map(|x| Arc::new(Mutex::new(x)))
+                .collect();
+            extra = engines
+                .iter()
+                .enumerate()
+                .skip(1)
+                .map(|(k, x)| (x.clone(), lock(x).fd(), xcfg.cpus.get(k).copied()))
+                .collect();
+            if engines.len() > 1 {
+                first = engines.first().cloned();
+            }
+            e.set_xdp(engines)?;
             drop(e);
             if xcfg.busy_poll {
                 shared.set_busy_poll(true);
             }
+            if let Some(&c) = xcfg.cpus.first() {
+                cpu0 = Some(c);
+            }
         }
         let shared = Arc::new(shared);
-        let thread = match cfg.progress {
-            Progress::Manual => None,
-            Progress::Thread { cpu } => {
-                let s = shared.clone();
-                let t = std::thread::Builder::new()
-                    .name("iwarp-progress".into())
-                    .spawn(move || {
-                        if let Some(cpu) = cpu {
-                            pin(cpu);
-                        }
-                        s.run();
-                    })?;
-                Some(t)
-            }
-        };
-        Ok(Self {
+        // Dropping the device on an error path stops the threads started.
+        let dev = Self {
             inner: Arc::new(DeviceInner {
-                shared,
-                thread: Mutex::new(thread),
+                shared: shared.clone(),
+                threads: Mutex::new(Vec::new()),
             }),
-        })
+        };
+        if !threaded {
+            return Ok(dev);
+        }
+        let mut sleepers = Vec::new();
+        let mut polls = Vec::new();
+        for (_, fd, _) in &extra {
+            let fd = *fd;
+            let (s, p) = Sleeper::new(fd)?;
+            sleepers.push(s);
+            polls.push(p);
+        }
+        shared.set_sleepers(sleepers.clone());
+        let s = shared.clone();
+        let t = std::thread::Builder::new()
+            .name("iwarp-progress".into())
+            .spawn(move || {
+                if let Some(cpu) = cpu0 {
+                    pin(cpu);
+                }
+                s.run(first);
+            })?;
+        lock(&dev.inner.threads).push(t);
+        for (k, ((x, _, cpu), (sleeper, poll))) in extra
+            .into_iter()
+            .zip(sleepers.into_iter().zip(polls))
+            .enumerate()
+        {
+            let s = shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("iwarp-progress-{}", k + 1))
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        pin(cpu);
+                    }
+                    s.run_engine(k + 1, x, poll, &sleeper);
+                })?;
+            lock(&dev.inner.threads).push(t);
+        }
+        Ok(dev)
     }
 
     fn shared(&self) -> &Arc<Shared> {
@@ -170,11 +226,12 @@ impl Device {
             connections: e.conn_count(),
             ..Stats::default()
         };
-        if let Some(x) = e.xdp.as_ref() {
-            let (tcp, xdp) = x.stats();
+        if let Some(x) = e.xdp.first() {
+            let (tcp, xdp) = lock(x).stats();
             s.tcp = Some(tcp);
             s.xdp = Some(xdp);
         }
+        s.engines = e.xdp.iter().map(|x| lock(x).engine_stats()).collect();
         s
     }
 
@@ -250,14 +307,18 @@ impl Device {
     /// Listen on `addr` (port 0: the OS picks one, see
     /// [`Listener::local_addr`]).
     pub fn listen(&self, addr: SocketAddr) -> Result<Listener, CmError> {
-        if let Some(x) = self.shared().engine().xdp.as_mut() {
-            let (ls, addr) = x.listen(addr)?;
+        let mut e = self.shared().engine();
+        if !e.xdp.is_empty() {
+            let (ls, addr) = e.listen_xdp(addr)?;
+            drop(e);
+            self.shared().kick();
             return Ok(Listener {
                 shared: self.shared().clone(),
                 ls,
                 addr,
             });
         }
+        drop(e);
         let std = std::net::TcpListener::bind(addr).map_err(|e| CmError::Io(e.kind()))?;
         std.set_nonblocking(true)
             .map_err(|e| CmError::Io(e.kind()))?;
@@ -282,7 +343,7 @@ impl Device {
         let start = Instant::now();
         check_init(self.shared(), &qp)?;
         let conn = Arc::new(ConnShared::default());
-        let xdp = self.shared().engine().xdp.is_some();
+        let xdp = !self.shared().engine().xdp.is_empty();
         let (sock, local, emss) = if xdp {
             self.dial_xdp(addr, &conn, start + params.timeout)?
         } else {
@@ -351,18 +412,14 @@ impl Device {
         deadline: Instant,
     ) -> Result<(Sock, SocketAddr, usize), CmError> {
         let shared = self.shared();
-        let (cid, local) = {
-            let mut e = shared.engine();
-            let x = e.xdp.as_mut().ok_or(CmError::Closed)?;
-            x.dial(addr, conn.clone())?
-        };
+        let (sock, local) = shared.engine().dial_xdp(addr, conn.clone())?;
         shared.kick();
         let r = shared.wait_for(&conn.m, &conn.cv, Some(deadline), |i| i.tcp.take());
         match r {
-            Some(Ok(emss)) => Ok((Sock::Xdp(cid), local, emss.clamp(512, 16384))),
+            Some(Ok(emss)) => Ok((sock, local, emss.clamp(512, 16384))),
             Some(Err(e)) => Err(e),
             None => {
-                shared.engine().drop_sock(Sock::Xdp(cid));
+                shared.engine().drop_sock(sock);
                 shared.kick();
                 Err(CmError::Timeout)
             }

@@ -36,6 +36,9 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use crate::cm::{CmError, CmEvent};
 use crate::xdp::worker::XdpIo;
 
+/// An AF_XDP engine behind its own lock.
+pub(crate) type XdpRef = Arc<Mutex<XdpIo>>;
+
 /// The waker's token is 0, sockets count up from 1; the AF_XDP socket
 /// takes the last one.
 const XSK: Token = Token(usize::MAX);
@@ -87,7 +90,8 @@ pub(crate) struct ConnInfo {
 #[derive(Debug)]
 pub(crate) enum Sock {
     Kernel(TcpStream),
-    Xdp(iwarp_tcp::ConnId),
+    /// (engine index, connection).
+    Xdp(usize, iwarp_tcp::ConnId),
 }
 
 /// A TCP connection whose MPA request has arrived, waiting for the
@@ -170,9 +174,14 @@ pub(crate) struct Engine {
     lingering: Vec<Lingering>,
     cqs: Vec<(CqId, Arc<CqQueue>)>,
     rx_buf: Vec<u8>,
-    /// The AF_XDP backend; `None`: kernel sockets (also after an AF_XDP
-    /// device shut down).
-    pub(crate) xdp: Option<Box<XdpIo>>,
+    /// The AF_XDP backend's engines, one per receive queue; empty: kernel
+    /// sockets (also after an AF_XDP device shut down).
+    /// Each behind its own lock (taken after this engine's, never before
+    /// it): a multi-core device's progress threads run their engine's
+    /// I/O steps holding only that lock.
+    pub(crate) xdp: Vec<XdpRef>,
+    /// Round-robin start of the engine choice of outgoing connections.
+    next_dial: usize,
     /// Passes run.
     pub(crate) passes: u64,
 }
@@ -190,7 +199,8 @@ impl Engine {
             lingering: Vec::new(),
             cqs: Vec::new(),
             rx_buf: vec![0; IO_BUF],
-            xdp: None,
+            xdp: Vec::new(),
+            next_dial: 0,
             passes: 0,
         }
     }
@@ -226,8 +236,14 @@ impl Engine {
     /// Stop listening: close the socket and every connection whose request
     /// has not reached the application yet.
     pub(crate) fn remove_listener(&mut self, shared: &Arc<ListenShared>) {
-        if let Some(x) = self.xdp.as_mut() {
-            x.remove_listener(shared);
+        if !self.xdp.is_empty() {
+            for x in &self.xdp {
+                lock(x).remove_listener(shared);
+            }
+            let queued: Vec<Request> = lock(&shared.q).drain(..).collect();
+            for r in queued {
+                self.drop_sock(r.sock);
+            }
             return;
         }
         let registry = &self.registry;
@@ -255,13 +271,16 @@ impl Engine {
         input: Vec<u8>,
         shared: Arc<ConnShared>,
     ) -> io::Result<()> {
-        let mut sock = match (sock, self.xdp.as_mut()) {
-            (Sock::Kernel(s), None) => s,
-            (Sock::Xdp(c), Some(x)) => {
-                x.add_conn(qp, c, shared);
-                return Ok(());
-            }
-            _ => return Err(io::ErrorKind::NotConnected.into()),
+        let mut sock = match sock {
+            Sock::Kernel(s) if self.xdp.is_empty() => s,
+            Sock::Xdp(k, c) => match self.xdp.get(k) {
+                Some(x) => {
+                    lock(x).add_conn(qp, c, shared);
+                    return Ok(());
+                }
+                None => return Err(io::ErrorKind::NotConnected.into()),
+            },
+            Sock::Kernel(_) => return Err(io::ErrorKind::NotConnected.into()),
         };
         let token = self.token();
         self.registry
@@ -285,8 +304,8 @@ impl Engine {
     pub(crate) fn release_qp(&mut self, qp: QpId) {
         self.ctx.disconnect(qp);
         let now = self.now();
-        if let Some(x) = self.xdp.as_mut() {
-            if !x.release_qp(qp, now) {
+        if !self.xdp.is_empty() {
+            if !self.xdp.iter().any(|x| lock(x).release_qp(qp, now)) {
                 let _ = self.ctx.destroy_qp(qp);
             }
             return;
@@ -301,8 +320,10 @@ impl Engine {
 
     /// Turn pending QP events of `qp` into connection-manager state now.
     pub(crate) fn pass_events(&mut self, qp: QpId) {
-        if let Some(x) = self.xdp.as_mut() {
-            x.pass_events(&mut self.ctx, qp);
+        if !self.xdp.is_empty() {
+            for x in &self.xdp {
+                lock(x).pass_events(&mut self.ctx, qp);
+            }
             return;
         }
         if let Some(c) = self.conns.iter().find(|c| c.qp == qp) {
@@ -314,9 +335,9 @@ impl Engine {
     pub(crate) fn linger(&mut self, sock: Sock, bytes: Vec<u8>) {
         let mut sock = match sock {
             Sock::Kernel(s) => s,
-            xdp => {
-                if let Some(x) = self.xdp.as_mut() {
-                    x.linger(xdp, bytes);
+            Sock::Xdp(k, c) => {
+                if let Some(x) = self.xdp.get(k) {
+                    lock(x).linger(Sock::Xdp(k, c), bytes);
                 }
                 return;
             }
@@ -337,13 +358,22 @@ impl Engine {
 
     /// Close every socket (the device is going away).
     pub(crate) fn shutdown(&mut self) {
-        if let Some(mut x) = self.xdp.take() {
+        if !self.xdp.is_empty() {
+            let engines = std::mem::take(&mut self.xdp);
             let now = self.now();
-            let fd = x.fd();
-            let _ = self.registry.deregister(&mut mio::unix::SourceFd(&fd));
-            x.shutdown(&mut self.ctx, now);
-            // Detaches the program, closes the socket and the UMEM.
-            drop(x);
+            for x in &engines {
+                let mut x = lock(x);
+                let fd = x.fd();
+                let _ = self.registry.deregister(&mut mio::unix::SourceFd(&fd));
+                x.shutdown(&mut self.ctx, now);
+            }
+            // The program leaves the interface before the sockets and the
+            // UMEMs close (the progress threads holding the engines are
+            // joined: these are the last references).
+            if let Some(x) = engines.first() {
+                lock(x).steer().detach();
+            }
+            drop(engines);
             self.move_completions();
             return;
         }
@@ -365,11 +395,19 @@ impl Engine {
         }
     }
 
-    /// When the next timer is due, if any.
-    pub(crate) fn next_deadline(&mut self) -> Option<CoreInstant> {
+    /// When the next timer is due, if any (of AF_XDP engine `which`
+    /// only, if given).
+    pub(crate) fn next_deadline(&mut self, which: Option<usize>) -> Option<CoreInstant> {
         let now = self.now();
-        if let Some(x) = self.xdp.as_mut() {
-            return x.next_deadline(&self.ctx, now);
+        if !self.xdp.is_empty() {
+            let ctx = &self.ctx;
+            return self
+                .xdp
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| which.is_none_or(|w| w == *k))
+                .filter_map(|(_, x)| lock(x).next_deadline(ctx, now))
+                .min();
         }
         let conns = self
             .conns
@@ -380,9 +418,9 @@ impl Engine {
     }
 
     /// The time until the next timer, capped at `cap`.
-    fn sleep_for(&mut self, cap: Option<Duration>) -> Option<Duration> {
+    fn sleep_for(&mut self, which: Option<usize>, cap: Option<Duration>) -> Option<Duration> {
         let timer = self
-            .next_deadline()
+            .next_deadline(which)
             .map(|d| d.saturating_duration_since(self.now()));
         match (timer, cap) {
             (Some(t), Some(c)) => Some(t.min(c)),
@@ -392,12 +430,17 @@ impl Engine {
 
     /// One progress pass. Returns a measure of the work done (0: nothing
     /// happened, the caller may sleep).
+    /// With the AF_XDP backend: every engine, all steps under the device
+    /// lock (manual progress; the progress threads use
+    /// [`Shared::pass_engine`]).
     pub(crate) fn pass(&mut self) -> usize {
         let now = self.now();
         self.passes += 1;
         let mut work = 0;
-        if let Some(x) = self.xdp.as_mut() {
-            work += x.run_once(&mut self.ctx, now);
+        if !self.xdp.is_empty() {
+            for x in &self.xdp {
+                work += lock(x).run_once(&mut self.ctx, now);
+            }
             work += self.move_completions();
             return work;
         }
@@ -679,23 +722,76 @@ impl Engine {
 
     /// Connections driven by the core (either backend).
     pub(crate) fn conn_count(&self) -> usize {
-        self.conns.len() + self.xdp.as_ref().map_or(0, |x| x.conn_count())
+        self.conns.len() + self.xdp.iter().map(|x| lock(x).conn_count()).sum::<usize>()
     }
 
     /// Close a connection nobody will use.
     pub(crate) fn drop_sock(&mut self, sock: Sock) {
-        if let Some(x) = self.xdp.as_mut() {
-            x.drop_sock(sock);
+        if let Sock::Xdp(k, _) = sock {
+            if let Some(x) = self.xdp.get(k) {
+                lock(x).drop_sock(sock);
+            }
         }
     }
 
-    /// Use the AF_XDP backend `x`: its socket joins the epoll set.
-    pub(crate) fn set_xdp(&mut self, x: Box<XdpIo>) -> io::Result<()> {
-        let fd = x.fd();
-        self.registry
-            .register(&mut mio::unix::SourceFd(&fd), XSK, Interest::READABLE)?;
-        self.xdp = Some(x);
+    /// Use the AF_XDP backend's engines: their sockets join the epoll set
+    /// (the device's poller wakes on any of them).
+    pub(crate) fn set_xdp(&mut self, engines: Vec<XdpRef>) -> io::Result<()> {
+        for (k, x) in engines.iter().enumerate() {
+            let fd = lock(x).fd();
+            self.registry.register(
+                &mut mio::unix::SourceFd(&fd),
+                Token(XSK.0 - k),
+                Interest::READABLE,
+            )?;
+        }
+        self.xdp = engines;
         Ok(())
+    }
+
+    /// Listen on every AF_XDP engine (one queue of requests).
+    pub(crate) fn listen_xdp(
+        &mut self,
+        addr: SocketAddr,
+    ) -> Result<(Arc<ListenShared>, SocketAddr), CmError> {
+        let first = self.xdp.first().ok_or(CmError::Closed)?;
+        let port = lock(first).listen_port(addr)?;
+        let shared = Arc::new(ListenShared::default());
+        let mut bound = None;
+        for k in 0..self.xdp.len() {
+            let r = lock(&self.xdp[k]).listen(port, &shared);
+            match r {
+                Ok(a) => bound = Some(a),
+                Err(e) => {
+                    for x in &self.xdp[..k] {
+                        lock(x).remove_listener(&shared);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((shared, bound.ok_or(CmError::Closed)?))
+    }
+
+    /// Start an outgoing connection on the least-loaded AF_XDP engine
+    /// (ties: round robin).
+    pub(crate) fn dial_xdp(
+        &mut self,
+        addr: SocketAddr,
+        conn: Arc<ConnShared>,
+    ) -> Result<(Sock, SocketAddr), CmError> {
+        let n = self.xdp.len();
+        if n == 0 {
+            return Err(CmError::Closed);
+        }
+        let start = self.next_dial % n;
+        self.next_dial = self.next_dial.wrapping_add(1);
+        let k = (0..n)
+            .map(|i| (start + i) % n)
+            .min_by_key(|&k| lock(&self.xdp[k]).load())
+            .unwrap_or(0);
+        let (cid, local) = lock(&self.xdp[k]).dial(addr, conn)?;
+        Ok((Sock::Xdp(k, cid), local))
     }
 }
 
@@ -794,6 +890,35 @@ pub(crate) struct Shared {
     /// Application threads waiting for the engine lock (a busy-polling
     /// progress thread steps aside for them).
     waiters: AtomicUsize,
+    /// The engine's clock origin.
+    epoch: std::time::Instant,
+    /// Multi-core AF_XDP: how the progress threads of engines 1.. sleep.
+    sleepers: std::sync::OnceLock<Vec<Arc<Sleeper>>>,
+}
+
+/// How the progress thread of an AF_XDP engine other than the first
+/// sleeps: its own poller (its socket and a waker).
+#[derive(Debug)]
+pub(crate) struct Sleeper {
+    waker: Waker,
+    sleeping: AtomicBool,
+    dirty: AtomicBool,
+}
+
+impl Sleeper {
+    /// A poller woken by AF_XDP socket `fd` and by [`Shared::kick`].
+    pub(crate) fn new(fd: i32) -> io::Result<(Arc<Self>, Poll)> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        poll.registry()
+            .register(&mut mio::unix::SourceFd(&fd), XSK, Interest::READABLE)?;
+        let s = Arc::new(Self {
+            waker,
+            sleeping: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+        });
+        Ok((s, poll))
+    }
 }
 
 impl Shared {
@@ -801,8 +926,11 @@ impl Shared {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let registry = poll.registry().try_clone()?;
+        let engine = Engine::new(seed, registry);
+        let epoch = engine.epoch;
         Ok(Self {
-            engine: Mutex::new(Engine::new(seed, registry)),
+            engine: Mutex::new(engine),
+            epoch,
             poll: Mutex::new(Some((poll, Events::with_capacity(256)))),
             waker,
             threaded,
@@ -811,6 +939,7 @@ impl Shared {
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             waiters: AtomicUsize::new(0),
+            sleepers: std::sync::OnceLock::new(),
         })
     }
 
@@ -834,6 +963,86 @@ impl Shared {
         self.dirty.store(true, Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) {
             let _ = self.waker.wake();
+        }
+        for s in self.sleepers.get().map_or(&[][..], Vec::as_slice) {
+            s.dirty.store(true, Ordering::SeqCst);
+            if s.sleeping.load(Ordering::SeqCst) {
+                let _ = s.waker.wake();
+            }
+        }
+    }
+
+    /// Set the sleepers of engines 1.. (once, before their threads run).
+    pub(crate) fn set_sleepers(&self, s: Vec<Arc<Sleeper>>) {
+        let _ = self.sleepers.set(s);
+    }
+
+    /// One pass of a progress thread. Kernel backend: [`Engine::pass`].
+    /// AF_XDP: the pass of engine `x` alone, its I/O steps (rx burst and
+    /// smoltcp ingress; smoltcp egress and tx burst) under the engine's
+    /// own lock, only the steps that touch the core's context under the
+    /// device lock; wakes the other engines' threads if it forwarded
+    /// frames to them.
+    fn pass_engine(&self, x: Option<&XdpRef>) -> usize {
+        let Some(x) = x else {
+            return self.engine().pass();
+        };
+        let now = self.now();
+        let t0 = std::time::Instant::now();
+        let mut work = lock(x).io_in(now);
+        let t1 = std::time::Instant::now();
+        let t2;
+        {
+            let mut e = self.engine();
+            t2 = std::time::Instant::now();
+            e.passes += 1;
+            let mut g = lock(x);
+            work += g.drive(&mut e.ctx, now);
+            drop(g);
+            work += e.move_completions();
+        }
+        let t3 = std::time::Instant::now();
+        let mut g = lock(x);
+        work += g.io_out(now);
+        let forwarded = g.take_forwarded();
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let t4 = std::time::Instant::now();
+        g.timing.0 += ns(t1 - t0) + ns(t4 - t3);
+        g.timing.1 += ns(t2 - t1);
+        g.timing.2 += ns(t3 - t2);
+        drop(g);
+        if forwarded {
+            self.kick();
+        }
+        work
+    }
+
+    /// The core's clock (as [`Engine::now`], without its lock).
+    fn now(&self) -> CoreInstant {
+        let us = self.epoch.elapsed().as_micros();
+        CoreInstant::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
+    }
+
+    /// The progress thread of AF_XDP engine `k` ≥ 1.
+    pub(crate) fn run_engine(&self, k: usize, x: XdpRef, mut poll: Poll, sleeper: &Sleeper) {
+        let mut events = Events::with_capacity(16);
+        while !self.stop.load(Ordering::SeqCst) {
+            sleeper.dirty.store(false, Ordering::SeqCst);
+            let work = self.pass_engine(Some(&x));
+            self.step_aside();
+            if work > 0 {
+                continue;
+            }
+            if self.busy_poll {
+                std::hint::spin_loop();
+                continue;
+            }
+            sleeper.sleeping.store(true, Ordering::SeqCst);
+            if !sleeper.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
+                let timeout = self.engine().sleep_for(Some(k), None);
+                let _ = poll.poll(&mut events, timeout);
+            }
+            sleeper.sleeping.store(false, Ordering::SeqCst);
         }
     }
 
@@ -860,16 +1069,22 @@ impl Shared {
         self.stop.store(true, Ordering::SeqCst);
         self.sleeping.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
+        for s in self.sleepers.get().map_or(&[][..], Vec::as_slice) {
+            let _ = s.waker.wake();
+        }
     }
 
-    /// The progress thread's loop.
-    pub(crate) fn run(&self) {
+    /// The progress thread's loop (of AF_XDP engine 0 `x`, if given).
+    pub(crate) fn run(&self, x: Option<XdpRef>) {
         let Some((mut poll, mut events)) = lock(&self.poll).take() else {
             return;
         };
         while !self.stop.load(Ordering::SeqCst) {
             self.dirty.store(false, Ordering::SeqCst);
-            let work = self.progress();
+            // `x`: engine 0 of a multi-core AF_XDP device; otherwise the
+            // whole pass under the device lock (kernel backend, one
+            // AF_XDP engine).
+            let work = self.pass_engine(x.as_ref());
             self.step_aside();
             if work > 0 {
                 continue;
@@ -880,7 +1095,7 @@ impl Shared {
             }
             self.sleeping.store(true, Ordering::SeqCst);
             if !self.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
-                let timeout = self.engine().sleep_for(None);
+                let timeout = self.engine().sleep_for(Some(0), None);
                 let _ = poll.poll(&mut events, timeout);
             }
             self.sleeping.store(false, Ordering::SeqCst);
@@ -893,7 +1108,7 @@ impl Shared {
     /// another thread creates are seen).
     fn idle_wait(&self, max: Duration) {
         let cap = max.min(MANUAL_SLICE);
-        let timeout = self.engine().sleep_for(Some(cap)).unwrap_or(cap);
+        let timeout = self.engine().sleep_for(None, Some(cap)).unwrap_or(cap);
         match self.poll.try_lock() {
             Ok(mut g) => match g.as_mut() {
                 Some((poll, events)) => {

@@ -68,7 +68,9 @@
 //!   ephemeral range of outgoing connections, and ARP for it; smoltcp
 //!   answers ARP and resolves peers itself. Dropping the device resets
 //!   open connections, detaches the program and closes socket and UMEM.
-//! * **Not yet:** one worker per rx queue (one queue per device now).
+//! * **Multi-core** ([`XdpConfig::queues`]): one engine (AF_XDP socket,
+//!   UMEM, smoltcp, pinned progress thread) per receive queue behind one
+//!   device; see [`xdp`] for how connections are spread and owned.
 //!
 //! # Quickstart
 //!
@@ -124,7 +126,7 @@ pub use iwarp::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use iwarp::mem::Access;
 pub use iwarp::mpa::handshake::{ConnectRequest, HandshakeError, Negotiated, RtrSet, RtrType};
 pub use iwarp::qp::{PostError, QpState, RecvWr, SendOp, SendWr, Sge};
-pub use xdp::{XdpConfig, XdpStats};
+pub use xdp::{EngineStats, XdpConfig, XdpStats};
 
 /// A placeholder completion for initialising the buffers passed to
 /// [`Cq::poll`] and [`Cq::wait`].

@@ -3,7 +3,7 @@
 # Two network namespaces joined by one veth pair, for the AF_XDP engine's
 # tests and demos. Run it, or source it and call the functions.
 #
-#   topology.sh up TAG [MTU] [ADDR_A] [ADDR_B]
+#   topology.sh up TAG [MTU] [ADDR_A] [ADDR_B] [QUEUES]
 #   topology.sh up3 TAG [MTU] [ADDR_A] [ADDR_B]
 #   topology.sh down TAG
 #
@@ -13,7 +13,10 @@
 # 1500 (default) or up to 3506 (native XDP on veth refuses more).
 # ADDR_A / ADDR_B (CIDR, from 198.18.0.0/15) are kernel addresses for the
 # ends; leave them empty ("") for an end whose address only the AF_XDP
-# engine owns. Offloads follow docs/platform notes: TX checksum, TSO and
+# engine owns. QUEUES (default 1) gives both veth ends that many rx and
+# tx queues (multi-core engines: one AF_XDP socket per queue; veth
+# delivers a frame on the receiver's rx queue numbered like the sender's
+# tx queue). Offloads follow docs/platform notes: TX checksum, TSO and
 # GSO off on both ends, so AF_XDP sees whole, checksummed frames and a
 # kernel TCP peer never sends frames larger than the MTU. IPv6 is off in
 # both namespaces (no router solicitations in the counters).
@@ -36,12 +39,16 @@ topo_ns_b() { printf 'iwx-%s-b' "$1"; }
 topo_ns_m() { printf 'iwx-%s-m' "$1"; }
 
 topo_up() {
-    local tag="$1" mtu="${2:-1500}" addr_a="${3:-}" addr_b="${4:-}"
+    local tag="$1" mtu="${2:-1500}" addr_a="${3:-}" addr_b="${4:-}" queues="${5:-1}"
     local a b
     a=$(topo_ns_a "$tag")
     b=$(topo_ns_b "$tag")
     if ((mtu < 68 || mtu > 3506)); then
         echo "topology: MTU $mtu outside 68..3506 (veth native XDP limit)" >&2
+        return 1
+    fi
+    if ! [[ "$queues" =~ ^[0-9]+$ ]] || ((queues < 1 || queues > 64)); then
+        echo "topology: queue count $queues outside 1..64" >&2
         return 1
     fi
     for ns in "$a" "$b"; do
@@ -59,7 +66,9 @@ topo_up() {
                  echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6' &&
                 ip -n "$ns" link set lo up
         done &&
-            ip -n "$a" link add xa type veth peer name xb netns "$b" &&
+            ip -n "$a" link add xa numtxqueues "$queues" numrxqueues "$queues" \
+                type veth peer name xb netns "$b" \
+                numtxqueues "$queues" numrxqueues "$queues" &&
             ip -n "$a" link set xa mtu "$mtu" &&
             ip -n "$b" link set xb mtu "$mtu" &&
             ip netns exec "$a" ethtool -K xa tx off tso off gso off >/dev/null &&
@@ -157,7 +166,7 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
         topo_down "$@"
         ;;
     *)
-        echo "usage: $0 up|up3 TAG [MTU] [ADDR_A] [ADDR_B] | down TAG" >&2
+        echo "usage: $0 up TAG [MTU] [ADDR_A] [ADDR_B] [QUEUES] | up3 TAG [MTU] [ADDR_A] [ADDR_B] | down TAG" >&2
         exit 2
         ;;
     esac

@@ -8,10 +8,13 @@
 //! copied between the UMEM and smoltcp's own buffers.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
+use std::ops::RangeInclusive;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use iwarp_tcp::smoltcp::phy::{self, DeviceCapabilities, Medium};
 use iwarp_tcp::smoltcp::time::Instant;
@@ -63,6 +66,154 @@ impl Pcap {
     }
 }
 
+/// Multi-core: which engine a received TCP segment belongs to, by its
+/// destination (local) port.
+#[derive(Debug, Default)]
+pub(crate) struct Forward {
+    /// Ports every engine listens on (their segments stay where the
+    /// receive queue put them).
+    pub(crate) listening: Vec<u16>,
+    /// The other engines' ephemeral port parts, by engine index.
+    pub(crate) others: Vec<(usize, RangeInclusive<u16>)>,
+    /// Every engine's inbox, by engine index.
+    pub(crate) inboxes: Vec<Arc<Inbox>>,
+    /// This engine's index.
+    pub(crate) me: usize,
+    /// The device's passive connections and their engines.
+    pub(crate) flows: Arc<Flows>,
+    /// The passive connections this engine owns (checked without a lock).
+    mine: HashSet<FlowKey>,
+}
+
+/// Frames other engines received for one engine (copies).
+#[derive(Debug, Default)]
+pub(crate) struct Inbox {
+    q: Mutex<Vec<Vec<u8>>>,
+    /// Frames in `q` (read without the lock by the owner's passes).
+    len: AtomicUsize,
+}
+
+impl Inbox {
+    fn push(&self, frame: Vec<u8>) {
+        let mut q = q_lock(&self.q);
+        q.push(frame);
+        self.len.store(q.len(), Ordering::Release);
+    }
+
+    fn drain_into(&self, out: &mut VecDeque<Vec<u8>>) -> usize {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let mut q = q_lock(&self.q);
+        let n = q.len();
+        out.extend(q.drain(..));
+        self.len.store(0, Ordering::Release);
+        n
+    }
+}
+
+fn q_lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A passive connection seen from our side: (remote IPv4 address as a
+/// big-endian `u32`, remote port, local port).
+pub(crate) type FlowKey = (u32, u16, u16);
+
+/// Most passive connections the shared flow table remembers (a SYN flood
+/// must not grow it without bound; beyond it, new connections stay on the
+/// queue their SYN arrived on, unprotected against a queue change).
+const MAX_FLOWS: usize = 1 << 16;
+
+/// Which engine owns each passive connection of a multi-core device. An
+/// engine registers a connection when its SYN arrives (the engine of that
+/// queue accepts it); a later segment of it arriving on another queue (a
+/// kernel peer re-draws its transmit hash after a retransmission timeout)
+/// is handed to the owner instead of reaching the listener there, which
+/// would answer with a reset.
+#[derive(Debug, Default)]
+pub(crate) struct Flows {
+    map: Mutex<HashMap<FlowKey, usize>>,
+}
+
+/// Where a received frame goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dest {
+    /// This engine.
+    Here,
+    /// Another engine (index).
+    There(usize),
+    /// Every engine (ARP: each smoltcp stack resolves and answers for
+    /// itself).
+    Everywhere,
+}
+
+impl Forward {
+    /// Where an Ethernet frame received on this engine's queue goes.
+    fn dest(&mut self, frame: &[u8]) -> Dest {
+        self.owner(frame).unwrap_or(Dest::Here)
+    }
+
+    /// Forget passive connection `key` (released).
+    pub(crate) fn forget(&mut self, key: FlowKey) {
+        self.mine.remove(&key);
+        if self.others.is_empty() {
+            return;
+        }
+        let mut map = q_lock(&self.flows.map);
+        if map.get(&key) == Some(&self.me) {
+            map.remove(&key);
+        }
+    }
+
+    fn owner(&mut self, frame: &[u8]) -> Option<Dest> {
+        if self.others.is_empty() {
+            return None;
+        }
+        match frame.get(12..14)? {
+            [0x08, 0x06] => return Some(Dest::Everywhere),
+            [0x08, 0x00] => {}
+            _ => return None,
+        }
+        let ip = frame.get(ETH_HEADER..)?;
+        let (&vihl, &proto) = (ip.first()?, ip.get(9)?);
+        let frag = u16::from_be_bytes([*ip.get(6)?, *ip.get(7)?]) & 0x3fff;
+        if vihl >> 4 != 4 || proto != 6 || frag != 0 {
+            return None;
+        }
+        let tcp = ip.get(usize::from(vihl & 0x0f) * 4..)?;
+        let port = u16::from_be_bytes([*tcp.get(2)?, *tcp.get(3)?]);
+        let listening = self.listening.contains(&port);
+        if !listening {
+            // Outgoing connections: each engine has its own local ports.
+            if let Some((j, _)) = self.others.iter().find(|(_, r)| r.contains(&port)) {
+                return Some(Dest::There(*j));
+            }
+        }
+        let src = u32::from_be_bytes([*ip.get(12)?, *ip.get(13)?, *ip.get(14)?, *ip.get(15)?]);
+        let key = (src, u16::from_be_bytes([*tcp.first()?, *tcp.get(1)?]), port);
+        if self.mine.contains(&key) {
+            return None;
+        }
+        let syn_only = tcp.get(13)? & 0x12 == 0x02;
+        let mut map = q_lock(&self.flows.map);
+        match map.get(&key) {
+            Some(&j) if j != self.me => Some(Dest::There(j)),
+            Some(_) => {
+                self.mine.insert(key);
+                None
+            }
+            None => {
+                if listening && syn_only && map.len() < MAX_FLOWS {
+                    map.insert(key, self.me);
+                    self.mine.insert(key);
+                }
+                None
+            }
+        }
+    }
+}
+
 /// The AF_XDP socket as a smoltcp Ethernet device.
 pub(crate) struct XskDevice {
     pub(crate) frames: Frames,
@@ -73,6 +224,16 @@ pub(crate) struct XskDevice {
     pcap: Option<RefCell<Pcap>>,
     /// Where a frame goes when no UMEM frame is free (it is dropped).
     scratch: Vec<u8>,
+    /// Multi-core: the ports of the other engines.
+    pub(crate) forward: Forward,
+    /// A frame went to another engine's inbox since the last
+    /// [`Self::take_forwarded`].
+    forwarded: bool,
+    /// Frames other engines received for this one (handed to smoltcp
+    /// before the UMEM's).
+    inbox: VecDeque<Vec<u8>>,
+    pub(crate) forwarded_out: u64,
+    pub(crate) forwarded_in: u64,
 }
 
 impl std::fmt::Debug for XskDevice {
@@ -104,6 +265,11 @@ impl XskDevice {
             mtu,
             pcap: pcap.map(RefCell::new),
             scratch: Vec::new(),
+            forward: Forward::default(),
+            forwarded: false,
+            inbox: VecDeque::new(),
+            forwarded_out: 0,
+            forwarded_in: 0,
         })
     }
 
@@ -112,18 +278,71 @@ impl XskDevice {
     pub(crate) fn rx_burst(&mut self) -> usize {
         // Frames still queued from an earlier burst (smoltcp's ingress
         // budget) are handed out first.
-        let n = if self.rx.len() < super::umem::RX_BURST {
+        let before = self.rx.len();
+        let n = if before < super::umem::RX_BURST {
             self.frames.rx_burst(&mut self.rx)
         } else {
             0
         };
+        if n > 0 && !self.forward.others.is_empty() {
+            self.forward_foreign(before);
+        }
         self.frames.refill();
-        n
+        let fwd = match self.forward.inboxes.get(self.forward.me) {
+            Some(i) => i.drain_into(&mut self.inbox),
+            None => 0,
+        };
+        self.forwarded_in += fwd as u64;
+        n + fwd
+    }
+
+    /// Forget passive connection `key` (released).
+    pub(crate) fn forget(&mut self, key: FlowKey) {
+        self.forward.forget(key);
+    }
+
+    /// Whether frames went to other engines since the last call.
+    pub(crate) fn take_forwarded(&mut self) -> bool {
+        std::mem::take(&mut self.forwarded)
+    }
+
+    /// Copy the frames from `self.rx[from..]` that belong to another
+    /// engine into the outbox and recycle their UMEM frames.
+    fn forward_foreign(&mut self, from: usize) {
+        let mut i = from;
+        while i < self.rx.len() {
+            let desc = self.rx[i];
+            // SAFETY: `desc` came from this UMEM's rx ring and is user
+            // space's until it is recycled; nothing writes to it meanwhile.
+            let data = unsafe { self.frames.umem.data(&desc) };
+            match self.forward.dest(data.contents()) {
+                Dest::Here => i += 1,
+                Dest::There(owner) => {
+                    if let Some(inbox) = self.forward.inboxes.get(owner) {
+                        inbox.push(data.contents().to_vec());
+                        self.forwarded = true;
+                    }
+                    self.forwarded_out += 1;
+                    if let Some(d) = self.rx.remove(i) {
+                        self.frames.recycle.push(d);
+                    }
+                }
+                Dest::Everywhere => {
+                    for (j, _) in &self.forward.others {
+                        if let Some(inbox) = self.forward.inboxes.get(*j) {
+                            inbox.push(data.contents().to_vec());
+                            self.forwarded = true;
+                        }
+                    }
+                    i += 1;
+                }
+            }
+        }
     }
 
     /// Received frames not yet given to smoltcp.
     pub(crate) fn rx_queued(&self) -> usize {
-        self.rx.len()
+        self.rx.len() + self.inbox.len()
     }
 
     /// Submit what smoltcp wrote; recycle what it read.
@@ -148,6 +367,8 @@ impl XskDevice {
 pub(crate) struct XskRx<'a> {
     umem: &'a Umem,
     desc: Option<FrameDesc>,
+    /// A frame another engine received for this one.
+    owned: Option<Vec<u8>>,
     recycle: &'a mut Vec<FrameDesc>,
     pcap: Option<&'a RefCell<Pcap>>,
     ts: Instant,
@@ -158,6 +379,12 @@ impl phy::RxToken for XskRx<'_> {
     where
         F: FnOnce(&[u8]) -> R,
     {
+        if let Some(frame) = self.owned.take() {
+            if let Some(p) = self.pcap {
+                p.borrow_mut().record(self.ts, &frame);
+            }
+            return f(&frame);
+        }
         let desc = self.desc.take().expect("consumed once");
         // SAFETY: `desc` came from this UMEM's rx ring and is user space's
         // until it is recycled below; nothing writes to it meanwhile.
@@ -222,7 +449,10 @@ impl phy::Device for XskDevice {
     type TxToken<'a> = XskTx<'a>;
 
     fn receive(&mut self, ts: Instant) -> Option<(XskRx<'_>, XskTx<'_>)> {
-        let desc = self.rx.pop_front()?;
+        let (desc, owned) = match self.inbox.pop_front() {
+            Some(v) => (None, Some(v)),
+            None => (Some(self.rx.pop_front()?), None),
+        };
         let Frames {
             umem,
             free,
@@ -235,7 +465,8 @@ impl phy::Device for XskDevice {
         Some((
             XskRx {
                 umem,
-                desc: Some(desc),
+                desc,
+                owned,
                 recycle,
                 pcap,
                 ts,
@@ -286,6 +517,61 @@ impl phy::Device for XskDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An Ethernet/IPv4/TCP frame from 198.18.0.1:`sport` to `dport`.
+    fn tcp_frame(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[14 + 9] = 6;
+        f[14 + 12..14 + 16].copy_from_slice(&[198, 18, 0, 1]);
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
+        f[34 + 13] = flags;
+        f
+    }
+
+    fn engine(me: usize, flows: &Arc<Flows>) -> Forward {
+        let parts = [49152..=57343, 57344..=65535];
+        Forward {
+            listening: vec![7174],
+            others: (0..2)
+                .filter(|&j| j != me)
+                .map(|j| (j, parts[j].clone()))
+                .collect(),
+            inboxes: Vec::new(),
+            me,
+            flows: flows.clone(),
+            mine: HashSet::new(),
+        }
+    }
+
+    #[test]
+    fn frames_go_to_the_engine_that_owns_them() {
+        let flows = Arc::new(Flows::default());
+        let (mut e0, mut e1) = (engine(0, &flows), engine(1, &flows));
+        // ARP: everyone; not IPv4/TCP or truncated: here.
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(e0.dest(&arp), Dest::Everywhere);
+        assert_eq!(e0.dest(&[0u8; 10]), Dest::Here);
+        assert_eq!(e0.dest(&tcp_frame(7174, 60000, 0x10)[..36]), Dest::Here);
+        // Outgoing connections: by local port.
+        assert_eq!(e0.dest(&tcp_frame(7174, 60000, 0x10)), Dest::There(1));
+        assert_eq!(e1.dest(&tcp_frame(7174, 50000, 0x10)), Dest::There(0));
+        assert_eq!(e0.dest(&tcp_frame(7174, 50000, 0x10)), Dest::Here);
+        // A passive connection belongs to the engine that got its SYN.
+        assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x02)), Dest::Here);
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x10)), Dest::There(0));
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x02)), Dest::There(0));
+        assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x18)), Dest::Here);
+        // Unknown non-SYN segments stay where they arrive.
+        assert_eq!(e1.dest(&tcp_frame(40001, 7174, 0x10)), Dest::Here);
+        // Released: the next connection with that 4-tuple is new.
+        e0.forget((u32::from_be_bytes([198, 18, 0, 1]), 40000, 7174));
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x02)), Dest::Here);
+        assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x10)), Dest::There(1));
+    }
 
     #[test]
     fn pcap_header_and_record() {

@@ -18,6 +18,64 @@
 //! thread that does not busy-poll sleeps until a frame arrives, a timer
 //! (smoltcp's `poll_at`, the core's `poll_timeout`) is due, or an
 //! application call kicks it.
+//!
+//! # Multi-core: one engine per receive queue
+//!
+//! [`XdpConfig::queues`] (empty by default: one engine on
+//! [`XdpConfig::queue`], exactly the single-queue device) makes one
+//! device run one engine per listed receive queue:
+//!
+//! * **Per engine:** its own AF_XDP socket bound to its queue, its own
+//!   UMEM (one per socket rather than an xsk-rs shared UMEM: every ring
+//!   and the frame pool are touched by one thread only, no cross-thread
+//!   frame accounting; each socket needs its own fill and completion ring
+//!   anyway, so sharing would only save memory — 8 MiB per engine at the
+//!   defaults), its own smoltcp stack and its own progress thread, pinned
+//!   to [`XdpConfig::cpus`]`[i]` (engine 0 falls back to
+//!   [`Progress::Thread`](crate::Progress::Thread)'s `cpu`). Threads of
+//!   engines 1.. sleep in their own epoll (their socket plus a waker that
+//!   [`Device`](crate::Device) calls ring), or spin with busy-polling.
+//! * **One steering program** for the device: its XSKMAP holds every
+//!   socket at its queue index; the kernel (NIC RSS, or on veth the
+//!   sender's tx queue) picks the queue and the program redirects to
+//!   `xsks[ctx->rx_queue_index]`. A frame can only reach a socket bound to
+//!   the queue it arrived on, so steering cannot pick the engine: where a
+//!   frame lands is decided by the peer's side, and user space fixes up.
+//! * **Who owns a connection.** Incoming: the engine whose queue got the
+//!   SYN (every engine listens on every listening port; one
+//!   [`Listener`](crate::Listener) queue collects the requests of all).
+//!   Outgoing: [`Device::connect`](crate::Device::connect) picks the
+//!   least-loaded engine (ties: round robin); each engine dials from its
+//!   own disjoint part of [`XdpConfig::ephemeral_ports`].
+//! * **Frames on the wrong queue.** Each engine classifies what it
+//!   receives before smoltcp sees it: ARP is copied to every engine (each
+//!   stack resolves and answers for itself); a TCP segment for another
+//!   engine's ephemeral part, or for an accepted connection another engine
+//!   owns, is copied into that engine's inbox (and its thread woken).
+//!   Accepted connections are registered in a device-wide flow table
+//!   (4-tuple → engine) when their SYN arrives; each engine checks its own
+//!   connections first, without a lock. Measured on veth: an AF_XDP peer
+//!   replies on the queue its segment came in on (copy-mode transmit uses
+//!   the socket's queue), so engine-to-engine traffic never needs a copy; a
+//!   kernel peer sends each connection on the queue of its random
+//!   per-socket transmit hash (or its XPS map) and re-draws the hash after
+//!   a retransmission timeout, so about half the replies of outgoing
+//!   connections to a kernel peer are copied over, and an accepted
+//!   connection may move queue mid-stream.
+//! * **Shared verbs context.** The core's `Context` (STag table, PDs, CQs,
+//!   QPs) stays one, behind the device lock: an MR is valid on every
+//!   engine and a CQ may collect completions of QPs of several engines
+//!   with no per-engine copies. Each engine sits behind its own lock,
+//!   taken after the device lock (never the other way round); a progress
+//!   thread runs its engine's I/O steps (rx burst and smoltcp ingress;
+//!   smoltcp egress, tx burst and `sendto`) holding only its engine's
+//!   lock, and takes the device lock only for the steps that touch the
+//!   core (connection setup, `handle_input`/`poll_transmit`, completions).
+//!   The engines therefore serialize on the core work, not on the kernel
+//!   work of copy-mode AF_XDP that dominates on veth.
+//! * **Stats:** [`Stats::engines`](crate::Stats::engines) has one
+//!   [`EngineStats`] per engine (connections accepted and opened, frames,
+//!   frames forwarded each way).
 
 pub(crate) mod device;
 mod raw;
@@ -38,8 +96,18 @@ pub struct XdpConfig {
     /// The interface (in the network namespace of the thread calling
     /// [`Device::open`](crate::Device::open)).
     pub ifname: String,
-    /// The receive queue the engine serves (one worker, one queue).
+    /// The receive queue the engine serves (one worker, one queue), when
+    /// `queues` is empty.
     pub queue: u32,
+    /// Multi-core: one engine per receive queue listed here (each its own
+    /// AF_XDP socket, UMEM, smoltcp stack and progress thread; see the
+    /// module documentation). Empty (the default): one engine on `queue`.
+    pub queues: Vec<u32>,
+    /// Multi-core: the core engine `i`'s progress thread is pinned to
+    /// (`cpus[i]`; an engine without an entry is not pinned, except engine
+    /// 0, which follows [`Progress::Thread`](crate::Progress::Thread)'s
+    /// `cpu`).
+    pub cpus: Vec<usize>,
     /// The engine's own IPv4 address: it answers ARP for it; the kernel's
     /// interface may have another address or none.
     pub ip: Ipv4Addr,
@@ -54,7 +122,9 @@ pub struct XdpConfig {
     pub mtu: usize,
     /// UMEM frames (half for the fill ring, half for transmit).
     pub frames: u32,
-    /// Local ports of outgoing connections (and of `listen` on port 0).
+    /// Local ports of outgoing connections (and of `listen` on port 0);
+    /// split into equal disjoint parts, one per engine, with several
+    /// queues.
     pub ephemeral_ports: RangeInclusive<u16>,
     /// How to attach the steering program.
     pub attach: AttachMode,
@@ -76,6 +146,8 @@ impl XdpConfig {
         Self {
             ifname: ifname.into(),
             queue: 0,
+            queues: Vec::new(),
+            cpus: Vec::new(),
             ip,
             prefix,
             gateway: None,
@@ -90,6 +162,34 @@ impl XdpConfig {
         }
     }
 
+    /// The receive queues, one engine each.
+    pub(crate) fn engine_queues(&self) -> Vec<u32> {
+        if self.queues.is_empty() {
+            vec![self.queue]
+        } else {
+            self.queues.clone()
+        }
+    }
+
+    /// Engine `i`'s share of the ephemeral ports: `n` contiguous, disjoint
+    /// parts of `ephemeral_ports` (the last one takes the remainder).
+    /// `None` if a part would be empty.
+    pub(crate) fn ephemeral_part(&self, i: usize, n: usize) -> Option<RangeInclusive<u16>> {
+        let (lo, hi) = (
+            u32::from(*self.ephemeral_ports.start()),
+            u32::from(*self.ephemeral_ports.end()),
+        );
+        let n = u32::try_from(n).ok().filter(|&n| n > 0)?;
+        let i = u32::try_from(i).ok().filter(|&i| i < n)?;
+        if hi < lo || hi - lo + 1 < n {
+            return None;
+        }
+        let each = (hi - lo + 1) / n;
+        let start = lo + i * each;
+        let end = if i + 1 == n { hi } else { start + each - 1 };
+        Some(u16::try_from(start).ok()?..=u16::try_from(end).ok()?)
+    }
+
     /// UMEM frame size: the smallest power of two holding an MTU-sized
     /// Ethernet frame after the 256 bytes of XDP headroom.
     pub(crate) fn frame_size(&self) -> u32 {
@@ -99,6 +199,37 @@ impl XdpConfig {
             4096
         }
     }
+}
+
+/// Counters of one engine of a multi-core AF_XDP device (one receive
+/// queue).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// The receive queue it serves.
+    pub queue: u32,
+    /// Passes run.
+    pub passes: u64,
+    /// Connections it drives.
+    pub connections: usize,
+    /// Its user-space TCP's counters.
+    pub tcp: iwarp_tcp::Counters,
+    /// Its rings and socket counters (the steering counters are the
+    /// device's, in every engine's entry).
+    pub xdp: XdpStats,
+    /// Frames that arrived on this engine's queue for a port of another
+    /// engine, copied over to it.
+    pub forwarded_out: u64,
+    /// Frames other engines copied over to this one.
+    pub forwarded_in: u64,
+    /// Multi-core progress threads: nanoseconds spent in the I/O steps
+    /// (under the engine's own lock only).
+    pub io_ns: u64,
+    /// Multi-core progress threads: nanoseconds spent waiting for the
+    /// device lock (the engines serialize on the shared verbs context).
+    pub lock_wait_ns: u64,
+    /// Multi-core progress threads: nanoseconds spent holding the device
+    /// lock (core work).
+    pub core_ns: u64,
 }
 
 /// Counters of the AF_XDP side (monotonic).
@@ -140,5 +271,21 @@ mod tests {
         assert_eq!(c.frame_size(), 4096);
         assert!(c.busy_poll);
         assert_eq!(c.ephemeral_ports, 49152..=65535);
+    }
+
+    #[test]
+    fn ephemeral_parts_are_disjoint_and_cover_the_range() {
+        let mut c = XdpConfig::new("veth0", Ipv4Addr::new(198, 18, 0, 1), 24);
+        assert_eq!(c.engine_queues(), vec![0]);
+        assert_eq!(c.ephemeral_part(0, 1), Some(49152..=65535));
+        assert_eq!(c.ephemeral_part(0, 2), Some(49152..=57343));
+        assert_eq!(c.ephemeral_part(1, 2), Some(57344..=65535));
+        assert_eq!(c.ephemeral_part(2, 2), None);
+        c.ephemeral_ports = 1000..=1002;
+        assert_eq!(c.ephemeral_part(0, 2), Some(1000..=1000));
+        assert_eq!(c.ephemeral_part(1, 2), Some(1001..=1002));
+        assert_eq!(c.ephemeral_part(0, 4), None);
+        c.queues = vec![3, 1];
+        assert_eq!(c.engine_queues(), vec![3, 1]);
     }
 }

@@ -13,6 +13,7 @@
 //! 5. smoltcp egress (the transmit tokens write into UMEM frames);
 //! 6. tx burst: reclaim completions, submit, kick `sendto` while needed.
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
@@ -23,10 +24,10 @@ use iwarp::time::{Duration as CoreDuration, Instant as CoreInstant};
 use iwarp::verbs::Context;
 use iwarp_bpf::{SteerConfig, Steering};
 use iwarp_tcp::smoltcp::time::Instant as SmolInstant;
-use iwarp_tcp::smoltcp::wire::{EthernetAddress, IpAddress};
+use iwarp_tcp::smoltcp::wire::{EthernetAddress, IpAddress, IpEndpoint};
 use iwarp_tcp::{ConnId, Error as TcpError, Stack};
 
-use super::device::{Pcap, XskDevice};
+use super::device::{FlowKey, Flows, Inbox, Pcap, XskDevice};
 use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
 use crate::cm::{CmError, CmEvent};
@@ -89,15 +90,101 @@ struct Lingering {
     since: Option<CoreInstant>,
 }
 
-/// The AF_XDP engine's state: steering program, AF_XDP socket, smoltcp
-/// and the connections on top of it.
+/// The steering program of a device, shared by its engines: each engine
+/// publishes the ports it needs steered, the program's configuration is
+/// their union (plus the whole ephemeral range).
+pub(crate) struct Steer {
+    inner: std::sync::Mutex<SteerState>,
+}
+
+struct SteerState {
+    steering: Option<Steering>,
+    ip: Ipv4Addr,
+    ephemeral: RangeInclusive<u16>,
+    /// Ports outside the ephemeral range, per engine.
+    ports: Vec<Vec<u16>>,
+    current: SteerConfig,
+}
+
+impl Steer {
+    fn base(ip: Ipv4Addr, ephemeral: &RangeInclusive<u16>) -> SteerConfig {
+        SteerConfig::new()
+            .addr(ip)
+            .ports(ephemeral.clone())
+            .arp(true)
+    }
+
+    /// Engine `engine` now needs `ports` (outside the ephemeral range)
+    /// steered. The map is written only when the union changed.
+    fn publish(&self, engine: usize, ports: Vec<u16>) {
+        let mut g = lock(&self.inner);
+        let st = &mut *g;
+        if let Some(p) = st.ports.get_mut(engine) {
+            *p = ports;
+        }
+        let mut all: Vec<u16> = st.ports.iter().flatten().copied().collect();
+        all.retain(|p| !st.ephemeral.contains(p));
+        all.sort_unstable();
+        all.dedup();
+        let mut cfg = Self::base(st.ip, &st.ephemeral);
+        for p in all {
+            cfg = cfg.port(p);
+        }
+        if cfg.ports == st.current.ports {
+            return;
+        }
+        if let Some(s) = &st.steering {
+            if s.update_config(&cfg).is_ok() {
+                st.current = cfg;
+            }
+        }
+    }
+
+    /// Whether one more port outside the ephemeral range fits the
+    /// program's configuration.
+    fn can_add(&self, port: u16) -> bool {
+        let g = lock(&self.inner);
+        g.ephemeral.contains(&port) || g.current.ports.len() < iwarp_bpf::MAX_PORT_RANGES
+    }
+
+    fn mode(&self) -> Option<iwarp_bpf::ActiveMode> {
+        lock(&self.inner).steering.as_ref().map(|s| s.mode())
+    }
+
+    fn counters(&self) -> iwarp_bpf::Counters {
+        lock(&self.inner)
+            .steering
+            .as_ref()
+            .and_then(|s| s.counters().ok())
+            .unwrap_or_default()
+    }
+
+    /// Detach the program (before the sockets close).
+    pub(crate) fn detach(&self) {
+        if let Some(s) = lock(&self.inner).steering.take() {
+            let _ = s.detach();
+        }
+    }
+}
+
+impl Drop for Steer {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// The AF_XDP engine's state: its AF_XDP socket, smoltcp and the
+/// connections on top of it (one per receive queue).
 pub(crate) struct XdpIo {
     // Dropped first: the program leaves the interface before the socket
-    // and the UMEM are closed.
-    steering: Steering,
-    steer: SteerConfig,
+    // and the UMEM are closed (the device also detaches it explicitly).
+    steer: Arc<Steer>,
+    /// Index among the device's engines.
+    index: usize,
+    queue: u32,
     stack: Stack<XskDevice>,
     ip: Ipv4Addr,
+    /// This engine's part of the ephemeral ports.
     ephemeral: RangeInclusive<u16>,
     next_port: u16,
     listeners: Vec<Listening>,
@@ -107,13 +194,24 @@ pub(crate) struct XdpIo {
     lingering: Vec<Lingering>,
     /// A connection or listener went away: recompute the steered ports.
     steer_dirty: bool,
+    /// Multi-core: the flow keys of accepted connections, forgotten in the
+    /// shared flow table when they are released.
+    passive: HashMap<ConnId, FlowKey>,
+    /// Outgoing connections from `dial` until the device adds them
+    /// (`add_conn`) or drops them: they count as load.
+    opening: std::collections::HashSet<ConnId>,
     fd: i32,
+    pub(crate) passes: u64,
+    /// Time split of the multi-core passes: (I/O, device-lock wait, core)
+    /// in nanoseconds.
+    pub(crate) timing: (u64, u64, u64),
 }
 
 impl std::fmt::Debug for XdpIo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XdpIo")
-            .field("steering", &self.steering)
+            .field("index", &self.index)
+            .field("queue", &self.queue)
             .field("ip", &self.ip)
             .field("conns", &self.conns.len())
             .finish_non_exhaustive()
@@ -134,62 +232,133 @@ pub(crate) fn mac_of(ifname: &str) -> std::io::Result<[u8; 6]> {
 }
 
 impl XdpIo {
-    /// Create the socket and the stack, attach the program (in the calling
-    /// thread's network namespace) and put the socket into its XSKMAP.
-    /// Open the engine's AF_XDP side. `seed` (the device's) varies the
+    /// Open the device's engines: one AF_XDP socket (own UMEM) and
+    /// smoltcp stack per receive queue of `cfg`, one steering program
+    /// (attached in the calling thread's network namespace) whose XSKMAP
+    /// holds every socket at its queue. `seed` (the device's) varies the
     /// TCP initial sequence numbers and the first ephemeral port, so two
     /// engines never start alike (RFC 6528, RFC 6056).
-    pub(crate) fn open(cfg: &XdpConfig, now: CoreInstant, seed: u64) -> std::io::Result<Self> {
+    pub(crate) fn open_all(
+        cfg: &XdpConfig,
+        now: CoreInstant,
+        seed: u64,
+    ) -> std::io::Result<Vec<Self>> {
         let io_err = |e: iwarp_bpf::Error| std::io::Error::other(e.to_string());
         let mac = match cfg.mac {
             Some(m) => m,
             None => mac_of(&cfg.ifname)?,
         };
-        if cfg.ephemeral_ports.is_empty() || *cfg.ephemeral_ports.start() == 0 {
+        let queues = cfg.engine_queues();
+        let n = queues.len();
+        let mut sorted = queues.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != n {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                "empty ephemeral port range",
+                "a receive queue is listed twice",
             ));
         }
-        let frames = Frames::new(&cfg.ifname, cfg.queue, cfg.frames, cfg.frame_size())?;
-        let pcap = cfg.pcap.as_deref().map(Pcap::create).transpose()?;
-        let dev = XskDevice::new(frames, cfg.mtu, pcap)?;
-        let fd = dev.frames.fd();
-        let mut tcp = cfg.tcp;
-        tcp.seed ^= seed;
-        let stack = Stack::new(
-            dev,
-            EthernetAddress(mac),
-            cfg.ip,
-            cfg.prefix,
-            cfg.gateway,
-            tcp,
-            smol(now),
-        );
-        let (lo, hi) = (*cfg.ephemeral_ports.start(), *cfg.ephemeral_ports.end());
-        let span = u64::from(hi - lo) + 1;
-        let first_port = lo + (seed.rotate_left(29) % span) as u16;
-        let steer = SteerConfig::new()
-            .addr(cfg.ip)
-            .ports(cfg.ephemeral_ports.clone())
-            .arp(true);
-        let steering = Steering::attach(cfg.ifname.as_str(), cfg.attach, &steer).map_err(io_err)?;
-        steering.set_xsk(cfg.queue, &RawFd(fd)).map_err(io_err)?;
-        Ok(Self {
-            steering,
-            steer,
-            stack,
-            ip: cfg.ip,
-            ephemeral: cfg.ephemeral_ports.clone(),
-            next_port: first_port,
-            listeners: Vec::new(),
-            pending: Vec::new(),
-            dials: Vec::new(),
-            conns: Vec::new(),
-            lingering: Vec::new(),
-            steer_dirty: false,
-            fd,
-        })
+        let parts: Vec<RangeInclusive<u16>> = (0..n)
+            .map(|i| cfg.ephemeral_part(i, n))
+            .collect::<Option<_>>()
+            .filter(|_| *cfg.ephemeral_ports.start() != 0)
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "the ephemeral port range is empty or smaller than the engine count",
+                )
+            })?;
+        let base = Steer::base(cfg.ip, &cfg.ephemeral_ports);
+        let steering = Steering::attach(cfg.ifname.as_str(), cfg.attach, &base).map_err(io_err)?;
+        let steer = Arc::new(Steer {
+            inner: std::sync::Mutex::new(SteerState {
+                steering: Some(steering),
+                ip: cfg.ip,
+                ephemeral: cfg.ephemeral_ports.clone(),
+                ports: vec![Vec::new(); n],
+                current: base,
+            }),
+        });
+        let inboxes: Vec<Arc<Inbox>> = (0..n).map(|_| Arc::default()).collect();
+        let flows = Arc::new(Flows::default());
+        let mut engines = Vec::with_capacity(n);
+        for (index, (&queue, part)) in queues.iter().zip(&parts).enumerate() {
+            let frames = Frames::new(&cfg.ifname, queue, cfg.frames, cfg.frame_size())?;
+            // Only the first engine captures.
+            let pcap = match (index, cfg.pcap.as_deref()) {
+                (0, Some(p)) => Some(Pcap::create(p)?),
+                _ => None,
+            };
+            let mut dev = XskDevice::new(frames, cfg.mtu, pcap)?;
+            dev.forward.others = parts
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != index)
+                .map(|(j, r)| (j, r.clone()))
+                .collect();
+            dev.forward.inboxes = inboxes.clone();
+            dev.forward.flows = flows.clone();
+            dev.forward.me = index;
+            let fd = dev.frames.fd();
+            let mut tcp = cfg.tcp;
+            tcp.seed ^= seed ^ (index as u64).rotate_left(17);
+            let stack = Stack::new(
+                dev,
+                EthernetAddress(mac),
+                cfg.ip,
+                cfg.prefix,
+                cfg.gateway,
+                tcp,
+                smol(now),
+            );
+            let (lo, hi) = (*part.start(), *part.end());
+            let span = u64::from(hi - lo) + 1;
+            let first_port = lo + (seed.rotate_left(29) % span) as u16;
+            {
+                let g = lock(&steer.inner);
+                if let Some(s) = &g.steering {
+                    s.set_xsk(queue, &RawFd(fd)).map_err(io_err)?;
+                }
+            }
+            engines.push(Self {
+                steer: steer.clone(),
+                index,
+                queue,
+                stack,
+                ip: cfg.ip,
+                ephemeral: part.clone(),
+                next_port: first_port,
+                listeners: Vec::new(),
+                pending: Vec::new(),
+                dials: Vec::new(),
+                conns: Vec::new(),
+                lingering: Vec::new(),
+                steer_dirty: false,
+                passive: HashMap::new(),
+                opening: std::collections::HashSet::new(),
+                fd,
+                passes: 0,
+                timing: (0, 0, 0),
+            });
+        }
+        Ok(engines)
+    }
+
+    /// The device's steering program (shared by its engines).
+    pub(crate) fn steer(&self) -> &Arc<Steer> {
+        &self.steer
+    }
+
+    /// Whether this engine handed frames to other engines since the last
+    /// call (their threads may sleep: wake them).
+    pub(crate) fn take_forwarded(&mut self) -> bool {
+        self.stack.device_mut().take_forwarded()
+    }
+
+    /// Connections (and connects in progress) this engine drives.
+    pub(crate) fn load(&self) -> usize {
+        self.conns.len() + self.opening.len() + self.pending.len()
     }
 
     /// The AF_XDP socket's descriptor (registered for epoll).
@@ -200,9 +369,9 @@ impl XdpIo {
     pub(crate) fn stats(&self) -> (iwarp_tcp::Counters, XdpStats) {
         let dev = self.stack.device();
         let mut x = XdpStats {
-            mode: Some(self.steering.mode()),
+            mode: self.steer.mode(),
             rings: dev.counters(),
-            steering: self.steering.counters().unwrap_or_default(),
+            steering: self.steer.counters(),
             ..XdpStats::default()
         };
         if let Some(s) = dev.frames.xdp_statistics() {
@@ -214,6 +383,23 @@ impl XdpIo {
             x.tx_ring_empty = s.tx_ring_empty_descs();
         }
         (self.stack.counters(), x)
+    }
+
+    pub(crate) fn engine_stats(&self) -> super::EngineStats {
+        let (tcp, xdp) = self.stats();
+        let dev = self.stack.device();
+        super::EngineStats {
+            queue: self.queue,
+            passes: self.passes,
+            connections: self.conns.len(),
+            tcp,
+            xdp,
+            forwarded_out: dev.forwarded_out,
+            forwarded_in: dev.forwarded_in,
+            io_ns: self.timing.0,
+            lock_wait_ns: self.timing.1,
+            core_ns: self.timing.2,
+        }
     }
 
     pub(crate) fn conn_count(&self) -> usize {
@@ -254,30 +440,16 @@ impl XdpIo {
                 ports.push(local.port);
             }
         }
-        ports.retain(|p| !self.ephemeral.contains(p));
+        let listening: Vec<u16> = self.listeners.iter().map(|l| l.port).collect();
+        self.stack.device_mut().forward.listening = listening;
         ports.sort_unstable();
         ports.dedup();
-        let mut cfg = SteerConfig::new()
-            .addr(self.ip)
-            .ports(self.ephemeral.clone())
-            .arp(true);
-        for p in ports {
-            cfg = cfg.port(p);
-        }
-        if cfg.ports == self.steer.ports {
-            return;
-        }
-        if self.steering.update_config(&cfg).is_ok() {
-            self.steer = cfg;
-        }
+        self.steer.publish(self.index, ports);
     }
 
-    /// Listen on `addr` (our address or unspecified; port 0: an ephemeral
-    /// port).
-    pub(crate) fn listen(
-        &mut self,
-        addr: SocketAddr,
-    ) -> Result<(Arc<ListenShared>, SocketAddr), CmError> {
+    /// Check a listen address (our address or unspecified) and resolve
+    /// port 0 to one of this engine's ephemeral ports.
+    pub(crate) fn listen_port(&mut self, addr: SocketAddr) -> Result<u16, CmError> {
         let ok_ip = match addr.ip() {
             std::net::IpAddr::V4(ip) => ip.is_unspecified() || ip == self.ip,
             std::net::IpAddr::V6(_) => false,
@@ -285,24 +457,34 @@ impl XdpIo {
         if !ok_ip {
             return Err(CmError::Io(std::io::ErrorKind::AddrNotAvailable));
         }
-        let port = match addr.port() {
+        Ok(match addr.port() {
             0 => self.ephemeral_port(),
-            p if self.port_in_use(p) => return Err(CmError::Io(std::io::ErrorKind::AddrInUse)),
             p => p,
-        };
-        if self.steer.ports.len() >= iwarp_bpf::MAX_PORT_RANGES && !self.ephemeral.contains(&port) {
+        })
+    }
+
+    /// Listen on `port` (from [`Self::listen_port`]); requests go to
+    /// `shared` (every engine of a device listens, into one queue).
+    pub(crate) fn listen(
+        &mut self,
+        port: u16,
+        shared: &Arc<ListenShared>,
+    ) -> Result<SocketAddr, CmError> {
+        if self.port_in_use(port) {
+            return Err(CmError::Io(std::io::ErrorKind::AddrInUse));
+        }
+        if !self.steer.can_add(port) {
             return Err(CmError::Io(std::io::ErrorKind::AddrNotAvailable));
         }
         self.stack
             .listen(port)
             .map_err(|_| CmError::Io(std::io::ErrorKind::AddrInUse))?;
-        let shared = Arc::new(ListenShared::default());
         self.listeners.push(Listening {
             port,
             shared: shared.clone(),
         });
         self.update_steering();
-        Ok((shared, SocketAddr::new(self.ip.into(), port)))
+        Ok(SocketAddr::new(self.ip.into(), port))
     }
 
     /// Stop listening: close the port and every connection whose request
@@ -331,19 +513,18 @@ impl XdpIo {
             }
             keep
         });
-        let queued: Vec<Request> = lock(&shared.q).drain(..).collect();
-        for r in queued {
-            self.drop_sock(r.sock);
-        }
+        // The device resets the requests queued in `shared` (they may
+        // belong to other engines).
         self.update_steering();
     }
 
     /// Reset a connection nobody will use (a dropped request, an
     /// abandoned dial) and forget it once the reset left.
     pub(crate) fn drop_sock(&mut self, sock: Sock) {
-        if let Sock::Xdp(c) = sock {
+        if let Sock::Xdp(_, c) = sock {
             let _ = self.stack.abort(c);
             self.dials.retain(|d| d.conn != c);
+            self.opening.remove(&c);
             self.lingering.push(Lingering {
                 conn: c,
                 out: Vec::new(),
@@ -369,11 +550,15 @@ impl XdpIo {
             .connect((ip, addr.port()), port)
             .map_err(|_| CmError::Unreachable)?;
         self.dials.push(Dial { conn, shared });
+        self.opening.insert(conn);
+        // The reply may arrive on another queue: the other engines forward
+        // this engine's ports here.
         Ok((conn, SocketAddr::new(self.ip.into(), port)))
     }
 
     /// Drive `qp` over `conn`.
     pub(crate) fn add_conn(&mut self, qp: QpId, conn: ConnId, shared: Arc<ConnShared>) {
+        self.opening.remove(&conn);
         self.conns.push(Conn {
             qp,
             conn,
@@ -387,7 +572,7 @@ impl XdpIo {
 
     /// Send `bytes` on `sock`, then close it.
     pub(crate) fn linger(&mut self, sock: Sock, bytes: Vec<u8>) {
-        if let Sock::Xdp(conn) = sock {
+        if let Sock::Xdp(_, conn) = sock {
             self.lingering.push(Lingering {
                 conn,
                 out: bytes,
@@ -450,21 +635,38 @@ impl XdpIo {
 
     /// One pass; returns a measure of the work done (0: idle).
     pub(crate) fn run_once(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
-        let t = smol(now);
+        self.io_in(now) + self.drive(ctx, now) + self.io_out(now)
+    }
+
+    /// Steps 1-2 of a pass (no core state involved: a multi-core device
+    /// runs them without the device lock).
+    pub(crate) fn io_in(&mut self, now: CoreInstant) -> usize {
+        self.passes += 1;
         let mut work = self.stack.device_mut().rx_burst();
-        if self.stack.poll(t) {
+        if self.stack.poll(smol(now)) {
             work += 1;
         }
-        work += self.accept_new(now);
+        work
+    }
+
+    /// Steps 3-4: everything that touches the core's context.
+    pub(crate) fn drive(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
+        let mut work = self.accept_new(now);
         work += self.pump_pending(now);
         work += self.pump_dials();
         for i in 0..self.conns.len() {
             work += self.pump_conn(ctx, i, now);
         }
         work += self.pump_lingering(now);
+        work + self.reap(ctx, now)
+    }
+
+    /// Steps 5-6 (as [`Self::io_in`], without the device lock).
+    pub(crate) fn io_out(&mut self, now: CoreInstant) -> usize {
+        let mut work = 0;
         // Egress for what the pass queued; a pass that queued nothing left
         // the first poll's egress complete.
-        if self.stack.egress_due() && self.stack.poll(t) {
+        if self.stack.egress_due() && self.stack.poll(smol(now)) {
             work += 1;
         }
         let dev = self.stack.device_mut();
@@ -472,7 +674,6 @@ impl XdpIo {
         if dev.frames.tx_busy() || dev.rx_queued() > 0 {
             work += 1;
         }
-        work += self.reap(ctx, now);
         if self.steer_dirty {
             self.update_steering();
         }
@@ -484,6 +685,17 @@ impl XdpIo {
         for l in &self.listeners {
             while let Some(conn) = self.stack.accept(l.port) {
                 work += 1;
+                if let Some((
+                    local,
+                    IpEndpoint {
+                        addr: IpAddress::Ipv4(ip),
+                        port,
+                    },
+                )) = self.stack.endpoints(conn)
+                {
+                    let key = (u32::from_be_bytes(ip.octets()), port, local.port);
+                    self.passive.insert(conn, key);
+                }
                 let config = handshake::Config {
                     ird: iwarp::wire::mpa::IrdOrd::MAX,
                     ord: iwarp::wire::mpa::IrdOrd::MAX,
@@ -540,7 +752,7 @@ impl XdpIo {
             }
             if failed {
                 let p = self.pending.swap_remove(i);
-                self.drop_sock(Sock::Xdp(p.conn));
+                self.drop_sock(Sock::Xdp(self.index, p.conn));
                 work += 1;
                 continue;
             }
@@ -553,7 +765,7 @@ impl XdpIo {
             let (local, peer) = match self.stack.endpoints(p.conn) {
                 Some((l, r)) => (to_std(l.addr, l.port), to_std(r.addr, r.port)),
                 None => {
-                    self.drop_sock(Sock::Xdp(p.conn));
+                    self.drop_sock(Sock::Xdp(self.index, p.conn));
                     continue;
                 }
             };
@@ -562,7 +774,7 @@ impl XdpIo {
                 .emss(p.conn)
                 .unwrap_or_else(|| self.stack.local_mss());
             let req = Request {
-                sock: Sock::Xdp(p.conn),
+                sock: Sock::Xdp(self.index, p.conn),
                 peer,
                 local,
                 emss,
@@ -579,11 +791,12 @@ impl XdpIo {
 
     fn pump_dials(&mut self) -> usize {
         let mut work = 0;
-        let stack = &mut self.stack;
+        let (stack, opening) = (&mut self.stack, &mut self.opening);
         self.dials.retain(|d| {
             let outcome = if stack.is_established(d.conn) {
                 Some(Ok(stack.emss(d.conn).unwrap_or_else(|| stack.local_mss())))
             } else if stack.is_reset(d.conn) || stack.is_closed(d.conn) {
+                opening.remove(&d.conn);
                 let _ = stack.release(d.conn);
                 Some(Err(CmError::ConnectionRefused))
             } else {
@@ -656,7 +869,7 @@ impl XdpIo {
                 c.eof = true;
                 ctx.handle_eof(qp);
             }
-            let _ = self.stack.release(c.conn);
+            release(&mut self.stack, &mut self.passive, c.conn);
             work += 1 + drain_events(ctx, qp, &c.shared);
         }
         work
@@ -665,7 +878,7 @@ impl XdpIo {
     fn pump_lingering(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
         let before = self.lingering.len();
-        let stack = &mut self.stack;
+        let (stack, passive) = (&mut self.stack, &mut self.passive);
         self.lingering.retain_mut(|l| {
             let since = *l.since.get_or_insert(now);
             if l.pos < l.out.len() {
@@ -688,7 +901,7 @@ impl XdpIo {
                 || now.saturating_duration_since(since) > LINGER;
             if done {
                 let _ = stack.abort(l.conn);
-                let _ = stack.release(l.conn);
+                release(stack, passive, l.conn);
                 work += 1;
             }
             !done
@@ -703,14 +916,14 @@ impl XdpIo {
     /// reset dropped ones that do not finish closing in time.
     fn reap(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
         let before = self.conns.len();
-        let stack = &mut self.stack;
+        let (stack, passive) = (&mut self.stack, &mut self.passive);
         self.conns.retain_mut(|c| {
             let Some(since) = c.orphan else {
                 return true;
             };
             if !c.gone && now.saturating_duration_since(since) > LINGER {
                 let _ = stack.abort(c.conn);
-                let _ = stack.release(c.conn);
+                release(stack, passive, c.conn);
                 c.gone = true;
             }
             if c.gone {
@@ -727,6 +940,15 @@ impl XdpIo {
         }
         reaped
     }
+}
+
+/// Release `conn` and, if it was accepted, forget it in the device's
+/// flow table.
+fn release(stack: &mut Stack<XskDevice>, passive: &mut HashMap<ConnId, FlowKey>, conn: ConnId) {
+    if let Some(key) = passive.remove(&conn) {
+        stack.device_mut().forget(key);
+    }
+    let _ = stack.release(conn);
 }
 
 #[allow(unreachable_patterns)]
