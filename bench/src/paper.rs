@@ -256,12 +256,14 @@ fn table(head: &[&str], rows: &[Vec<String>]) -> String {
 fn method(out: &mut String, rep: &Report) {
     let _ = writeln!(
         out,
-        "*Method:* `{}` — {} (MTU {}, CPUs {:?}/{:?}).\n",
+        "*Method:* `{}` — {} (MTU {}, CPUs {}).\n",
         rep.command.trim(),
         rep.tool,
         rep.mtu,
-        rep.cpus.0,
-        rep.cpus.1
+        match rep.cpus {
+            (Some(a), Some(b)) => format!("{a} and {b}"),
+            _ => "unpinned".into(),
+        }
     );
     for n in &rep.notes {
         let _ = writeln!(out, "- {n}");
@@ -699,14 +701,18 @@ fn profiles(out: &mut String, run: &Run) {
         "For each section with a missed target, `scripts/bench` ran a short run of the \
          binary under `perf record -e cpu-clock -g` (both sides' threads and the kernel work \
          on their cores); below, self time per symbol from `perf report --no-children`, \
-         summed by component of the stack.\n\n",
+         summed by component of the stack (inlined functions count for their caller).\n\n",
     );
     for sec in miss {
         let Some(p) = run.profiles.iter().find(|p| p.name == sec) else {
-            let _ = writeln!(out, "### {sec}\n\nno profile recorded for this section.\n");
+            let _ = writeln!(
+                out,
+                "### {}\n\nno profile recorded for this section.\n",
+                section_title(sec)
+            );
             continue;
         };
-        let _ = writeln!(out, "### {sec}\n");
+        let _ = writeln!(out, "### {}\n", section_title(sec));
         if let Some(c) = &p.command {
             let _ = writeln!(out, "Profiled: `{c}`\n");
         }
@@ -714,11 +720,18 @@ fn profiles(out: &mut String, run: &Run) {
             out.push_str("The profile has no samples.\n\n");
             continue;
         }
-        let rows: Vec<Vec<String>> = p
+        let mut rows: Vec<Vec<String>> = p
             .components
             .iter()
             .map(|(c, v)| vec![c.clone(), format!("{v:.1} %")])
             .collect();
+        let listed: f64 = p.components.iter().map(|c| c.1).sum();
+        if listed < 99.95 {
+            rows.push(vec![
+                "(symbols below the listing threshold)".into(),
+                format!("{:.1} %", 100.0 - listed),
+            ]);
+        }
         out.push_str(&table(&["component", "share of samples"], &rows));
         out.push('\n');
         if let Some((c, v)) = p.components.first() {
@@ -742,6 +755,15 @@ fn profiles(out: &mut String, run: &Run) {
             .collect();
         out.push_str(&table(&["self", "symbol", "component"], &rows));
         out.push('\n');
+    }
+}
+
+fn section_title(sec: &str) -> &'static str {
+    match sec {
+        "lat" => "Latency: 4 B half round trip, afxdp-crc-off",
+        "bw" => "Throughput: 64 KiB RDMA Writes, afxdp-crc-on",
+        "scale" => "Scale: many QPs",
+        _ => "Other",
     }
 }
 

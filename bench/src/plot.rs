@@ -131,6 +131,8 @@ pub fn lines(
             .y_desc(y_desc)
             .x_labels((x1 - x0) as usize + 1)
             .x_label_formatter(&xfmt)
+            .y_label_formatter(&|v: &f64| format!("{v}"))
+            .light_line_style(WHITE)
             .draw()
             .map_err(err)?;
         for (i, s) in series.iter().enumerate() {

@@ -3,7 +3,7 @@
 //! stack.
 
 /// A component of the stack, as symbols name it.
-pub const COMPONENTS: [&str; 10] = [
+pub const COMPONENTS: [&str; 11] = [
     "kernel [k]",
     "AF_XDP rings (xsk, UMEM)",
     "crc32c",
@@ -12,7 +12,8 @@ pub const COMPONENTS: [&str; 10] = [
     "engine poll loop (iwarp-engine)",
     "iwarp core framing/placement",
     "benchmark loop (iwarp-bench)",
-    "std / other user",
+    "clock reads (vDSO clock_gettime)",
+    "std, hashbrown, other user",
     "unknown",
 ];
 
@@ -36,10 +37,12 @@ pub fn component(sym: &str, kernel: bool) -> &'static str {
         COMPONENTS[6]
     } else if has(&["iwarp_bench"]) {
         COMPONENTS[7]
-    } else if s.starts_with("0x") || s.is_empty() {
-        COMPONENTS[9]
-    } else {
+    } else if has(&["clock_gettime", "vdso"]) {
         COMPONENTS[8]
+    } else if s.starts_with("0x") || s.is_empty() {
+        COMPONENTS[10]
+    } else {
+        COMPONENTS[9]
     }
 }
 
@@ -140,6 +143,7 @@ mod tests {
      4.00%  iwarp-lat          [.] iwarp_bench::rdma::pingpong_a
      1.00%  iwarp-lat          [.] 0x00000000000abcd
      0.50%  iwarp-lat          [.] std::time::Instant::now
+     0.25%  [vdso]             [.] __vdso_clock_gettime
             |
             ---some call chain line
 ";
@@ -147,7 +151,7 @@ mod tests {
     #[test]
     fn perf_text_parses_and_groups() {
         let e = parse(SAMPLE);
-        assert_eq!(e.len(), 10);
+        assert_eq!(e.len(), 11);
         assert!(e[0].kernel && e[0].symbol == "veth_xmit");
         assert_eq!(e[1].dso, "iwarp-lat");
         let g = by_component(&e);
@@ -161,7 +165,8 @@ mod tests {
         assert_eq!(get("AF_XDP rings (xsk, UMEM)"), Some(5.0));
         assert_eq!(get("benchmark loop (iwarp-bench)"), Some(4.0));
         assert_eq!(get("unknown"), Some(1.0));
-        assert_eq!(get("std / other user"), Some(0.5));
+        assert_eq!(get("std, hashbrown, other user"), Some(0.5));
+        assert_eq!(get("clock reads (vDSO clock_gettime)"), Some(0.25));
         assert!(parse("garbage\n12% x\n").is_empty());
     }
 
