@@ -17,7 +17,15 @@
 //! core. The RDMA side ([`rdma`]) is one code path for every engine
 //! configuration: only the backend and the MPA options differ. Baselines:
 //! kernel TCP with std sockets ([`sock`]) and a bare smoltcp stream over
-//! the engine's AF_XDP socket ([`raw`]). Results: [`stats`], [`report`].
+//! the engine's AF_XDP socket ([`raw`]). Results: [`stats`], [`report`];
+//! progress on stderr: [`progress`].
+//!
+//! # The report of a run
+//!
+//! `iwarp-report` (no root) turns the JSON files of a `scripts/bench` run
+//! into a markdown report in the shape of the seed paper's experiments
+//! ([`paper`]), PNG charts ([`plot`]) and a grouping of `perf` profiles by
+//! component of the stack ([`profile`]).
 
 pub mod paper;
 pub mod plot;

@@ -774,9 +774,9 @@ pub fn render(run: &Run, dir: &Path) -> String {
     let _ = writeln!(
         out,
         "The experiments of {PAPER_REF}, repeated on this machine with this project's stack, \
-         side by side with kernel TCP. Every number below was measured in this run (the \
-         JSON files next to this report, every raw sample in `results.json`), except where \
-         a value is explicitly marked as quoted from the paper.\n"
+         side by side with kernel TCP. Every number below was measured in this run (every \
+         raw sample is in `results.json` next to this report), except where a value is \
+         explicitly marked as quoted from the paper.\n"
     );
     let _ = writeln!(
         out,
@@ -976,7 +976,7 @@ mod tests {
         assert!(md.contains("**missed**"));
         assert!(md.contains("could not read"));
         assert!(md.contains("kernel-crc-on 4K bandwidth: boom"));
-        assert!(md.contains("Largest share: **kernel [k]** (60.0 %"));
+        assert!(md.contains("Largest share: **kernel [k]: AF_XDP / XDP / veth** (60.0 %"));
         assert!(md.contains("Profiled: `iwarp-lat --sizes 4`"));
         assert!(md.contains("| `afxdp-crc-on` | 1024 | 2.000 | 300.0 |"));
         let v: serde_json::Value =

@@ -119,8 +119,11 @@ pub fn lines(
         .x_label_area_size(50)
         .y_label_area_size(70);
     let xfmt = |v: &f64| size_str(2f64.powf(v.round()) as usize);
-    let legend =
-        |i: usize| move |(x, y): (i32, i32)| PathElement::new(vec![(x, y), (x + 20, y)], color(i));
+    let legend = |i: usize| {
+        move |(x, y): (i32, i32)| {
+            PathElement::new(vec![(x, y), (x + 20, y)], color(i).stroke_width(3))
+        }
+    };
     if log_y {
         let mut chart = builder
             .build_cartesian_2d(x0..x1, (y0 * 0.8..y1 * 1.25).log_scale())

@@ -3,8 +3,8 @@
 //! stack.
 
 /// A component of the stack, as symbols name it.
-pub const COMPONENTS: [&str; 11] = [
-    "kernel [k]",
+pub const COMPONENTS: [&str; 13] = [
+    "kernel [k]: other (net stack, scheduler, locks, syscalls)",
     "AF_XDP rings (xsk, UMEM)",
     "crc32c",
     "libc memcpy/memmove",
@@ -15,6 +15,8 @@ pub const COMPONENTS: [&str; 11] = [
     "clock reads (vDSO clock_gettime)",
     "std, hashbrown, other user",
     "unknown",
+    "kernel [k]: AF_XDP / XDP / veth",
+    "kernel [k]: copies (memcpy, copy_*_user)",
 ];
 
 /// The component of a symbol; `kernel` for `[k]` samples.
@@ -22,7 +24,19 @@ pub fn component(sym: &str, kernel: bool) -> &'static str {
     let s = sym.to_ascii_lowercase();
     let has = |p: &[&str]| p.iter().any(|x| s.contains(x));
     if kernel {
-        COMPONENTS[0]
+        if has(&["xsk", "xp_", "xdp", "veth"]) {
+            COMPONENTS[11]
+        } else if has(&[
+            "memcpy",
+            "memmove",
+            "copy_user",
+            "copy_to_user",
+            "copy_from_user",
+        ]) {
+            COMPONENTS[12]
+        } else {
+            COMPONENTS[0]
+        }
     } else if has(&["xsk", "iwarp_engine::xdp", "umem", "libxdp", "libbpf"]) {
         COMPONENTS[1]
     } else if has(&["crc32c", "crc::"]) {
@@ -133,7 +147,9 @@ mod tests {
 # Overhead  Shared Object      Symbol
 # ........  .................  ......
 #
-    30.00%  [kernel.kallsyms]  [k] veth_xmit
+    20.00%  [kernel.kallsyms]  [k] veth_xmit
+     6.00%  [kernel.kallsyms]  [k] __pi_memcpy
+     4.00%  [kernel.kallsyms]  [k] _raw_spin_unlock_irqrestore
     20.50%  iwarp-lat          [.] smoltcp::iface::interface::Interface::poll
     10.00%  iwarp-lat          [.] crc32c::hw_x86_64::crc32c
      9.50%  libc.so.6          [.] __memmove_avx512_unaligned_erms
@@ -151,13 +167,18 @@ mod tests {
     #[test]
     fn perf_text_parses_and_groups() {
         let e = parse(SAMPLE);
-        assert_eq!(e.len(), 11);
+        assert_eq!(e.len(), 13);
         assert!(e[0].kernel && e[0].symbol == "veth_xmit");
-        assert_eq!(e[1].dso, "iwarp-lat");
+        assert_eq!(e[3].dso, "iwarp-lat");
         let g = by_component(&e);
-        assert_eq!(g[0], ("kernel [k]", 30.0));
+        assert_eq!(g[0], ("smoltcp (+ iwarp-tcp)", 20.5));
+        assert_eq!(g[1], ("kernel [k]: AF_XDP / XDP / veth", 20.0));
         let get = |n: &str| g.iter().find(|x| x.0 == n).map(|x| x.1);
-        assert_eq!(get("smoltcp (+ iwarp-tcp)"), Some(20.5));
+        assert_eq!(get("kernel [k]: copies (memcpy, copy_*_user)"), Some(6.0));
+        assert_eq!(
+            get("kernel [k]: other (net stack, scheduler, locks, syscalls)"),
+            Some(4.0)
+        );
         assert_eq!(get("crc32c"), Some(10.0));
         assert_eq!(get("libc memcpy/memmove"), Some(9.5));
         assert_eq!(get("engine poll loop (iwarp-engine)"), Some(8.0));
