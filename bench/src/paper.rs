@@ -737,6 +737,21 @@ fn profiles(out: &mut String, run: &Run) {
         if let Some((c, v)) = p.components.first() {
             let _ = writeln!(out, "Largest share: **{c}** ({v:.1} % of the samples).\n");
         }
+        let kernel: f64 = p
+            .components
+            .iter()
+            .filter(|c| c.0.starts_with("kernel"))
+            .map(|c| c.1)
+            .sum();
+        let _ = writeln!(
+            out,
+            "All kernel parts together: {kernel:.1} % (cpu-clock samples taken while \
+             interrupts were off land on the instruction that re-enables them, e.g. \
+             `_raw_spin_unlock_irqrestore`: softirq work is partly counted there).\n"
+        );
+        if sec == "bw" {
+            crc_note(out, run, p);
+        }
         let mut top: Vec<&Entry> = p.entries.iter().collect();
         top.sort_by(|a, b| b.percent.total_cmp(&a.percent));
         let rows: Vec<Vec<String>> = top
@@ -756,6 +771,39 @@ fn profiles(out: &mut String, run: &Run) {
         out.push_str(&table(&["self", "symbol", "component"], &rows));
         out.push('\n');
     }
+}
+
+/// What the profile says about the CRC on/off ratio, if it is missed.
+fn crc_note(out: &mut String, run: &Run, p: &Profile) {
+    let Some((_, r)) = targets(run)
+        .into_iter()
+        .find(|(_, r)| r.name.contains("afxdp-crc-on / afxdp-crc-off"))
+    else {
+        return;
+    };
+    let (Some(v), Some(false)) = (r.value, r.met) else {
+        return;
+    };
+    let crc: f64 = p
+        .components
+        .iter()
+        .filter(|c| c.0 == "crc32c")
+        .map(|c| c.1)
+        .sum();
+    let gap = (1.0 - v) * 100.0;
+    let _ = writeln!(
+        out,
+        "CRC on/off: crc32c itself is {crc:.1} % of the samples of the CRC-on run, while \
+         the measured on/off ratio ({v:.3}) implies {gap:.0} % less throughput with CRC \
+         on; {}\n",
+        if crc + 5.0 < gap {
+            "computing the CRC explains only a small part of that gap, the rest is not CRC \
+             arithmetic (variation between the separately measured series on this shared \
+             machine is one candidate: `results.json` has every round)."
+        } else {
+            "the CRC computation is of the size of the gap."
+        }
+    );
 }
 
 fn section_title(sec: &str) -> &'static str {

@@ -3,7 +3,7 @@
 //! stack.
 
 /// A component of the stack, as symbols name it.
-pub const COMPONENTS: [&str; 13] = [
+pub const COMPONENTS: [&str; 14] = [
     "kernel [k]: other (net stack, scheduler, locks, syscalls)",
     "AF_XDP rings (xsk, UMEM)",
     "crc32c",
@@ -17,6 +17,7 @@ pub const COMPONENTS: [&str; 13] = [
     "unknown",
     "kernel [k]: AF_XDP / XDP / veth",
     "kernel [k]: copies (memcpy, copy_*_user)",
+    "kernel [k]: packet path (skb, NAPI, softirq, slab)",
 ];
 
 /// The component of a symbol; `kernel` for `[k]` samples.
@@ -24,8 +25,23 @@ pub fn component(sym: &str, kernel: bool) -> &'static str {
     let s = sym.to_ascii_lowercase();
     let has = |p: &[&str]| p.iter().any(|x| s.contains(x));
     if kernel {
-        if has(&["xsk", "xp_", "xdp", "veth"]) {
+        if has(&["xsk", "xp_", "xdp", "veth", "bpf_prog"]) {
             COMPONENTS[11]
+        } else if has(&[
+            "skb",
+            "napi",
+            "softirq",
+            "net_rx",
+            "kmem_cache",
+            "kfree",
+            "alloc",
+            "netif",
+            "dev_direct_xmit",
+            "eth_type_trans",
+            "sock_wfree",
+            "_bh_",
+        ]) {
+            COMPONENTS[13]
         } else if has(&[
             "memcpy",
             "memmove",
@@ -150,6 +166,7 @@ mod tests {
     20.00%  [kernel.kallsyms]  [k] veth_xmit
      6.00%  [kernel.kallsyms]  [k] __pi_memcpy
      4.00%  [kernel.kallsyms]  [k] _raw_spin_unlock_irqrestore
+     1.00%  [kernel.kallsyms]  [k] __alloc_skb
     20.50%  iwarp-lat          [.] smoltcp::iface::interface::Interface::poll
     10.00%  iwarp-lat          [.] crc32c::hw_x86_64::crc32c
      9.50%  libc.so.6          [.] __memmove_avx512_unaligned_erms
@@ -167,9 +184,9 @@ mod tests {
     #[test]
     fn perf_text_parses_and_groups() {
         let e = parse(SAMPLE);
-        assert_eq!(e.len(), 13);
+        assert_eq!(e.len(), 14);
         assert!(e[0].kernel && e[0].symbol == "veth_xmit");
-        assert_eq!(e[3].dso, "iwarp-lat");
+        assert_eq!(e[4].dso, "iwarp-lat");
         let g = by_component(&e);
         assert_eq!(g[0], ("smoltcp (+ iwarp-tcp)", 20.5));
         assert_eq!(g[1], ("kernel [k]: AF_XDP / XDP / veth", 20.0));
@@ -178,6 +195,10 @@ mod tests {
         assert_eq!(
             get("kernel [k]: other (net stack, scheduler, locks, syscalls)"),
             Some(4.0)
+        );
+        assert_eq!(
+            get("kernel [k]: packet path (skb, NAPI, softirq, slab)"),
+            Some(1.0)
         );
         assert_eq!(get("crc32c"), Some(10.0));
         assert_eq!(get("libc memcpy/memmove"), Some(9.5));
