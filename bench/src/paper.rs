@@ -1042,6 +1042,32 @@ mod tests {
     }
 
     #[test]
+    fn missed_crc_target_is_explained_by_the_profile() {
+        let d = tmpdir("crc");
+        let bw = rep(
+            "iwarp-bw",
+            vec![
+                Record::new("afxdp-crc-on", 65536, "bandwidth", "Gb/s", vec![2.0]),
+                Record::new("afxdp-crc-off", 65536, "bandwidth", "Gb/s", vec![3.0]),
+                Record::new("smoltcp-raw", 0, "bandwidth", "Gb/s", vec![3.0]),
+            ],
+        );
+        write_json(&d.join("bw.json"), &bw).unwrap();
+        std::fs::write(
+            d.join("profile-bw.txt"),
+            "    3.00%  x  [.] crc32c::hw_x86_64::crc32c\n    97.00%  [kernel.kallsyms]  [k] veth_xmit\n",
+        )
+        .unwrap();
+        let run = Run::load(&d);
+        assert_eq!(missed(&run), vec!["bw"]);
+        let md = render(&run, &d);
+        assert!(md.contains("CRC on/off: crc32c itself is 3.0 %"));
+        assert!(md.contains("only a small part of that gap"));
+        assert!(md.contains("All kernel parts together: 97.0 %"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
     fn empty_directory_says_not_run() {
         let d = tmpdir("empty");
         let md = render(&Run::load(&d), &d);
