@@ -17,9 +17,21 @@
 //! core. The RDMA side ([`rdma`]) is one code path for every engine
 //! configuration: only the backend and the MPA options differ. Baselines:
 //! kernel TCP with std sockets ([`sock`]) and a bare smoltcp stream over
-//! the engine's AF_XDP socket ([`raw`]). Results: [`stats`], [`report`].
+//! the engine's AF_XDP socket ([`raw`]). Results: [`stats`], [`report`];
+//! progress on stderr: [`progress`].
+//!
+//! # The report of a run
+//!
+//! `iwarp-report` (no root) turns the JSON files of a `scripts/bench` run
+//! into a markdown report in the shape of the seed paper's experiments
+//! ([`paper`]), PNG charts ([`plot`]) and a grouping of `perf` profiles by
+//! component of the stack ([`profile`]).
 
 pub mod load;
+pub mod paper;
+pub mod plot;
+pub mod profile;
+pub mod progress;
 pub mod raw;
 pub mod rdma;
 pub mod report;
@@ -57,6 +69,9 @@ pub enum Config {
     TcpBusypoll,
     /// Kernel TCP stream, large blocking writes (bandwidth ceiling).
     TcpStream,
+    /// The same stream with TX checksum offload, TSO and GSO on for its
+    /// run (the other configurations run with them off).
+    TcpStreamOffload,
     /// smoltcp stream over the engine's AF_XDP socket (bandwidth ceiling).
     SmoltcpRaw,
 }
@@ -299,6 +314,14 @@ pub fn bandwidth(
                 sock::stream(topo, cpus, port, false, p.stream_chunk, count, p.rounds),
             )
         }
+        Config::TcpStreamOffload => {
+            let count = rdma::count_for(p.stream_chunk, p.bytes, p.max_msgs);
+            let r = topo.offloads(true).and_then(|()| {
+                sock::stream(topo, cpus, port, false, p.stream_chunk, count, p.rounds)
+            });
+            let off = topo.offloads(false);
+            one(p.stream_chunk, count, r.and_then(|v| off.map(|()| v)))
+        }
         Config::SmoltcpRaw => one(0, 1, raw::stream(topo, cpus, port, p.bytes, p.rounds)),
         Config::TcpBlocking | Config::TcpBusypoll => sizes
             .iter()
@@ -351,7 +374,7 @@ pub fn bandwidth(
 pub fn notes() -> Vec<String> {
     vec![
         "each side: one thread in its own namespace, pinned to its own CPU; RDMA engines in manual progress, driven by that thread (spinning)".into(),
-        "AF_XDP: native XDP on veth, copy mode; kernel ends: tx checksum, TSO and GSO off (scripts/lib/topology.sh)".into(),
+        "AF_XDP: native XDP on veth, copy mode; kernel ends: tx checksum, TSO and GSO off (scripts/lib/topology.sh), except during tcp-stream-offload".into(),
         "tcp-busypoll: nonblocking socket, read() retried in a spin loop (SO_BUSY_POLL not set); tcp-blocking: blocking read()".into(),
         "latency: half round trip of a ping-pong, each side polls the last byte of its buffer".into(),
         "bandwidth: per round, the sender's clock stops when the receiver's 4-byte answer (RDMA Write / TCP bytes) arrives".into(),

@@ -104,6 +104,30 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// Turn TX checksum offload, TSO and GSO on or off on both kernel
+    /// ends. The topology comes up with them off (the AF_XDP engines need
+    /// whole, checksummed frames); a kernel-only configuration may turn
+    /// them on for its run and must turn them off again before an engine
+    /// runs on the link.
+    pub fn offloads(&self, on: bool) -> io::Result<()> {
+        let v = if on { "on" } else { "off" };
+        for (ns, dev) in [(&self.ns_a, IF_A), (&self.ns_b, IF_B)] {
+            let out = Command::new("ip")
+                .args(["netns", "exec", ns, "ethtool", "-K", dev])
+                .args(["tx", v, "tso", v, "gso", v])
+                .output()?;
+            if !out.status.success() {
+                return Err(io::Error::other(format!(
+                    "ethtool -K {dev} offloads {v}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Topology {
     fn drop(&mut self) {
         down(&self.tag);

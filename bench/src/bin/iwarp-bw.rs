@@ -6,6 +6,7 @@
 //! over the same AF_XDP path. Needs root.
 
 use clap::Parser;
+use iwarp_bench::progress::Progress;
 use iwarp_bench::report::{self, Record, Report};
 use iwarp_bench::topo::{self, Topology};
 use iwarp_bench::{bandwidth, parse_size, parse_sweep, BwParams, Common, Config};
@@ -15,6 +16,9 @@ use iwarp_bench::{bandwidth, parse_size, parse_sweep, BwParams, Common, Config};
 struct Cli {
     #[command(flatten)]
     common: Common,
+    /// No progress bar or progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
     /// Message sizes, e.g. 4K,64K.
     #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with = "sweep")]
     sizes: Option<Vec<usize>>,
@@ -68,7 +72,11 @@ fn main() -> std::process::ExitCode {
     };
     let configs: Vec<Config> = cli.config.clone().unwrap_or_else(|| {
         let mut v = Config::MESSAGE.to_vec();
-        v.extend([Config::TcpStream, Config::SmoltcpRaw]);
+        v.extend([
+            Config::TcpStream,
+            Config::TcpStreamOffload,
+            Config::SmoltcpRaw,
+        ]);
         v
     });
     let cpus = c.cpus();
@@ -85,10 +93,13 @@ fn main() -> std::process::ExitCode {
         topo.mtu, p.rounds, p.bytes, p.max_msgs, p.depth
     );
     let mut recs: Vec<Record> = Vec::new();
+    let bar = Progress::new(configs.len() * sizes.len(), cli.quiet);
     for cfg in configs {
-        eprintln!("bandwidth: {}", cfg.name());
+        bar.start(&format!("bandwidth: {}", cfg.name()));
         recs.extend(bandwidth(&topo, cpus, cfg, &sizes, p));
+        bar.done(sizes.len());
     }
+    bar.finish();
     drop(topo);
     println!();
     print!("{}", report::table(&recs));

@@ -5,6 +5,7 @@
 //! sizes. Needs root.
 
 use clap::Parser;
+use iwarp_bench::progress::Progress;
 use iwarp_bench::report::{self, Record, Report};
 use iwarp_bench::topo::{self, Topology};
 use iwarp_bench::{latency, parse_size, parse_sweep, Common, Config};
@@ -14,6 +15,9 @@ use iwarp_bench::{latency, parse_size, parse_sweep, Common, Config};
 struct Cli {
     #[command(flatten)]
     common: Common,
+    /// No progress bar or progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
     /// Message sizes, e.g. 4,64K.
     #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with = "sweep")]
     sizes: Option<Vec<usize>>,
@@ -63,10 +67,13 @@ fn main() -> std::process::ExitCode {
         topo.mtu
     );
     let mut recs: Vec<Record> = Vec::new();
+    let bar = Progress::new(configs.len() * sizes.len(), cli.quiet);
     for cfg in configs {
-        eprintln!("latency: {}", cfg.name());
+        bar.start(&format!("latency: {}", cfg.name()));
         recs.extend(latency(&topo, cpus, cfg, &sizes, warmup, n));
+        bar.done(sizes.len());
     }
+    bar.finish();
     drop(topo);
     println!();
     print!("{}", report::table(&recs));
