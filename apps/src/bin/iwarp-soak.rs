@@ -358,6 +358,8 @@ struct ClientStats {
     verify_fail: u64,
     stalled_qps: u64,
     max_gap: Duration,
+    /// Which QP had the longest gap, and in which step.
+    max_gap_at: String,
 }
 
 impl ClientStats {
@@ -468,7 +470,10 @@ impl Client<'_> {
             return;
         };
         let gap = now.saturating_duration_since(s.last);
-        self.st.max_gap = self.st.max_gap.max(gap);
+        if gap > self.st.max_gap {
+            self.st.max_gap = gap;
+            self.st.max_gap_at = format!("qp{i}:{:?}/{:?}", s.step, wc.opcode);
+        }
         s.last = now;
         if wc.status != WcStatus::Success {
             if !s.dead {
@@ -532,11 +537,17 @@ impl Client<'_> {
     fn scan_stalls(&mut self, now: Instant) -> usize {
         let bound = Duration::from_secs_f64(self.a.stall_secs);
         let mut now_stalled = 0;
-        for s in &mut self.slots {
+        for (i, s) in self.slots.iter_mut().enumerate() {
             if s.dead {
                 continue;
             }
             let waiting = now.saturating_duration_since(s.last);
+            if waiting > self.st.max_gap {
+                self.st.max_gap_at = format!(
+                    "qp{i}:{:?}(sent={},replied={}),waiting",
+                    s.step, s.sent, s.replied
+                );
+            }
             if waiting > bound {
                 now_stalled += 1;
                 if !s.stalled {
@@ -549,10 +560,10 @@ impl Client<'_> {
         now_stalled
     }
 
-    fn line(&self, kind: &str, t: f64, rss: &Rss, stalled_now: usize) -> String {
+    fn line(&self, kind: &str, t: f64, rss: &Rss, stalled_now: usize, dev: &Device) -> String {
         let v = rss.verdict();
         format!(
-            "{kind} t={t:.1} qps={} ops={} writes={} reads={} sends={} replies={} bytes={} errors={} verify_fail={} stalled_now={stalled_now} stalled_qps={} max_gap_ms={} dead={} rss_start={} rss_warm={} rss_max={} rss_end={} rss_stable={}",
+            "{kind} t={t:.1} qps={} ops={} writes={} reads={} sends={} replies={} bytes={} errors={} verify_fail={} stalled_now={stalled_now} stalled_qps={} max_gap_ms={} max_gap_at={} {} dead={} rss_start={} rss_warm={} rss_max={} rss_end={} rss_stable={}",
             self.slots.len(),
             self.st.ops(),
             self.st.writes,
@@ -564,6 +575,12 @@ impl Client<'_> {
             self.st.verify_fail,
             self.st.stalled_qps,
             self.st.max_gap.as_millis(),
+            if self.st.max_gap_at.is_empty() {
+                "-"
+            } else {
+                &self.st.max_gap_at
+            },
+            dev_counters(dev),
             self.slots.iter().filter(|s| s.dead).count(),
             v.start,
             v.warm,
@@ -572,6 +589,23 @@ impl Client<'_> {
             v.stable,
         )
     }
+}
+
+/// Drop counters of an AF_XDP device, as `key=value` words.
+fn dev_counters(dev: &Device) -> String {
+    let st = dev.stats();
+    let Some(x) = st.xdp else {
+        return String::new();
+    };
+    format!(
+        "rx_dropped={} rx_ring_full={} fill_ring_empty={} fill_starved={} tx_no_frame={} ingress_budget_hits={}",
+        x.rx_dropped,
+        x.rx_ring_full,
+        x.rx_fill_ring_empty,
+        x.rings.fill_starved,
+        x.rings.tx_no_frame,
+        st.tcp.map_or(0, |t| t.ingress_budget_hits)
+    )
 }
 
 fn client(a: &ClientArgs) -> Res<bool> {
@@ -656,14 +690,14 @@ fn client(a: &ClientArgs) -> Res<bool> {
             rss.samples.push(rss_kib());
             let stalled = c.scan_stalls(now);
             let t = now.duration_since(start).as_secs_f64();
-            println!("{}", c.line("stat", t, &rss, stalled));
+            println!("{}", c.line("stat", t, &rss, stalled, &dev));
         }
         while let Ok(cmd) = cmd_rx.try_recv() {
             if cmd.trim() == "report" {
                 let stalled = c.scan_stalls(now);
                 rss.samples.push(rss_kib());
                 let t = now.duration_since(start).as_secs_f64();
-                println!("{}", c.line("report", t, &rss, stalled));
+                println!("{}", c.line("report", t, &rss, stalled, &dev));
             }
         }
         if end.is_some_and(|e| now >= e) {
@@ -674,7 +708,7 @@ fn client(a: &ClientArgs) -> Res<bool> {
     let stalled = c.scan_stalls(now);
     rss.samples.push(rss_kib());
     let t = now.duration_since(start).as_secs_f64();
-    println!("{}", c.line("report", t, &rss, stalled));
+    println!("{}", c.line("report", t, &rss, stalled, &dev));
     let ok = c.st.errors == 0 && c.st.verify_fail == 0 && c.st.stalled_qps == 0;
     for s in &c.slots {
         s.qp.disconnect();
@@ -1074,10 +1108,14 @@ fn run(a: &RunArgs) -> Res<bool> {
         "no stalled QP",
         num(&r, "stalled_qps") == 0,
         format!(
-            "{} QPs went more than {} s without a completion (longest gap {} ms)",
+            "{} QPs went more than {} s without a completion (longest gap {} ms, at {}); frames dropped: client rx ring full {} / fill ring empty {}, server {}",
             num(&r, "stalled_qps"),
             a.stall_secs,
-            num(&r, "max_gap_ms")
+            num(&r, "max_gap_ms"),
+            r.get("max_gap_at").map_or("-", String::as_str),
+            num(&r, "rx_ring_full"),
+            num(&r, "fill_ring_empty"),
+            dev_counters(&s.dev)
         ),
     );
     let v = rss.verdict();
@@ -1244,4 +1282,53 @@ fn run(a: &RunArgs) -> Res<bool> {
         "  RSS rule: after a warm-up of the first 20 % of samples, end <= first warm sample + max(4 MiB, 5 %), and max of the second half of warm samples <= max of the first half + the same margin"
     );
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(samples: &[u64]) -> RssVerdict {
+        Rss {
+            samples: samples.to_vec(),
+        }
+        .verdict()
+    }
+
+    #[test]
+    fn rss_rule() {
+        // Growth during the warm-up only, then flat: stable.
+        let v = verdict(&[
+            10_000, 50_000, 60_000, 60_100, 60_000, 60_200, 60_100, 60_000, 60_100, 60_000,
+        ]);
+        assert!(v.stable);
+        assert_eq!((v.start, v.max, v.end), (10_000, 60_200, 60_000));
+        // A steady climb after the warm-up: not stable.
+        let climb: Vec<u64> = (0..20).map(|i| 100_000 + i * 3_000).collect();
+        assert!(!verdict(&climb).stable);
+        // Ends low but peaked late (upward trend in the second half).
+        let v = verdict(&[
+            50_000, 50_000, 50_000, 50_000, 50_000, 50_000, 50_000, 90_000, 50_000, 50_000,
+        ]);
+        assert!(!v.stable);
+        assert!(!verdict(&[]).stable);
+        assert!(verdict(&[7]).stable);
+    }
+
+    #[test]
+    fn replies_and_patterns() {
+        for seq in 0..6 {
+            let r = reply_for(seq);
+            assert!(r.len() <= REPLY_MAX);
+            assert!(reply_ok(&r, seq));
+            assert!(!reply_ok(&r, seq + 3));
+        }
+        let mut a = vec![0; 300];
+        fill(&mut a, 1);
+        let mut b = vec![0; 300];
+        fill(&mut b, 2);
+        assert_ne!(a, b);
+        assert!(SEND_SIZES.iter().all(|&n| (12..=RECV_LEN).contains(&n)));
+        assert!(RDMA_SIZES.iter().all(|&n| n <= SLOT));
+    }
 }
