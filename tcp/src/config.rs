@@ -101,7 +101,8 @@ impl Config {
     /// exceeds `rx_frames` × `mss`: then the ring can run dry again (1000
     /// connections on 2048 fill frames of 1460 bytes did, dropping frames
     /// and costing retransmission timeouts). Give the engine at least
-    /// `connections` × ⌈[`MIN_BUFFER`] / `mss`⌉ receive frames.
+    /// `connections` × ⌈[`MIN_BUFFER`] / `mss`⌉ receive frames, plus room
+    /// for the ACKs of what the connections send.
     pub fn fit_rx_frames(mut self, rx_frames: usize, mss: usize, connections: usize) -> Self {
         let mss = mss.max(1);
         let per_conn = rx_frames.saturating_mul(mss) / connections.max(1);
