@@ -21,6 +21,7 @@
 use core::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ use iwarp::mpa::handshake::{self, ConnectRequest, HandshakeError, RtrSet};
 use iwarp::verbs::VerbsError;
 
 use crate::device::{Qp, QpInit};
-use crate::kernel::{lock, ListenShared, Request, Shared, Sock};
+use crate::kernel::{ListenShared, Request, Shared, Sock};
 
 /// Connection parameters: what we offer (initiator) or accept with
 /// (responder).
@@ -208,20 +209,23 @@ impl Listener {
     /// [`CmError::Timeout`] when `timeout` passes first.
     pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnRequest, CmError> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.shared
-            .wait_for(&self.ls.q, &self.ls.cv, deadline, |q| q.pop_front())
-            .map(|req| ConnRequest {
-                shared: self.shared.clone(),
-                req: Some(req),
-            })
-            .ok_or(CmError::Timeout)
+        self.ls.sleepers.fetch_add(1, Ordering::SeqCst);
+        let req = self
+            .shared
+            .wait_for(&self.ls.sleep, &self.ls.cv, deadline, |_| self.ls.q.pop());
+        self.ls.sleepers.fetch_sub(1, Ordering::SeqCst);
+        req.map(|req| ConnRequest {
+            shared: self.shared.clone(),
+            req: Some(req),
+        })
+        .ok_or(CmError::Timeout)
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
         self.shared.engine().remove_listener(&self.ls);
-        lock(&self.ls.q).clear();
+        drop(self.ls.drain());
     }
 }
 

@@ -7,6 +7,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -247,11 +248,7 @@ impl Device {
     /// Create a completion queue holding up to `capacity` completions the
     /// application has not polled (and as many again inside the core).
     pub fn create_cq(&self, capacity: usize) -> Cq {
-        let q = Arc::new(CqQueue {
-            q: Mutex::new(std::collections::VecDeque::with_capacity(capacity)),
-            cv: std::sync::Condvar::new(),
-            capacity,
-        });
+        let q = Arc::new(CqQueue::new(capacity));
         let mut e = self.shared().engine();
         let id = e.ctx.create_cq(capacity);
         e.add_cq(id, q.clone());
@@ -474,12 +471,7 @@ impl Cq {
     /// returns how many. Never blocks (in [`Progress::Manual`] mode it
     /// does not run the engine either: call [`Device::progress`]).
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        let mut q = lock(&self.q.q);
-        let n = out.len().min(q.len());
-        for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
-            *slot = wc;
-        }
-        n
+        self.q.pop_into(out)
     }
 
     /// Block until at least one completion is there (returns how many were
@@ -490,18 +482,19 @@ impl Cq {
             return 0;
         }
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.shared
-            .wait_for(&self.q.q, &self.q.cv, deadline, |q| {
-                if q.is_empty() {
-                    return None;
-                }
-                let n = out.len().min(q.len());
-                for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
-                    *slot = wc;
-                }
-                Some(n)
+        // Counted before the first look at the queue (SeqCst, as the
+        // engine's push-then-load): either the engine sees a sleeper and
+        // wakes it, or this waiter sees the completion.
+        self.q.sleepers.fetch_add(1, Ordering::SeqCst);
+        let r = self
+            .shared
+            .wait_for(&self.q.sleep, &self.q.cv, deadline, |_| {
+                let n = self.q.pop_into(out);
+                (n > 0).then_some(n)
             })
-            .unwrap_or(0)
+            .unwrap_or(0);
+        self.q.sleepers.fetch_sub(1, Ordering::SeqCst);
+        r
     }
 
     /// The core's identifier.

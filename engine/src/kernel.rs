@@ -9,7 +9,11 @@
 //! into a reused buffer and feeds the core, writes what the core transmits
 //! (keeping what the socket did not take), runs due timers, turns QP
 //! events into connection-manager state and moves completions from the
-//! core's CQs into the application's [`CqQueue`]s.
+//! core's CQs into the application's [`CqQueue`]s: crossbeam-queue
+//! queues (as are connection requests, [`ListenShared`]), so the
+//! application polls completions without taking any lock. Work requests
+//! go into the core directly under the engine lock, because a post's
+//! errors (state, depth, keys) are synchronous in verbs.
 //!
 //! Sleeping: the progress thread blocks in `mio::Poll` (epoll) until a
 //! socket is ready, a timer is due, or a [`mio::Waker`] is rung by
@@ -24,6 +28,8 @@ use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
+
+use crossbeam_queue::{ArrayQueue, SegQueue};
 
 use iwarp::cq::{CqId, QpId, WorkCompletion};
 use iwarp::mpa::handshake::{self, ConnectRequest, Handshake, HandshakeError, Negotiated};
@@ -58,12 +64,49 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The application-side queue of one completion queue.
+/// The application-side queue of one completion queue: a bounded
+/// lock-free queue (crossbeam's `ArrayQueue`) the engine pushes into and
+/// the application pops from, so polling a CQ takes no lock at all. The
+/// mutex and condition variable only serve blocking waits: a waiter
+/// counts itself in `sleepers` before it looks at the queue, and the
+/// engine, after pushing, wakes the condition variable (under the mutex)
+/// only when someone counts as sleeping.
 #[derive(Debug)]
 pub(crate) struct CqQueue {
-    pub(crate) q: Mutex<VecDeque<WorkCompletion>>,
+    pub(crate) q: ArrayQueue<WorkCompletion>,
+    pub(crate) sleep: Mutex<()>,
     pub(crate) cv: Condvar,
-    pub(crate) capacity: usize,
+    pub(crate) sleepers: AtomicUsize,
+}
+
+impl CqQueue {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            q: ArrayQueue::new(capacity.max(1)),
+            sleep: Mutex::new(()),
+            cv: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+        }
+    }
+
+    /// Pop up to `out.len()` completions into `out`, oldest first.
+    pub(crate) fn pop_into(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut n = 0;
+        for slot in out.iter_mut() {
+            let Some(wc) = self.q.pop() else { break };
+            *slot = wc;
+            n += 1;
+        }
+        n
+    }
+
+    /// After pushing: wake blocked waiters, if any.
+    fn wake(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = lock(&self.sleep);
+            self.cv.notify_all();
+        }
+    }
 }
 
 /// Connection-manager state of one QP, shared with the application's `Qp`.
@@ -113,10 +156,32 @@ pub(crate) struct Request {
 
 /// Connection requests of one listener, shared with the application's
 /// `Listener`.
+/// Connection requests of one listener, from the engine to the
+/// application: an unbounded lock-free queue (crossbeam's `SegQueue`);
+/// the mutex and condition variable only serve blocking waits, with the
+/// sleeper count of [`CqQueue`].
 #[derive(Debug, Default)]
 pub(crate) struct ListenShared {
-    pub(crate) q: Mutex<VecDeque<Request>>,
+    pub(crate) q: SegQueue<Request>,
+    pub(crate) sleep: Mutex<()>,
     pub(crate) cv: Condvar,
+    pub(crate) sleepers: AtomicUsize,
+}
+
+impl ListenShared {
+    /// Queue a request and wake a blocked `get_request`, if any.
+    pub(crate) fn push(&self, req: Request) {
+        self.q.push(req);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = lock(&self.sleep);
+            self.cv.notify_all();
+        }
+    }
+
+    /// Take every queued request.
+    pub(crate) fn drain(&self) -> Vec<Request> {
+        std::iter::from_fn(|| self.q.pop()).collect()
+    }
 }
 
 /// A connection driven by the core.
@@ -240,7 +305,7 @@ impl Engine {
             for x in &self.xdp {
                 lock(x).remove_listener(shared);
             }
-            let queued: Vec<Request> = lock(&shared.q).drain(..).collect();
+            let queued = shared.drain();
             for r in queued {
                 self.drop_sock(r.sock);
             }
@@ -689,17 +754,16 @@ impl Engine {
                 while core.poll_one().is_some() {}
                 continue;
             }
-            let mut app = lock(&q.q);
             let mut n = 0;
-            while app.len() < q.capacity {
+            while !q.q.is_full() {
                 let Some(wc) = core.poll_one() else { break };
-                app.push_back(wc);
+                // Only this thread pushes: there is room.
+                let _ = q.q.push(wc);
                 n += 1;
             }
-            drop(app);
             if n > 0 {
                 work += n;
-                q.cv.notify_all();
+                q.wake();
             }
         }
         work
@@ -809,8 +873,7 @@ fn hand_over(p: Pending, request: ConnectRequest, rest: Vec<u8>) {
         frame: p.frame,
         rest,
     };
-    lock(&p.listener.q).push_back(req);
-    p.listener.cv.notify_all();
+    p.listener.push(req);
 }
 
 /// The largest FPDU we send on `sock`: the TCP MSS (`TCP_MAXSEG`), at

@@ -783,8 +783,7 @@ impl XdpIo {
                 frame: p.frame,
                 rest: Vec::new(),
             };
-            lock(&p.listener.q).push_back(req);
-            p.listener.cv.notify_all();
+            p.listener.push(req);
         }
         work
     }
