@@ -67,7 +67,10 @@ fn client(port: u16, extra: &[&str]) -> Output {
 /// Wait for the server; returns (status code, stdout, stderr).
 fn finish(child: Child, rx: mpsc::Receiver<String>) -> (Option<i32>, String, String) {
     let out = child.wait_with_output().unwrap();
-    let stderr: Vec<String> = rx.try_iter().collect();
+    // Every line up to the end of the pipe: the reader thread drops its
+    // sender at EOF, which ends the iteration (the process has exited, so
+    // EOF comes; the last lines may still be in flight when it exits).
+    let stderr: Vec<String> = rx.iter().collect();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
