@@ -143,6 +143,23 @@ pub fn write_json(path: &Path, r: &Report) -> io::Result<()> {
     std::fs::write(path, s + "\n")
 }
 
+/// The end of every bench binary: write `r` to `json` if one was asked
+/// for, then the exit status: failure if a series failed or the file
+/// could not be written.
+pub fn finish(json: Option<&Path>, r: &Report) -> std::process::ExitCode {
+    if let Some(path) = json {
+        if let Err(e) = write_json(path, r) {
+            eprintln!("{}: {}: {e}", r.tool, path.display());
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    if r.records.iter().any(|x| x.error.is_some()) {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
+
 /// Human size: 4, 64K, 1M; 0 (a byte stream without messages): "-".
 pub fn size_str(n: usize) -> String {
     if n == 0 {

@@ -104,27 +104,16 @@ fn main() -> std::process::ExitCode {
     println!();
     print!("{}", report::table(&recs));
     println!("(smoltcp-raw: a byte stream without messages; tcp-stream: size = write size)");
-    let failed = recs.iter().any(|r| r.error.is_some());
-    if let Some(path) = &c.json {
-        let rep = Report {
-            tool: "iwarp-bw".into(),
-            command: report::command_line(),
-            mtu: c.mtu.into(),
-            cpus,
-            notes: iwarp_bench::notes(),
-            records: recs,
-            ratios: Vec::new(),
-        };
-        if let Err(e) = report::write_json(path, &rep) {
-            eprintln!("iwarp-bw: {}: {e}", path.display());
-            return std::process::ExitCode::FAILURE;
-        }
-    }
-    if failed {
-        std::process::ExitCode::FAILURE
-    } else {
-        std::process::ExitCode::SUCCESS
-    }
+    let rep = Report {
+        tool: "iwarp-bw".into(),
+        command: report::command_line(),
+        mtu: c.mtu.into(),
+        cpus,
+        notes: iwarp_bench::notes(),
+        records: recs,
+        ratios: Vec::new(),
+    };
+    report::finish(c.json.as_deref(), &rep)
 }
 
 #[cfg(test)]

@@ -172,7 +172,6 @@ fn main() -> std::process::ExitCode {
     }
     print!("{}", report::render(&rows));
     println!("\ncommand: {}", report::command_line());
-    let failed = recs.iter().any(|r| r.error.is_some());
     let rep = Report {
         tool: "iwarp-compare".into(),
         command: report::command_line(),
@@ -182,17 +181,7 @@ fn main() -> std::process::ExitCode {
         records: recs,
         ratios: ratios.into_iter().chain(info).collect(),
     };
-    if let Some(p) = &c.json {
-        if let Err(e) = report::write_json(p, &rep) {
-            eprintln!("iwarp-compare: {}: {e}", p.display());
-            return std::process::ExitCode::FAILURE;
-        }
-    }
-    if failed {
-        std::process::ExitCode::FAILURE
-    } else {
-        std::process::ExitCode::SUCCESS
-    }
+    report::finish(c.json.as_deref(), &rep)
 }
 
 #[cfg(test)]

@@ -77,27 +77,16 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::table(&recs));
-    let failed = recs.iter().any(|r| r.error.is_some());
-    if let Some(p) = &c.json {
-        let rep = Report {
-            tool: "iwarp-lat".into(),
-            command: report::command_line(),
-            mtu: c.mtu.into(),
-            cpus,
-            notes: iwarp_bench::notes(),
-            records: recs,
-            ratios: Vec::new(),
-        };
-        if let Err(e) = report::write_json(p, &rep) {
-            eprintln!("iwarp-lat: {}: {e}", p.display());
-            return std::process::ExitCode::FAILURE;
-        }
-    }
-    if failed {
-        std::process::ExitCode::FAILURE
-    } else {
-        std::process::ExitCode::SUCCESS
-    }
+    let rep = Report {
+        tool: "iwarp-lat".into(),
+        command: report::command_line(),
+        mtu: c.mtu.into(),
+        cpus,
+        notes: iwarp_bench::notes(),
+        records: recs,
+        ratios: Vec::new(),
+    };
+    report::finish(c.json.as_deref(), &rep)
 }
 
 #[cfg(test)]

@@ -175,13 +175,12 @@ fn main() -> std::process::ExitCode {
     println!();
     print!("{}", summary(&recs));
     println!("(medians; cpu_s/GB: user + system + irq + softirq of the side's core per 10^9 bytes; bg_slow: background task's slow-down; -sleep: engines on their own sleeping progress threads)");
-    let failed = recs.iter().any(|r| r.error.is_some());
-    if let Some(path) = &c.json {
+    let rep = {
         let mut notes = iwarp_bench::notes();
         notes.push("load: a thread at nice 19 / SCHED_IDLE pinned to each side's core counts loop iterations; bg_slowdown = 1 - rate during traffic / idle rate (the higher of a window just before and one just after the traffic, no traffic running)".into());
         notes.push("load: cpu_per_gb from /proc/stat of each side's core over the traffic (user + system + irq + softirq; the background task's time is in nice, left out); the whole core counts, other processes too".into());
         notes.push("load: NAME = manual progress, the side's thread spins; NAME-sleep = the engine's own progress thread (busy_poll off, epoll when idle), the application blocks in Cq::wait; tcp-stream = blocking writes and reads of the message size".into());
-        let rep = Report {
+        Report {
             tool: "iwarp-load".into(),
             command: report::command_line(),
             mtu: c.mtu.into(),
@@ -189,17 +188,9 @@ fn main() -> std::process::ExitCode {
             notes,
             records: recs,
             ratios: Vec::new(),
-        };
-        if let Err(e) = report::write_json(path, &rep) {
-            eprintln!("iwarp-load: {}: {e}", path.display());
-            return std::process::ExitCode::FAILURE;
         }
-    }
-    if failed {
-        std::process::ExitCode::FAILURE
-    } else {
-        std::process::ExitCode::SUCCESS
-    }
+    };
+    report::finish(c.json.as_deref(), &rep)
 }
 
 #[cfg(test)]

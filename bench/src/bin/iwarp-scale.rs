@@ -215,12 +215,11 @@ fn main() -> std::process::ExitCode {
         }
         ratios.push(r);
     }
-    let failed = recs.iter().any(|r| r.error.is_some());
-    if let Some(path) = &c.json {
+    let rep = {
         let mut notes = iwarp_bench::notes();
         notes.push(format!("scale: side b = one AF_XDP engine in manual progress on one core (receiver); side a = {:?} engine (sender) on the other; every QP keeps {} writes of {} B outstanding, reposted as completions arrive", p.sender, p.window, p.size));
         notes.push("scale: mem_per_qp = (process RSS with N QPs connected - RSS before any QP) / N, both engines in one process; /after-traffic: RSS after the traffic; /tcp-buffers: side b's smoltcp rx + tx buffer per connection (computed)".into());
-        let rep = Report {
+        Report {
             tool: "iwarp-scale".into(),
             command: report::command_line(),
             mtu: c.mtu.into(),
@@ -228,17 +227,9 @@ fn main() -> std::process::ExitCode {
             notes,
             records: recs,
             ratios,
-        };
-        if let Err(e) = report::write_json(path, &rep) {
-            eprintln!("iwarp-scale: {}: {e}", path.display());
-            return std::process::ExitCode::FAILURE;
         }
-    }
-    if failed {
-        std::process::ExitCode::FAILURE
-    } else {
-        std::process::ExitCode::SUCCESS
-    }
+    };
+    report::finish(c.json.as_deref(), &rep)
 }
 
 #[cfg(test)]
