@@ -226,6 +226,19 @@ struct Lingering {
     pos: usize,
 }
 
+/// A closed connection whose FIN is queued behind its last bytes (a
+/// Terminate, say): its input is read and discarded until the peer
+/// closes or `until` passes. Closing a socket with unread input makes
+/// Linux send a RST, which can overtake what was still queued.
+#[derive(Debug)]
+struct Draining {
+    sock: TcpStream,
+    until: std::time::Instant,
+}
+
+/// How long a closed connection's input is drained at most.
+const DRAIN: Duration = Duration::from_secs(2);
+
 /// The state of one device. See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Engine {
@@ -237,6 +250,7 @@ pub(crate) struct Engine {
     pending: Vec<Pending>,
     listeners: Vec<Listening>,
     lingering: Vec<Lingering>,
+    draining: Vec<Draining>,
     cqs: Vec<(CqId, Arc<CqQueue>)>,
     rx_buf: Vec<u8>,
     /// The AF_XDP backend's engines, one per receive queue; empty: kernel
@@ -262,6 +276,7 @@ impl Engine {
             pending: Vec::new(),
             listeners: Vec::new(),
             lingering: Vec::new(),
+            draining: Vec::new(),
             cqs: Vec::new(),
             rx_buf: vec![0; IO_BUF],
             xdp: Vec::new(),
@@ -515,6 +530,7 @@ impl Engine {
             work += self.pump_conn(i, now);
         }
         work += self.pump_lingering();
+        self.pump_draining();
         work += self.move_completions();
         work += self.reap();
         work
@@ -707,13 +723,39 @@ impl Engine {
         if flushed && self.ctx.wants_close(qp) {
             if let Some(mut s) = c.sock.take() {
                 let _ = self.registry.deregister(&mut s);
-                let _ = s.shutdown(Shutdown::Both);
+                if broken.is_some() || s.shutdown(Shutdown::Write).is_err() {
+                    let _ = s.shutdown(Shutdown::Both);
+                } else {
+                    self.draining.push(Draining {
+                        sock: s,
+                        until: std::time::Instant::now() + DRAIN,
+                    });
+                }
             }
             c.out = Vec::new();
             c.input = Vec::new();
             work += 1;
         }
         work
+    }
+
+    /// Read and discard the input of closed connections until the peer's
+    /// FIN, an error or the deadline; then drop them.
+    fn pump_draining(&mut self) {
+        if self.draining.is_empty() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let mut buf = [0u8; 4096];
+        self.draining.retain_mut(|d| loop {
+            match (&mut &d.sock).read(&mut buf) {
+                Ok(0) => return false,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return now < d.until,
+                Err(_) => return false,
+            }
+        });
     }
 
     fn pump_lingering(&mut self) -> usize {
