@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use iwarp::error::TermCode;
 use iwarp::mpa::handshake::{self, ConnectRequest, HandshakeError, RtrSet};
+use iwarp::qp::RecvWr;
 use iwarp::verbs::VerbsError;
 
 use crate::device::{Qp, QpInit};
@@ -265,9 +266,25 @@ impl ConnRequest {
     /// Accept: create the QP, reply, and return it in RTS. Negotiation
     /// failures (e.g. [`HandshakeError::NoMatchingRtr`]: the reply then
     /// carries R=1) are [`CmError::Mpa`].
-    pub fn accept(mut self, qp: QpInit, params: ConnParams) -> Result<Qp, CmError> {
+    ///
+    /// The initiator may send as soon as it has the reply, before a
+    /// receive posted on the returned QP is there:
+    /// [`Self::accept_with_recvs`] posts receives first.
+    pub fn accept(self, qp: QpInit, params: ConnParams) -> Result<Qp, CmError> {
+        self.accept_with_recvs(qp, params, &[])
+    }
+
+    /// [`Self::accept`] with `recvs` posted on the new QP before the reply
+    /// goes out, as verbs applications post receives before `rdma_accept`:
+    /// the initiator's first Send always finds a buffer.
+    pub fn accept_with_recvs(
+        mut self,
+        qp: QpInit,
+        params: ConnParams,
+        recvs: &[RecvWr<'_>],
+    ) -> Result<Qp, CmError> {
         let req = self.req.take().expect("taken only once");
-        Qp::accept(&self.shared, req, qp, &params)
+        Qp::accept(&self.shared, req, qp, &params, recvs)
     }
 
     /// Reject with `private_data`: reply with R=1 and close (the AF_XDP

@@ -16,7 +16,7 @@ use iwarp::cq::{CqId, QpId, WorkCompletion};
 use iwarp::mem::{Access, MrInfo, PdId};
 use iwarp::mpa::handshake::Negotiated;
 use iwarp::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr, Sge};
-use iwarp::verbs::VerbsError;
+use iwarp::verbs::{Context, VerbsError};
 use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
@@ -336,7 +336,24 @@ impl Device {
     /// Connect to `addr`: TCP connect, then the MPA exchange as initiator.
     /// Blocks until the connection is established or fails;
     /// `params.timeout` bounds both steps together.
+    ///
+    /// Receives posted on the returned QP may come too late for a peer
+    /// that sends as soon as the connection is up (RFC 6581 peer-to-peer
+    /// mode): [`Self::connect_with_recvs`] posts them first.
     pub fn connect(&self, addr: SocketAddr, qp: QpInit, params: ConnParams) -> Result<Qp, CmError> {
+        self.connect_with_recvs(addr, qp, params, &[])
+    }
+
+    /// [`Self::connect`] with `recvs` posted on the new QP before the MPA
+    /// exchange starts, as verbs applications post receives before
+    /// `rdma_connect`: the peer's first Send always finds a buffer.
+    pub fn connect_with_recvs(
+        &self,
+        addr: SocketAddr,
+        qp: QpInit,
+        params: ConnParams,
+        recvs: &[RecvWr<'_>],
+    ) -> Result<Qp, CmError> {
         let start = Instant::now();
         check_init(self.shared(), &qp)?;
         let conn = Arc::new(ConnShared::default());
@@ -368,10 +385,10 @@ impl Device {
                     return Err(err.into());
                 }
             };
-            if let Err(err) = e
-                .ctx
-                .connect(id, params.mpa_config(left), &params.private_data, now)
-            {
+            if let Err(err) = post_recvs(&mut e.ctx, id, recvs).and_then(|()| {
+                e.ctx
+                    .connect(id, params.mpa_config(left), &params.private_data, now)
+            }) {
                 let _ = e.ctx.destroy_qp(id);
                 e.drop_sock(sock);
                 return Err(err.into());
@@ -433,6 +450,11 @@ fn pin(cpu: usize) {
     {
         core_affinity::set_for_current(id);
     }
+}
+
+/// Post `recvs` on a QP that is not connected yet.
+fn post_recvs(ctx: &mut Context, id: QpId, recvs: &[RecvWr<'_>]) -> Result<(), VerbsError> {
+    recvs.iter().try_for_each(|wr| ctx.post_recv(id, wr))
 }
 
 fn check_init(shared: &Arc<Shared>, qp: &QpInit) -> Result<(), CmError> {
@@ -668,6 +690,7 @@ impl Qp {
         req: Request,
         init: QpInit,
         params: &ConnParams,
+        recvs: &[RecvWr<'_>],
     ) -> Result<Self, CmError> {
         check_init(shared, &init)?;
         let conn = Arc::new(ConnShared::default());
@@ -679,7 +702,8 @@ impl Qp {
             init.recv_cq.id,
             init.config(req.emss),
         )?;
-        let mut result = e.ctx.listen(id, params.mpa_config(params.timeout), now);
+        let mut result = post_recvs(&mut e.ctx, id, recvs)
+            .and_then(|()| e.ctx.listen(id, params.mpa_config(params.timeout), now));
         if result.is_ok() {
             // Replay the request exactly as received.
             e.ctx.handle_input(id, &req.frame, now);

@@ -759,3 +759,134 @@ fn post_errors_are_synchronous() {
         .unwrap_err();
     assert_eq!(err, iwarp_engine::PostError::InvalidSgl);
 }
+
+/// Receives handed to `accept_with_recvs` / `connect_with_recvs` are posted
+/// before the peer can send: a Send issued the moment the connection is
+/// up finds its buffer even though the receiving thread looks only much
+/// later (as a descheduled application would). Posted after `accept`
+/// returns, the same receive would come too late and the QP would
+/// terminate (DDP: no buffer).
+#[test]
+fn receives_posted_before_the_connection_catch_the_first_send() {
+    // Late wake-up of the receiving thread.
+    const LATE: Duration = Duration::from_millis(300);
+    let (cdev, sdev) = (open(false), open(false));
+    let listener = sdev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    let (spd, scq, sinit) = init(&sdev);
+    let smr = sdev.reg_mr(&spd, 64, Access::LOCAL_WRITE).unwrap();
+    smr.write(32, b"from the responder");
+    let server = std::thread::spawn(move || {
+        // A receive the QP cannot take fails the accept synchronously.
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        let bad = [smr.sge(0, 1); 5];
+        let err = req
+            .accept_with_recvs(
+                sinit.clone(),
+                ConnParams::default(),
+                &[RecvWr {
+                    wr_id: 9,
+                    sgl: &bad,
+                }],
+            )
+            .unwrap_err();
+        assert_eq!(
+            err,
+            CmError::Verbs(iwarp::verbs::VerbsError::Post(
+                iwarp_engine::PostError::InvalidSgl
+            ))
+        );
+        // The client's retry: accepted with a receive already posted.
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        let qp = req
+            .accept_with_recvs(
+                sinit,
+                ConnParams::default(),
+                &[RecvWr {
+                    wr_id: 1,
+                    sgl: &[smr.sge(0, 32)],
+                }],
+            )
+            .unwrap();
+        // The responder sends first as soon as the initiator's RTR is in
+        // (RFC 6581 peer-to-peer mode).
+        qp.post_send(&SendWr {
+            wr_id: 2,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sgl: &[smr.sge(32, 18)],
+            signaled: true,
+        })
+        .unwrap();
+        std::thread::sleep(LATE);
+        let mut wcs = [EMPTY_WC; 2];
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            let n = scq.wait(&mut wcs, Some(WAIT));
+            assert!(n > 0, "server: no completion");
+            got.extend_from_slice(&wcs[..n]);
+        }
+        got.sort_by_key(|w| w.wr_id);
+        assert_eq!(
+            got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::Success), (2, WcStatus::Success)]
+        );
+        assert_eq!(got[0].byte_len, 14);
+        let mut b = [0; 14];
+        smr.read(0, &mut b);
+        assert_eq!(&b, b"from the first");
+        qp
+    });
+    let (cpd, ccq, cinit) = init(&cdev);
+    let cmr = cdev.reg_mr(&cpd, 64, Access::LOCAL_WRITE).unwrap();
+    cmr.write(32, b"from the first");
+    let p2p = ConnParams {
+        p2p: true,
+        ..ConnParams::default()
+    };
+    // The first request is refused by the failed accept.
+    let first = cdev.connect(addr, cinit.clone(), p2p.clone());
+    assert!(first.is_err(), "{first:?}");
+    let qp = cdev
+        .connect_with_recvs(
+            addr,
+            cinit,
+            p2p,
+            &[RecvWr {
+                wr_id: 3,
+                sgl: &[cmr.sge(0, 32)],
+            }],
+        )
+        .unwrap();
+    qp.post_send(&SendWr {
+        wr_id: 4,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sgl: &[cmr.sge(32, 14)],
+        signaled: true,
+    })
+    .unwrap();
+    std::thread::sleep(LATE);
+    let mut wcs = [EMPTY_WC; 2];
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let n = ccq.wait(&mut wcs, Some(WAIT));
+        assert!(n > 0, "client: no completion");
+        got.extend_from_slice(&wcs[..n]);
+    }
+    got.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(3, WcStatus::Success), (4, WcStatus::Success)]
+    );
+    assert_eq!(got[0].byte_len, 18);
+    let mut b = [0; 18];
+    cmr.read(0, &mut b);
+    assert_eq!(&b, b"from the responder");
+    let sqp = server.join().unwrap();
+    assert_eq!((qp.state(), sqp.state()), (QpState::Rts, QpState::Rts));
+}

@@ -21,7 +21,8 @@ use iwarp_apps::proto::perftest::{
 };
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, Listener, Mr,
-    Progress, Qp, QpInit, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
+    Progress, Qp, QpInit, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    EMPTY_WC,
 };
 
 type Res<T> = Result<T, String>;
@@ -269,23 +270,28 @@ struct Comm {
 }
 
 impl Comm {
-    fn new(qp: Qp, cq: Cq, mr: Mr, side: Side) -> Res<Self> {
-        let c = Self {
+    /// `qp` was connected with [`Self::recv_sge`] posted (`COMM_RECV`).
+    fn new(qp: Qp, cq: Cq, mr: Mr, side: Side) -> Self {
+        Self {
             qp,
             cq,
             mr,
             side,
             stash: Vec::new(),
-        };
-        c.post_recv()?;
-        Ok(c)
+        }
+    }
+
+    /// The receive buffer; the first receive is posted before the
+    /// connection is up, since perftest's client sends at once.
+    fn recv_sge(mr: &Mr) -> [Sge; 1] {
+        [mr.sge(0, COMM_MSG)]
     }
 
     fn post_recv(&self) -> Res<()> {
         self.qp
             .post_recv(&RecvWr {
                 wr_id: COMM_RECV,
-                sgl: &[self.mr.sge(0, COMM_MSG)],
+                sgl: &Self::recv_sge(&self.mr),
             })
             .map_err(|e| format!("comm: post_recv: {e:?}"))
     }
@@ -462,11 +468,12 @@ fn connect_retry(
     addr: SocketAddr,
     init: &QpInit,
     params: &ConnParams,
+    recvs: &[RecvWr<'_>],
     cfg: &Cfg,
 ) -> Res<Qp> {
     let start = Instant::now();
     loop {
-        match dev.connect(addr, init.clone(), params.clone()) {
+        match dev.connect_with_recvs(addr, init.clone(), params.clone(), recvs) {
             Ok(qp) => return Ok(qp),
             Err(e @ (CmError::ConnectionRefused | CmError::Closed | CmError::Rejected { .. }))
                 if start.elapsed() < CONNECT_RETRY =>
@@ -564,6 +571,11 @@ fn run(cfg: &Cfg) -> Res<()> {
     let comm_mr = dev
         .reg_mr(&pd, 2 * COMM_MSG, Access::LOCAL_WRITE)
         .map_err(|e| format!("reg_mr: {e}"))?;
+    let comm_sge = Comm::recv_sge(&comm_mr);
+    let comm_recv = [RecvWr {
+        wr_id: COMM_RECV,
+        sgl: &comm_sge,
+    }];
     let mut listener: Option<Listener> = None;
     let server_addr;
     let comm_qp = match &cfg.server {
@@ -571,7 +583,7 @@ fn run(cfg: &Cfg) -> Res<()> {
             let addr = resolve(host, cfg.port)?;
             server_addr = Some(addr);
             cfg.dbg(|| format!("connecting to {addr}"));
-            let qp = connect_retry(&dev, addr, &comm_init, &comm_params(cfg), cfg)?;
+            let qp = connect_retry(&dev, addr, &comm_init, &comm_params(cfg), &comm_recv, cfg)?;
             // Linux siw as responder misses an FPDU that arrives while its
             // accept is still finishing (seen: our first Send 0.1 ms after
             // its MPA Reply, never answered). perftest's own client is
@@ -593,14 +605,14 @@ fn run(cfg: &Cfg) -> Res<()> {
                 .map_err(|e| format!("waiting for a client: {e}"))?;
             cfg.dbg(|| format!("comm request from {}", req.peer_addr()));
             let qp = req
-                .accept(comm_init, comm_params(cfg))
+                .accept_with_recvs(comm_init, comm_params(cfg), &comm_recv)
                 .map_err(|e| format!("accept: {e}"))?;
             // The data connections come to the same port: keep listening.
             listener = Some(l);
             qp
         }
     };
-    let mut comm = Comm::new(comm_qp, comm_cq, comm_mr, cfg.side)?;
+    let mut comm = Comm::new(comm_qp, comm_cq, comm_mr, cfg.side);
 
     // Data resources (the buffer holds the largest size).
     let q = if cfg.test.is_bw() {
@@ -676,7 +688,7 @@ fn run(cfg: &Cfg) -> Res<()> {
                 for j in 0..q {
                     let qp = match (server_addr, &listener) {
                         (Some(addr), _) => {
-                            connect_retry(&dev, addr, &init, &data_params(cfg), cfg)?
+                            connect_retry(&dev, addr, &init, &data_params(cfg), &[], cfg)?
                         }
                         (None, Some(l)) => {
                             let req = l

@@ -38,7 +38,7 @@ use clap::{Args, Parser, Subcommand};
 use iwarp_engine::xdp::AttachMode;
 use iwarp_engine::{
     Access, Backend, ConnParams, Cq, Device, DeviceConfig, Mr, Progress, Qp, QpInit, QpState,
-    RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, XdpConfig, EMPTY_WC,
+    RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, XdpConfig, EMPTY_WC,
 };
 use iwarp_tcp::smoltcp::time::Duration as TcpDuration;
 
@@ -752,8 +752,13 @@ struct Server {
 }
 
 impl Server {
+    /// Where receive buffer `buf` of QP `q` starts.
+    fn recv_off(q: usize, buf: usize) -> usize {
+        (q * RECVS + buf) * RECV_LEN
+    }
+
     fn post_recv(&mut self, q: usize, buf: usize) -> bool {
-        let off = (q * RECVS + buf) * RECV_LEN;
+        let off = Self::recv_off(q, buf);
         let r = self.qps[q].qp.post_recv(&RecvWr {
             wr_id: (q * RECVS + buf) as u64,
             sgl: &[self.recv.sge(off, RECV_LEN)],
@@ -774,20 +779,28 @@ impl Server {
                 let _ = req.reject(b"full");
                 continue;
             }
+            // The receives are posted before the reply: the client may
+            // send at once.
+            let q = self.qps.len();
+            let sges: Vec<[Sge; 1]> = (0..RECVS)
+                .map(|b| [self.recv.sge(Self::recv_off(q, b), RECV_LEN)])
+                .collect();
+            let recvs: Vec<RecvWr<'_>> = sges
+                .iter()
+                .enumerate()
+                .map(|(b, sgl)| RecvWr {
+                    wr_id: (q * RECVS + b) as u64,
+                    sgl,
+                })
+                .collect();
             let qp = req
-                .accept(init(&self.cq, &self.pd), params())
+                .accept_with_recvs(init(&self.cq, &self.pd), params(), &recvs)
                 .map_err(|e| format!("accept: {e}"))?;
             self.qps.push(SrvQp {
                 qp,
-                outstanding: 0,
+                outstanding: RECVS,
                 gen,
             });
-            let q = self.qps.len() - 1;
-            for b in 0..RECVS {
-                if !self.post_recv(q, b) {
-                    return Err(format!("post_recv on new QP {q}"));
-                }
-            }
             n += 1;
         }
         Ok(n)

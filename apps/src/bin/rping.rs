@@ -43,7 +43,7 @@ use iwarp_apps::proto::rping::{
 };
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, Mr, Pd, Qp, QpInit,
-    QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
+    QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
 };
 
 /// rping over this project's iWARP stack: RDMA ping-pong, wire-compatible
@@ -221,18 +221,25 @@ impl Resources {
 }
 
 impl Conn {
-    /// A connected QP with rping's one receive posted.
-    fn start(qp: Qp, cq: Cq, recv_buf: &Mr, timeout: Duration, debug: bool) -> Res<Self> {
-        let mut conn = Self {
+    /// rping's one receive, posted by `connect_with_recvs` /
+    /// `accept_with_recvs` before the peer can send.
+    fn first_recv(sge: &[Sge; 1]) -> RecvWr<'_> {
+        RecvWr {
+            wr_id: WR_RECV,
+            sgl: sge,
+        }
+    }
+
+    /// A connected QP with [`Self::first_recv`] posted.
+    fn start(qp: Qp, cq: Cq, timeout: Duration, debug: bool) -> Self {
+        Self {
             qp,
             cq,
-            outstanding: 0,
+            outstanding: 1,
             timeout,
             debug,
             events: Vec::new(),
-        };
-        conn.post_recv(recv_buf)?;
-        Ok(conn)
+        }
     }
 
     fn post_recv(&mut self, mr: &Mr) -> Res<()> {
@@ -451,11 +458,17 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
     if args.debug {
         eprintln!("rping: connecting to {peer}");
     }
+    let sge = [recv_buf.sge(0, RdmaInfo::LEN)];
     let qp = dev
-        .connect(peer, qp_init(&pd, &cq), conn_params(args, timeout))
+        .connect_with_recvs(
+            peer,
+            qp_init(&pd, &cq),
+            conn_params(args, timeout),
+            &[Conn::first_recv(&sge)],
+        )
         .map_err(|e| cm_fail(&format!("connect to {peer}"), &e))?;
     report_connected(args, &qp);
-    let mut conn = Conn::start(qp, cq, &recv_buf, timeout, args.debug)?;
+    let mut conn = Conn::start(qp, cq, timeout, args.debug);
     // See `--first-send-delay`: give a Linux siw responder time to finish
     // its accept before our first FPDU arrives.
     std::thread::sleep(Duration::from_millis(args.first_send_delay));
@@ -590,12 +603,19 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
         );
     }
     let peer = req.peer_addr();
+    // rping's client sends as soon as it is connected: the receive must
+    // be there before our reply goes out.
+    let sge = [recv_buf.sge(0, RdmaInfo::LEN)];
     let qp = req
-        .accept(qp_init(&pd, &cq), conn_params(args, timeout))
+        .accept_with_recvs(
+            qp_init(&pd, &cq),
+            conn_params(args, timeout),
+            &[Conn::first_recv(&sge)],
+        )
         .map_err(|e| cm_fail(&format!("accept from {peer}"), &e))?;
     drop(listener);
     report_connected(args, &qp);
-    let mut conn = Conn::start(qp, cq, &recv_buf, timeout, args.debug)?;
+    let mut conn = Conn::start(qp, cq, timeout, args.debug);
 
     let mut server = Server::new();
     let mut read_len = 0usize;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use iwarp_engine::{
     Access, CmError, CmEvent, ConnParams, Cq, Device, Listener, Mr, Pd, QpInit, QpState, RecvWr,
-    SendOp, SendWr, WcStatus, EMPTY_WC,
+    SendOp, SendWr, Sge, WcStatus, EMPTY_WC,
 };
 
 use iwarp::error::TermCode;
@@ -190,20 +190,21 @@ pub fn serve_one(
         sig_all: false,
     };
     let mut report = TargetReport::default();
-    let qp = req.accept(init, params)?;
+    // The receives are posted before the reply: a probe sends at once.
+    let sges: Vec<[Sge; 1]> = (0..RECVS)
+        .map(|i| [mem.recv.sge(i * RECV_LEN, RECV_LEN)])
+        .collect();
+    let recvs: Vec<RecvWr<'_>> = sges
+        .iter()
+        .enumerate()
+        .map(|(i, sgl)| RecvWr {
+            wr_id: i as u64,
+            sgl,
+        })
+        .collect();
+    let qp = req.accept_with_recvs(init, params, &recvs)?;
     report.established = true;
-    for i in 0..RECVS {
-        let sge = mem.recv.sge(i * RECV_LEN, RECV_LEN);
-        if qp
-            .post_recv(&RecvWr {
-                wr_id: i as u64,
-                sgl: &[sge],
-            })
-            .is_ok()
-        {
-            report.recvs_posted += 1;
-        }
-    }
+    report.recvs_posted = RECVS;
     let deadline = Instant::now() + timeout;
     let mut wcs = [EMPTY_WC; 16];
     let mut ended_at: Option<Instant> = None;
