@@ -22,6 +22,7 @@ use mio::net::{TcpListener, TcpStream};
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
 use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Request, Shared, Sock};
 use crate::kernel::{Sleeper, XdpRef};
+use crate::post::WorkQueues;
 use crate::xdp::worker::XdpIo;
 use crate::xdp::{EngineStats, XdpConfig, XdpStats};
 
@@ -356,6 +357,7 @@ impl Device {
     ) -> Result<Qp, CmError> {
         let start = Instant::now();
         check_init(self.shared(), &qp)?;
+        let (sq_depth, rq_depth) = (qp.sq_depth, qp.rq_depth);
         let conn = Arc::new(ConnShared::default());
         let xdp = !self.shared().engine().xdp.is_empty();
         let (sock, local, emss) = if xdp {
@@ -408,6 +410,7 @@ impl Device {
         let qp = Qp {
             shared: shared.clone(),
             id,
+            wq: Arc::new(WorkQueues::new(id, sq_depth, rq_depth, recvs.len())),
             conn,
             local,
             peer: addr,
@@ -678,6 +681,8 @@ impl QpInit {
 pub struct Qp {
     shared: Arc<Shared>,
     id: QpId,
+    /// Work requests on their way to the engine ([`crate::post`]).
+    wq: Arc<WorkQueues>,
     conn: Arc<ConnShared>,
     local: SocketAddr,
     peer: SocketAddr,
@@ -738,30 +743,63 @@ impl Qp {
         Ok(Self {
             shared: shared.clone(),
             id,
+            wq: Arc::new(WorkQueues::new(
+                id,
+                init.sq_depth,
+                init.rq_depth,
+                recvs.len(),
+            )),
             conn,
             local: req.local,
             peer: req.peer,
         })
     }
 
-    /// Post a send-queue work request. Errors are synchronous.
+    /// Post a send-queue work request. Errors are synchronous; the request
+    /// reaches the engine through a lock-free queue ([`crate::post`]).
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), PostError> {
-        let r = self.shared.engine().ctx.post_send(self.id, wr);
-        self.shared.kick();
-        r.map_err(post_error)
+        self.post(|q| q.push_send(wr))
     }
 
     /// Post a receive work request. Errors are synchronous.
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
-        let r = self.shared.engine().ctx.post_recv(self.id, wr);
+        self.post(|q| q.push_recv(wr))
+    }
+
+    /// Queue with `push`; when the queue is full as far as it knows, learn
+    /// what the core retired (under the lock) and try once more.
+    fn post(
+        &self,
+        push: impl Fn(&WorkQueues) -> Result<(), Option<PostError>>,
+    ) -> Result<(), PostError> {
+        match push(&self.wq) {
+            Ok(()) => {}
+            Err(Some(e)) => return Err(e),
+            Err(None) => {
+                {
+                    let mut e = self.shared.engine();
+                    self.wq.drain(&mut e.ctx);
+                    self.wq.settle(&e.ctx);
+                }
+                push(&self.wq).map_err(|e| e.unwrap_or(PostError::QueueFull))?;
+            }
+        }
+        if self.wq.list() {
+            self.shared.posted.push(self.wq.clone());
+        }
         self.shared.kick();
-        r.map_err(post_error)
+        Ok(())
     }
 
     /// Graceful close: outstanding work requests are flushed, the TCP
-    /// connection is closed.
+    /// connection is closed. Work requests posted before are handed to
+    /// the QP first (and flushed with the rest).
     pub fn disconnect(&self) {
-        self.shared.engine().ctx.disconnect(self.id);
+        {
+            let mut e = self.shared.engine();
+            self.wq.drain(&mut e.ctx);
+            e.ctx.disconnect(self.id);
+        }
         self.shared.kick();
     }
 
@@ -819,15 +857,13 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        self.shared.engine().release_qp(self.id);
+        {
+            let mut e = self.shared.engine();
+            self.wq.drain(&mut e.ctx);
+            self.wq.close();
+            e.release_qp(self.id);
+        }
         self.shared.kick();
-    }
-}
-
-fn post_error(e: VerbsError) -> PostError {
-    match e {
-        VerbsError::Post(p) => p,
-        _ => PostError::InvalidState,
     }
 }
 

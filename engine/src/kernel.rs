@@ -2,18 +2,17 @@
 //! sockets in non-blocking mode.
 //!
 //! One [`Engine`] per device, behind one mutex ([`Shared::engine`]), holds
-//! the verbs [`Context`] and every socket. Application calls (posts,
-//! connection setup) lock it and call the core directly, so their errors
-//! are synchronous; then they [`Shared::kick`] the progress thread. A
-//! progress pass ([`Engine::pass`]) locks it and, for every socket, reads
+//! the verbs [`Context`] and every socket. Connection setup locks it and
+//! calls the core directly; work requests do not take it: they go through
+//! per-QP lock-free queues ([`crate::post`]) that a pass empties into the
+//! core first. Either way the caller then [`Shared::kick`]s the progress
+//! thread. A progress pass ([`Engine::pass`]) locks it and, for every socket, reads
 //! into a reused buffer and feeds the core, writes what the core transmits
 //! (keeping what the socket did not take), runs due timers, turns QP
 //! events into connection-manager state and moves completions from the
 //! core's CQs into the application's [`CqQueue`]s: crossbeam-queue
 //! queues (as are connection requests, [`ListenShared`]), so the
-//! application polls completions without taking any lock. Work requests
-//! go into the core directly under the engine lock, because a post's
-//! errors (state, depth, keys) are synchronous in verbs.
+//! application neither posts nor polls under a lock.
 //!
 //! Sleeping: the progress thread blocks in `mio::Poll` (epoll) until a
 //! socket is ready, a timer is due, or a [`mio::Waker`] is rung by
@@ -40,6 +39,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
 use crate::cm::{CmError, CmEvent};
+use crate::post::WorkQueues;
 use crate::xdp::worker::XdpIo;
 
 /// An AF_XDP engine behind its own lock.
@@ -227,9 +227,10 @@ struct Lingering {
 }
 
 /// A closed connection whose FIN is queued behind its last bytes (a
-/// Terminate, say): its input is read and discarded until the peer
-/// closes or `until` passes. Closing a socket with unread input makes
-/// Linux send a RST, which can overtake what was still queued.
+/// Terminate, or an MPA reply rejecting a request): its input is read and
+/// discarded until the peer closes or `until` passes. Closing a socket
+/// with unread input makes Linux send a RST, which can overtake what was
+/// still queued.
 #[derive(Debug)]
 struct Draining {
     sock: TcpStream,
@@ -758,24 +759,43 @@ impl Engine {
         });
     }
 
+    /// Write what lingering sockets have left; a socket whose bytes all
+    /// left gets its FIN and drains its input (see [`Draining`]).
     fn pump_lingering(&mut self) -> usize {
         let mut work = 0;
-        self.lingering.retain_mut(|l| loop {
-            if l.pos >= l.out.len() {
-                let _ = l.sock.shutdown(Shutdown::Write);
-                work += 1;
-                return false;
-            }
-            match (&mut &l.sock).write(&l.out[l.pos..]) {
-                Ok(n) => {
-                    l.pos += n;
-                    work += n;
+        let mut i = 0;
+        while i < self.lingering.len() {
+            let l = &mut self.lingering[i];
+            // Some(true): all written; Some(false): the socket failed.
+            let done = loop {
+                if l.pos >= l.out.len() {
+                    break Some(true);
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-                Err(_) => return false,
+                match (&mut &l.sock).write(&l.out[l.pos..]) {
+                    Ok(n) => {
+                        l.pos += n;
+                        work += n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                    Err(_) => break Some(false),
+                }
+            };
+            match done {
+                None => i += 1,
+                Some(written) => {
+                    let mut l = self.lingering.swap_remove(i);
+                    let _ = self.registry.deregister(&mut l.sock);
+                    if written && l.sock.shutdown(Shutdown::Write).is_ok() {
+                        self.draining.push(Draining {
+                            sock: l.sock,
+                            until: std::time::Instant::now() + DRAIN,
+                        });
+                    }
+                    work += 1;
+                }
             }
-        });
+        }
         work
     }
 
@@ -999,6 +1019,9 @@ pub(crate) struct Shared {
     epoch: std::time::Instant,
     /// Multi-core AF_XDP: how the progress threads of engines 1.. sleep.
     sleepers: std::sync::OnceLock<Vec<Arc<Sleeper>>>,
+    /// QPs with work requests queued by application threads
+    /// ([`crate::post`]), moved into the core at the start of a pass.
+    pub(crate) posted: SegQueue<Arc<WorkQueues>>,
 }
 
 /// How the progress thread of an AF_XDP engine other than the first
@@ -1045,6 +1068,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             waiters: AtomicUsize::new(0),
             sleepers: std::sync::OnceLock::new(),
+            posted: SegQueue::new(),
         })
     }
 
@@ -1090,7 +1114,7 @@ impl Shared {
     /// frames to them.
     fn pass_engine(&self, x: Option<&XdpRef>) -> usize {
         let Some(x) = x else {
-            return self.engine().pass();
+            return self.progress();
         };
         let now = self.now();
         let t0 = std::time::Instant::now();
@@ -1100,6 +1124,7 @@ impl Shared {
         {
             let mut e = self.engine();
             t2 = std::time::Instant::now();
+            work += self.drain_posted(&mut e);
             e.passes += 1;
             let mut g = lock(x);
             work += g.drive(&mut e.ctx, now);
@@ -1153,7 +1178,23 @@ impl Shared {
 
     /// One progress pass.
     pub(crate) fn progress(&self) -> usize {
-        self.engine().pass()
+        let mut e = self.engine();
+        self.drain_posted(&mut e) + e.pass()
+    }
+
+    /// Move the work requests queued on the posted list into the core
+    /// (`e` is this device's engine, locked). Returns how many moved.
+    pub(crate) fn drain_posted(&self, e: &mut Engine) -> usize {
+        // Only what is listed now: posts racing with this pass wait for
+        // the next one.
+        let mut n = 0;
+        for _ in 0..self.posted.len() {
+            match self.posted.pop() {
+                Some(q) => n += q.drain(&mut e.ctx),
+                None => break,
+            }
+        }
+        n
     }
 
     /// Let application threads waiting for the engine lock take it before

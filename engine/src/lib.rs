@@ -115,6 +115,7 @@
 mod cm;
 mod device;
 mod kernel;
+mod post;
 pub mod xdp;
 
 pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener};

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp,
-    QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
-    EMPTY_WC,
+    QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion, EMPTY_WC,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -118,14 +118,18 @@ fn open(manual: bool) -> Device {
 }
 
 fn init(dev: &Device) -> (Pd, Cq, QpInit) {
+    init_sized(dev, 128)
+}
+
+fn init_sized(dev: &Device, depth: usize) -> (Pd, Cq, QpInit) {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(1024);
     let init = QpInit {
         pd: pd.clone(),
         send_cq: cq.clone(),
         recv_cq: cq.clone(),
-        sq_depth: 128,
-        rq_depth: 128,
+        sq_depth: depth,
+        rq_depth: depth,
         sig_all: false,
     };
     (pd, cq, init)
@@ -134,6 +138,16 @@ fn init(dev: &Device) -> (Pd, Cq, QpInit) {
 /// Connect a client and a server device; `server_params` is what the
 /// server accepts with.
 fn connect(mode: Mode, client_params: ConnParams, server_params: ConnParams) -> Conn {
+    connect_sized(mode, client_params, server_params, 128)
+}
+
+/// [`connect`] with the client's queues `client_depth` deep.
+fn connect_sized(
+    mode: Mode,
+    client_params: ConnParams,
+    server_params: ConnParams,
+    client_depth: usize,
+) -> Conn {
     let manual = mode == Mode::Manual;
     let (cdev, sdev) = (open(manual), open(manual));
     let driver = manual.then(|| Driver::start(&sdev));
@@ -144,7 +158,7 @@ fn connect(mode: Mode, client_params: ConnParams, server_params: ConnParams) -> 
         let req = listener.get_request(Some(WAIT)).unwrap();
         req.accept(sinit, server_params).unwrap()
     });
-    let (cpd, ccq, cinit) = init(&cdev);
+    let (cpd, ccq, cinit) = init_sized(&cdev, client_depth);
     let cqp = cdev.connect(addr, cinit, client_params).unwrap();
     let sqp = server.join().unwrap();
     Conn {
@@ -889,4 +903,148 @@ fn receives_posted_before_the_connection_catch_the_first_send() {
     assert_eq!(&b, b"from the responder");
     let sqp = server.join().unwrap();
     assert_eq!((qp.state(), sqp.state()), (QpState::Rts, QpState::Rts));
+}
+
+fn write_wr(wr_id: u64, sgl: &[Sge], remote_addr: u64, rkey: u32) -> SendWr<'_> {
+    SendWr {
+        wr_id,
+        op: SendOp::Write { remote_addr, rkey },
+        sgl,
+        signaled: true,
+    }
+}
+
+/// `QueueFull` is exact although work requests reach the engine through
+/// a queue: with nobody driving the client, the fifth post on a 4-deep
+/// send queue fails; once the engine has retired one, a post succeeds.
+#[test]
+fn queue_full_is_exact_and_frees_as_work_retires() {
+    let c = connect_sized(
+        Mode::Manual,
+        ConnParams::default(),
+        ConnParams::default(),
+        4,
+    );
+    let (cli, srv) = (&c.client, &c.server);
+    let src = cli.mr(64);
+    src.write(0, &pattern(64, 3));
+    let dst = srv.mr(64);
+    let sgls: Vec<[Sge; 1]> = (0..5).map(|i| [src.sge(8 * i, 8)]).collect();
+    let wr = |i: u64| write_wr(i, &sgls[i as usize], dst.addr() + 8 * i, dst.rkey());
+    for i in 0..4 {
+        cli.qp.post_send(&wr(i)).unwrap();
+    }
+    assert_eq!(
+        cli.qp.post_send(&wr(4)),
+        Err(iwarp_engine::PostError::QueueFull)
+    );
+    // The client's engine runs only in this wait.
+    let first = cli.wait_one();
+    assert_eq!((first.wr_id, first.status), (0, WcStatus::Success));
+    cli.qp.post_send(&wr(4)).unwrap();
+    let mut ids = vec![first.wr_id];
+    while ids.len() < 5 {
+        ids.push(cli.wait_one().wr_id);
+    }
+    assert_eq!(ids, [0, 1, 2, 3, 4]);
+    // A Read behind the Writes returns what they placed.
+    let back = cli.mr(40);
+    cli.qp
+        .post_send(&SendWr {
+            wr_id: 9,
+            op: SendOp::Read {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            sgl: &[back.sge(0, 40)],
+            signaled: true,
+        })
+        .unwrap();
+    assert_eq!(cli.wait_one().status, WcStatus::Success);
+    let mut got = [0; 40];
+    back.read(0, &mut got);
+    assert_eq!(&got[..], &pattern(64, 3)[..40]);
+}
+
+/// Application threads post to one QP at once while its progress thread
+/// runs, each retrying on `QueueFull`: every work request completes
+/// exactly once, in order per thread, and the last writes are in place.
+#[test]
+fn concurrent_posters_on_one_qp() {
+    const THREADS: u64 = 4;
+    const PER: u64 = 500;
+    let c = connect_sized(
+        Mode::Thread,
+        ConnParams::default(),
+        ConnParams::default(),
+        8,
+    );
+    let (cli, srv) = (&c.client, &c.server);
+    let src = cli.mr((THREADS * PER * 8) as usize);
+    for t in 0..THREADS {
+        for k in 0..PER {
+            let off = ((t * PER + k) * 8) as usize;
+            src.write(off, &(t << 32 | k).to_le_bytes());
+        }
+    }
+    let dst = srv.mr((THREADS * 8) as usize);
+    let full = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (qp, src, dst, full) = (&cli.qp, &src, &dst, &full);
+            s.spawn(move || {
+                for k in 0..PER {
+                    let id = t * PER + k;
+                    let sgl = [src.sge(id as usize * 8, 8)];
+                    let wr = write_wr(id, &sgl, dst.addr() + t * 8, dst.rkey());
+                    loop {
+                        match qp.post_send(&wr) {
+                            Ok(()) => break,
+                            Err(iwarp_engine::PostError::QueueFull) => {
+                                full.fetch_add(1, Ordering::Relaxed);
+                                std::thread::yield_now();
+                            }
+                            Err(e) => panic!("post: {e}"),
+                        }
+                    }
+                }
+            });
+        }
+        let mut next = [0u64; THREADS as usize];
+        let mut wcs = [EMPTY_WC; 32];
+        let mut n = 0;
+        while n < THREADS * PER {
+            let k = cli.cq.wait(&mut wcs, Some(WAIT));
+            assert!(k > 0, "{n} of {} completions", THREADS * PER);
+            for wc in &wcs[..k] {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                let (t, i) = (wc.wr_id / PER, wc.wr_id % PER);
+                assert_eq!(i, next[t as usize], "thread {t}: out of order or twice");
+                next[t as usize] += 1;
+            }
+            n += k as u64;
+        }
+    });
+    assert!(
+        full.load(Ordering::Relaxed) > 0,
+        "an 8-deep queue under 4 posting threads never filled"
+    );
+    let back = cli.mr((THREADS * 8) as usize);
+    cli.qp
+        .post_send(&SendWr {
+            wr_id: u64::MAX,
+            op: SendOp::Read {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            sgl: &[back.sge(0, (THREADS * 8) as usize)],
+            signaled: true,
+        })
+        .unwrap();
+    assert_eq!(cli.wait_one().status, WcStatus::Success);
+    for t in 0..THREADS {
+        let mut b = [0; 8];
+        back.read((t * 8) as usize, &mut b);
+        assert_eq!(u64::from_le_bytes(b), t << 32 | (PER - 1), "thread {t}");
+    }
 }

@@ -302,6 +302,12 @@ impl Context {
         self.qp(qp).map(Qp::state)
     }
 
+    /// `qp`'s send-queue entries not yet retired (queued or in flight)
+    /// and receives not yet consumed: what counts against its depths.
+    pub fn qp_occupancy(&self, qp: QpId) -> Option<(usize, usize)> {
+        self.qp(qp).map(|q| (q.sq_occupancy(), q.rq_occupancy()))
+    }
+
     /// Counters of `qp`.
     pub fn qp_stats(&self, qp: QpId) -> Option<QpStats> {
         self.qp(qp).map(Qp::stats)

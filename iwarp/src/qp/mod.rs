@@ -102,6 +102,27 @@ pub struct RecvWr<'a> {
     pub sgl: &'a [Sge],
 }
 
+impl SendWr<'_> {
+    /// The checks of `post_send` that depend on the work request alone
+    /// (not on the queue): for a caller that queues work requests before
+    /// they reach the QP and must still fail bad ones synchronously.
+    pub fn check(&self) -> Result<(), PostError> {
+        let (_, nsge, _) = copy_sgl(self.sgl)?;
+        if matches!(self.op, SendOp::Read { .. }) && nsge != 1 {
+            return Err(PostError::InvalidSgl);
+        }
+        Ok(())
+    }
+}
+
+impl RecvWr<'_> {
+    /// The checks of `post_recv` that depend on the work request alone;
+    /// see [`SendWr::check`].
+    pub fn check(&self) -> Result<(), PostError> {
+        copy_sgl(self.sgl).map(|_| ())
+    }
+}
+
 /// Why a work request was not accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PostError {
@@ -347,6 +368,16 @@ impl Qp {
         self.state
     }
 
+    /// Send-queue entries not yet retired: queued or in flight.
+    pub fn sq_occupancy(&self) -> usize {
+        self.sq.len() + self.inflight.len()
+    }
+
+    /// Posted receives not yet consumed.
+    pub fn rq_occupancy(&self) -> usize {
+        self.rq.len()
+    }
+
     /// Counters.
     pub fn stats(&self) -> QpStats {
         self.stats
@@ -470,11 +501,9 @@ impl Qp {
         wr: &SendWr<'_>,
         env: &mut Env<'_>,
     ) -> Result<(), PostError> {
+        wr.check()?;
         let (sgl, nsge, len) = copy_sgl(wr.sgl)?;
-        if matches!(wr.op, SendOp::Read { .. }) && nsge != 1 {
-            return Err(PostError::InvalidSgl);
-        }
-        if self.sq.len() + self.inflight.len() >= self.config.sq_depth {
+        if self.sq_occupancy() >= self.config.sq_depth {
             return Err(PostError::QueueFull);
         }
         let entry = SqEntry {

@@ -1,0 +1,231 @@
+//! Work requests on their way from application threads to the engine.
+//!
+//! `Qp::post_send` / `Qp::post_recv` do not take the device lock: they
+//! check the work request, reserve a place against the QP's depth and push
+//! it onto the QP's own lock-free queue (a crossbeam `ArrayQueue` as deep
+//! as the QP's queue), then list the QP on the device's posted list (a
+//! `SegQueue`) if it is not listed yet and wake the engine. The engine, at
+//! the start of every pass and under its lock, moves what was queued into
+//! the core, receives before sends.
+//!
+//! Errors stay synchronous: the checks that depend only on the work request
+//! ([`SendWr::check`]) run at post time, and `QueueFull` is exact. A QP's
+//! `used` count is every entry queued here or handed to the core and not
+//! known to be retired; it rises at post time and falls when a post finds
+//! it at the depth and settles it under the lock against the core's
+//! occupancy. So a full queue costs a lock once per refill, never per post.
+//! Posting to a QP in Error completes with a flush, as before, once the
+//! engine has moved the request (the next pass).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crossbeam_queue::ArrayQueue;
+use iwarp::cq::QpId;
+use iwarp::qp::{PostError, RecvWr, SendOp, SendWr, Sge, MAX_SGE};
+use iwarp::verbs::Context;
+
+/// A send-queue work request with its gather list copied.
+#[derive(Clone, Copy, Debug)]
+struct QueuedSend {
+    wr_id: u64,
+    op: SendOp,
+    sgl: [Sge; MAX_SGE],
+    nsge: u8,
+    signaled: bool,
+}
+
+/// A receive work request with its scatter list copied.
+#[derive(Clone, Copy, Debug)]
+struct QueuedRecv {
+    wr_id: u64,
+    sgl: [Sge; MAX_SGE],
+    nsge: u8,
+}
+
+/// Copy a checked list (at most [`MAX_SGE`] elements).
+fn copy_sgl(sgl: &[Sge]) -> ([Sge; MAX_SGE], u8) {
+    let mut out = [Sge::default(); MAX_SGE];
+    let n = sgl.len().min(MAX_SGE);
+    out[..n].copy_from_slice(&sgl[..n]);
+    (out, n as u8)
+}
+
+/// One work queue (send or receive) of a QP, application side.
+#[derive(Debug)]
+struct Queue<T> {
+    q: ArrayQueue<T>,
+    depth: usize,
+    /// Entries queued or in the core and not known to be retired.
+    used: AtomicUsize,
+    /// Entries handed to the core and not known to be retired; changed
+    /// only under the device lock.
+    in_core: AtomicUsize,
+}
+
+impl<T> Queue<T> {
+    fn new(depth: usize, in_core: usize) -> Self {
+        Self {
+            q: ArrayQueue::new(depth.max(1)),
+            depth,
+            used: AtomicUsize::new(in_core),
+            in_core: AtomicUsize::new(in_core),
+        }
+    }
+
+    /// Take a place if one is free as far as `used` knows.
+    fn reserve(&self) -> bool {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                (u < self.depth).then_some(u + 1)
+            })
+            .is_ok()
+    }
+
+    fn unreserve(&self) {
+        self.used.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Give back the places of entries the core retired (device lock).
+    fn settle(&self, occupancy: usize) {
+        let in_core = self.in_core.load(Ordering::SeqCst);
+        let retired = in_core.saturating_sub(occupancy);
+        self.in_core.store(in_core - retired, Ordering::SeqCst);
+        self.used.fetch_sub(retired, Ordering::SeqCst);
+    }
+
+    /// Move every queued entry into the core with `post` (device lock).
+    fn drain(&self, mut post: impl FnMut(&T)) -> usize {
+        let mut n = 0;
+        while let Some(e) = self.q.pop() {
+            post(&e);
+            n += 1;
+        }
+        self.in_core.fetch_add(n, Ordering::SeqCst);
+        n
+    }
+}
+
+/// The work queues of one QP between its application threads and the
+/// engine. Shared by the `Qp` handle and the device's posted list.
+#[derive(Debug)]
+pub(crate) struct WorkQueues {
+    qp: QpId,
+    sq: Queue<QueuedSend>,
+    rq: Queue<QueuedRecv>,
+    /// On the device's posted list (or about to be taken off it).
+    listed: AtomicBool,
+    /// The QP was released: nothing more reaches the core.
+    closed: AtomicBool,
+}
+
+impl WorkQueues {
+    /// Queues of depths `sq_depth`/`rq_depth` for core QP `qp`, which
+    /// already holds `recvs_in_core` receives.
+    pub(crate) fn new(qp: QpId, sq_depth: usize, rq_depth: usize, recvs_in_core: usize) -> Self {
+        Self {
+            qp,
+            sq: Queue::new(sq_depth, 0),
+            rq: Queue::new(rq_depth, recvs_in_core),
+            listed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Queue a send. `Err(None)`: full as far as the queue knows, the
+    /// caller settles and retries once.
+    pub(crate) fn push_send(&self, wr: &SendWr<'_>) -> Result<(), Option<PostError>> {
+        wr.check().map_err(Some)?;
+        if !self.sq.reserve() {
+            return Err(None);
+        }
+        let (sgl, nsge) = copy_sgl(wr.sgl);
+        let e = QueuedSend {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sgl,
+            nsge,
+            signaled: wr.signaled,
+        };
+        if self.sq.q.push(e).is_err() {
+            // Cannot happen while `used` bounds the queue; be exact anyway.
+            self.sq.unreserve();
+            return Err(Some(PostError::QueueFull));
+        }
+        Ok(())
+    }
+
+    /// Queue a receive; as [`Self::push_send`].
+    pub(crate) fn push_recv(&self, wr: &RecvWr<'_>) -> Result<(), Option<PostError>> {
+        wr.check().map_err(Some)?;
+        if !self.rq.reserve() {
+            return Err(None);
+        }
+        let (sgl, nsge) = copy_sgl(wr.sgl);
+        let e = QueuedRecv {
+            wr_id: wr.wr_id,
+            sgl,
+            nsge,
+        };
+        if self.rq.q.push(e).is_err() {
+            self.rq.unreserve();
+            return Err(Some(PostError::QueueFull));
+        }
+        Ok(())
+    }
+
+    /// Mark listed; true if the caller must put the queues on the posted
+    /// list.
+    pub(crate) fn list(&self) -> bool {
+        !self.listed.swap(true, Ordering::SeqCst)
+    }
+
+    /// Move everything queued into the core (device lock). Returns how
+    /// many work requests moved.
+    pub(crate) fn drain(&self, ctx: &mut Context) -> usize {
+        // Unlisted first: a post racing with this drain either is seen
+        // below or lists the queues again.
+        self.listed.store(false, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            while self.rq.q.pop().is_some() {}
+            while self.sq.q.pop().is_some() {}
+            return 0;
+        }
+        let qp = self.qp;
+        // The checks passed at post time and the depths were reserved:
+        // the core accepts every one (or the QP is gone already).
+        let mut n = self.rq.drain(|r| {
+            let _ = ctx.post_recv(
+                qp,
+                &RecvWr {
+                    wr_id: r.wr_id,
+                    sgl: &r.sgl[..usize::from(r.nsge)],
+                },
+            );
+        });
+        n += self.sq.drain(|s| {
+            let _ = ctx.post_send(
+                qp,
+                &SendWr {
+                    wr_id: s.wr_id,
+                    op: s.op,
+                    sgl: &s.sgl[..usize::from(s.nsge)],
+                    signaled: s.signaled,
+                },
+            );
+        });
+        n
+    }
+
+    /// Learn what the core retired since the last settle (device lock,
+    /// after [`Self::drain`]).
+    pub(crate) fn settle(&self, ctx: &Context) {
+        let (sq, rq) = ctx.qp_occupancy(self.qp).unwrap_or((0, 0));
+        self.sq.settle(sq);
+        self.rq.settle(rq);
+    }
+
+    /// The QP is being released: later drains drop what is queued.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+}
