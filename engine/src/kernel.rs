@@ -51,6 +51,8 @@ const XSK: Token = Token(usize::MAX);
 
 /// Size of the receive buffer and of each transmit batch.
 const IO_BUF: usize = 256 * 1024;
+/// A connection's backlog buffer is freed once empty if it grew past this.
+const OUT_KEEP: usize = 16 * 1024;
 /// Reads (and transmit batches) per socket and pass, for fairness.
 const IO_BUDGET: usize = 8;
 /// The waker's token; sockets get tokens from 1 on.
@@ -189,10 +191,10 @@ impl ListenShared {
 struct Conn {
     qp: QpId,
     sock: Option<TcpStream>,
-    /// Bytes from `poll_transmit` the socket has not taken yet.
+    /// Bytes from `poll_transmit` the socket has not taken yet, from
+    /// `out_pos` on (allocated only while the socket pushes back).
     out: Vec<u8>,
     out_pos: usize,
-    out_len: usize,
     /// Received bytes the core has not consumed yet.
     input: Vec<u8>,
     eof: bool,
@@ -254,6 +256,9 @@ pub(crate) struct Engine {
     draining: Vec<Draining>,
     cqs: Vec<(CqId, Arc<CqQueue>)>,
     rx_buf: Vec<u8>,
+    /// Where `poll_transmit` writes; what a socket does not take moves to
+    /// its connection's `out`.
+    tx_buf: Vec<u8>,
     /// The AF_XDP backend's engines, one per receive queue; empty: kernel
     /// sockets (also after an AF_XDP device shut down).
     /// Each behind its own lock (taken after this engine's, never before
@@ -280,6 +285,7 @@ impl Engine {
             draining: Vec::new(),
             cqs: Vec::new(),
             rx_buf: vec![0; IO_BUF],
+            tx_buf: vec![0; IO_BUF],
             xdp: Vec::new(),
             next_dial: 0,
             passes: 0,
@@ -371,7 +377,6 @@ impl Engine {
             sock: Some(sock),
             out: Vec::new(),
             out_pos: 0,
-            out_len: 0,
             input,
             eof: false,
             shared,
@@ -678,41 +683,59 @@ impl Engine {
                 }
             }
         }
-        // Output.
+        // Output: what the socket did not take last time, then fresh
+        // bytes from the core, written from the engine's buffer.
         let mut drained = false;
         if broken.is_none() {
-            for _ in 0..IO_BUDGET {
-                if c.out_pos < c.out_len {
-                    match s.write(&c.out[c.out_pos..c.out_len]) {
+            'out: for _ in 0..IO_BUDGET {
+                if c.out_pos < c.out.len() {
+                    match write_some(s, &c.out[c.out_pos..]) {
                         Ok(n) => {
                             c.out_pos += n;
                             work += n;
                         }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) => {
-                            broken = Some(e.kind());
+                        Err(kind) => {
+                            broken = Some(kind);
                             break;
                         }
                     }
-                    continue;
+                    if c.out_pos < c.out.len() {
+                        break;
+                    }
+                    c.out_pos = 0;
+                    c.out.clear();
+                    if c.out.capacity() > OUT_KEEP {
+                        c.out = Vec::new();
+                    }
                 }
-                if c.out.len() < IO_BUF {
-                    c.out.resize(IO_BUF, 0);
-                }
-                let n = self.ctx.poll_transmit(qp, &mut c.out);
-                c.out_len = n;
-                c.out_pos = 0;
+                let n = self.ctx.poll_transmit(qp, &mut self.tx_buf);
                 if n == 0 {
                     drained = true;
                     break;
+                }
+                let mut pos = 0;
+                while pos < n {
+                    match write_some(s, &self.tx_buf[pos..n]) {
+                        Ok(0) => {
+                            c.out.extend_from_slice(&self.tx_buf[pos..n]);
+                            break 'out;
+                        }
+                        Ok(k) => {
+                            pos += k;
+                            work += k;
+                        }
+                        Err(kind) => {
+                            broken = Some(kind);
+                            break 'out;
+                        }
+                    }
                 }
             }
         }
         if let Some(kind) = broken {
             // A reset or a write to a closed connection: the stream ended.
             c.eof = true;
-            c.out_len = 0;
+            c.out = Vec::new();
             c.out_pos = 0;
             self.ctx.handle_eof(qp);
             push_event(&c.shared, CmEvent::Error(CmError::Io(kind)));
@@ -720,7 +743,7 @@ impl Engine {
         }
         work += drain_events(&mut self.ctx, qp, &c.shared);
         // Close once the core asks and everything it sent left.
-        let flushed = broken.is_some() || (drained && c.out_pos >= c.out_len);
+        let flushed = broken.is_some() || (drained && c.out_pos >= c.out.len());
         if flushed && self.ctx.wants_close(qp) {
             if let Some(mut s) = c.sock.take() {
                 let _ = self.registry.deregister(&mut s);
@@ -956,6 +979,18 @@ pub(crate) fn push_event(shared: &ConnShared, ev: CmEvent) {
 }
 
 /// Turn the QP's events into connection-manager state.
+/// Write what `s` takes of `buf` now: `Ok(0)` if it would block.
+fn write_some(mut s: &TcpStream, buf: &[u8]) -> Result<usize, io::ErrorKind> {
+    loop {
+        match s.write(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+            Err(e) => return Err(e.kind()),
+        }
+    }
+}
+
 pub(crate) fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> usize {
     let mut n = 0;
     while let Some(ev) = ctx.poll_event(qp) {
