@@ -81,8 +81,18 @@ impl<T> Queue<T> {
             .is_ok()
     }
 
-    fn unreserve(&self) {
-        self.used.fetch_sub(1, Ordering::SeqCst);
+    /// Queue `e` in a reserved place. `Err(None)`: full as far as `used`
+    /// knows (the caller settles and retries once).
+    fn push(&self, e: T) -> Result<(), Option<PostError>> {
+        if !self.reserve() {
+            return Err(None);
+        }
+        if self.q.push(e).is_err() {
+            // Cannot happen while `used` bounds the queue; be exact anyway.
+            self.used.fetch_sub(1, Ordering::SeqCst);
+            return Err(Some(PostError::QueueFull));
+        }
+        Ok(())
     }
 
     /// Give back the places of entries the core retired (device lock).
@@ -135,42 +145,25 @@ impl WorkQueues {
     /// caller settles and retries once.
     pub(crate) fn push_send(&self, wr: &SendWr<'_>) -> Result<(), Option<PostError>> {
         wr.check().map_err(Some)?;
-        if !self.sq.reserve() {
-            return Err(None);
-        }
         let (sgl, nsge) = copy_sgl(wr.sgl);
-        let e = QueuedSend {
+        self.sq.push(QueuedSend {
             wr_id: wr.wr_id,
             op: wr.op,
             sgl,
             nsge,
             signaled: wr.signaled,
-        };
-        if self.sq.q.push(e).is_err() {
-            // Cannot happen while `used` bounds the queue; be exact anyway.
-            self.sq.unreserve();
-            return Err(Some(PostError::QueueFull));
-        }
-        Ok(())
+        })
     }
 
     /// Queue a receive; as [`Self::push_send`].
     pub(crate) fn push_recv(&self, wr: &RecvWr<'_>) -> Result<(), Option<PostError>> {
         wr.check().map_err(Some)?;
-        if !self.rq.reserve() {
-            return Err(None);
-        }
         let (sgl, nsge) = copy_sgl(wr.sgl);
-        let e = QueuedRecv {
+        self.rq.push(QueuedRecv {
             wr_id: wr.wr_id,
             sgl,
             nsge,
-        };
-        if self.rq.q.push(e).is_err() {
-            self.rq.unreserve();
-            return Err(Some(PostError::QueueFull));
-        }
-        Ok(())
+        })
     }
 
     /// Mark listed; true if the caller must put the queues on the posted

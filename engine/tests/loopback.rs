@@ -774,6 +774,42 @@ fn post_errors_are_synchronous() {
     assert_eq!(err, iwarp_engine::PostError::InvalidSgl);
 }
 
+/// Send `send_len` bytes from offset 32 of `mr` (wr_id `ids.1`), look at
+/// the CQ only after a while, and find the send and the receive posted
+/// before the connection (wr_id `ids.0`, into offset 0) both complete,
+/// the receive holding `expect`.
+fn send_then_look_late(qp: &Qp, cq: &Cq, mr: &Mr, ids: (u64, u64), send_len: usize, expect: &[u8]) {
+    // Late wake-up of the receiving thread.
+    const LATE: Duration = Duration::from_millis(300);
+    qp.post_send(&SendWr {
+        wr_id: ids.1,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sgl: &[mr.sge(32, send_len)],
+        signaled: true,
+    })
+    .unwrap();
+    std::thread::sleep(LATE);
+    let mut wcs = [EMPTY_WC; 2];
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let n = cq.wait(&mut wcs, Some(WAIT));
+        assert!(n > 0, "no completion");
+        got.extend_from_slice(&wcs[..n]);
+    }
+    got.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(ids.0, WcStatus::Success), (ids.1, WcStatus::Success)]
+    );
+    assert_eq!(got[0].byte_len as usize, expect.len());
+    let mut b = vec![0; expect.len()];
+    mr.read(0, &mut b);
+    assert_eq!(b, expect);
+}
+
 /// Receives handed to `accept_with_recvs` / `connect_with_recvs` are posted
 /// before the peer can send: a Send issued the moment the connection is
 /// up finds its buffer even though the receiving thread looks only much
@@ -782,8 +818,6 @@ fn post_errors_are_synchronous() {
 /// terminate (DDP: no buffer).
 #[test]
 fn receives_posted_before_the_connection_catch_the_first_send() {
-    // Late wake-up of the receiving thread.
-    const LATE: Duration = Duration::from_millis(300);
     let (cdev, sdev) = (open(false), open(false));
     let listener = sdev.listen(any_addr()).unwrap();
     let addr = listener.local_addr();
@@ -824,33 +858,7 @@ fn receives_posted_before_the_connection_catch_the_first_send() {
             .unwrap();
         // The responder sends first as soon as the initiator's RTR is in
         // (RFC 6581 peer-to-peer mode).
-        qp.post_send(&SendWr {
-            wr_id: 2,
-            op: SendOp::Send {
-                solicited: false,
-                invalidate: None,
-            },
-            sgl: &[smr.sge(32, 18)],
-            signaled: true,
-        })
-        .unwrap();
-        std::thread::sleep(LATE);
-        let mut wcs = [EMPTY_WC; 2];
-        let mut got = Vec::new();
-        while got.len() < 2 {
-            let n = scq.wait(&mut wcs, Some(WAIT));
-            assert!(n > 0, "server: no completion");
-            got.extend_from_slice(&wcs[..n]);
-        }
-        got.sort_by_key(|w| w.wr_id);
-        assert_eq!(
-            got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-            [(1, WcStatus::Success), (2, WcStatus::Success)]
-        );
-        assert_eq!(got[0].byte_len, 14);
-        let mut b = [0; 14];
-        smr.read(0, &mut b);
-        assert_eq!(&b, b"from the first");
+        send_then_look_late(&qp, &scq, &smr, (1, 2), 18, b"from the first");
         qp
     });
     let (cpd, ccq, cinit) = init(&cdev);
@@ -874,33 +882,7 @@ fn receives_posted_before_the_connection_catch_the_first_send() {
             }],
         )
         .unwrap();
-    qp.post_send(&SendWr {
-        wr_id: 4,
-        op: SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        sgl: &[cmr.sge(32, 14)],
-        signaled: true,
-    })
-    .unwrap();
-    std::thread::sleep(LATE);
-    let mut wcs = [EMPTY_WC; 2];
-    let mut got = Vec::new();
-    while got.len() < 2 {
-        let n = ccq.wait(&mut wcs, Some(WAIT));
-        assert!(n > 0, "client: no completion");
-        got.extend_from_slice(&wcs[..n]);
-    }
-    got.sort_by_key(|w| w.wr_id);
-    assert_eq!(
-        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(3, WcStatus::Success), (4, WcStatus::Success)]
-    );
-    assert_eq!(got[0].byte_len, 18);
-    let mut b = [0; 18];
-    cmr.read(0, &mut b);
-    assert_eq!(&b, b"from the responder");
+    send_then_look_late(&qp, &ccq, &cmr, (3, 4), 14, b"from the responder");
     let sqp = server.join().unwrap();
     assert_eq!((qp.state(), sqp.state()), (QpState::Rts, QpState::Rts));
 }
