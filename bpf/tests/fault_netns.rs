@@ -6,90 +6,26 @@
 //!
 //! Needs root; without it every test prints a note and returns.
 
+#[path = "../../engine/tests/common/mod.rs"]
+mod common;
+
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use iwarp_bpf::{AttachMode, FaultConfig, FaultCounters, FaultInjector, Interface};
-use nix::sched::{setns, CloneFlags};
 
-const IP_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+use common::{is_root, spawn_in, Topo, IP_A, IP_B};
+
 const PORT: u16 = 5001;
 const LEN: usize = 8 << 20;
-
-fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    println!("note: not root, skipping (namespaces, veth, XDP and tc need root)");
-    false
-}
-
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/lib/topology.sh")
-}
-
-/// a — m — b; deleted on drop.
-struct Topo {
-    tag: String,
-}
-
-impl Topo {
-    fn new() -> Self {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let tag = format!(
-            "f{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let out = Command::new("bash")
-            .arg(script())
-            .args(["up3", &tag, "1500", "198.18.0.1/24", "198.18.0.2/24"])
-            .output()
-            .expect("topology.sh");
-        assert!(
-            out.status.success(),
-            "topology up3: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Self { tag }
-    }
-
-    fn ns(&self, which: char) -> String {
-        format!("iwx-{}-{which}", self.tag)
-    }
-}
-
-impl Drop for Topo {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .args(["down", &self.tag])
-            .status();
-    }
-}
-
-fn in_ns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let file = File::open(format!("/run/netns/{ns}")).expect("namespace file");
-    std::thread::spawn(move || {
-        setns(file.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
-        f()
-    })
-}
 
 /// The namespace's TCP counters (`/proc/net/snmp` Tcp, `/proc/net/netstat`
 /// TcpExt), read from a thread inside it.
 fn tcp_counters(ns: &str) -> HashMap<String, u64> {
-    in_ns(ns, || {
+    spawn_in(ns, || {
         let mut m = HashMap::new();
         for file in ["snmp", "netstat"] {
             let text = std::fs::read_to_string(format!("/proc/thread-self/net/{file}")).unwrap();
@@ -120,10 +56,10 @@ fn data() -> Vec<u8> {
 /// b over kernel TCP and returns what b received, both injectors'
 /// counters, and the TCP counters of a and b.
 fn stream(cfg: FaultConfig) -> (Vec<u8>, [FaultCounters; 2], [HashMap<String, u64>; 2]) {
-    let topo = Topo::new();
+    let topo = Topo::up3(1500, Some(IP_A), Some(IP_B));
     let (ns_a, ns_b, ns_m) = (topo.ns('a'), topo.ns('b'), topo.ns('m'));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let server = in_ns(&ns_b, move || {
+    let server = spawn_in(&ns_b, move || {
         let l = TcpListener::bind((IP_B, PORT)).unwrap();
         ready_tx.send(()).unwrap();
         let (mut s, _) = l.accept().unwrap();
@@ -135,7 +71,7 @@ fn stream(cfg: FaultConfig) -> (Vec<u8>, [FaultCounters; 2], [HashMap<String, u6
     ready_rx.recv().unwrap();
     let (inj_tx, inj_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let middle = in_ns(&ns_m, move || {
+    let middle = spawn_in(&ns_m, move || {
         let detour = |n: &str, f: &str| Some((Interface::from(n), Interface::from(f)));
         let a = FaultInjector::attach("ma", detour("da0", "da1"), AttachMode::Native, &cfg)
             .expect("attach on ma");
@@ -149,7 +85,7 @@ fn stream(cfg: FaultConfig) -> (Vec<u8>, [FaultCounters; 2], [HashMap<String, u6
         counters
     });
     inj_rx.recv().unwrap();
-    in_ns(&ns_a, || {
+    spawn_in(&ns_a, || {
         let mut s =
             TcpStream::connect_timeout(&SocketAddr::from((IP_B, PORT)), Duration::from_secs(20))
                 .unwrap();

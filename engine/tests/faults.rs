@@ -20,12 +20,9 @@
 //! these tests runs at a time (a lock), so they stay within the 2-core
 //! budget. Every wait is bounded; nothing asserts timing.
 
-use std::fs::File;
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::AsFd;
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,82 +32,15 @@ use iwarp_engine::{
     Access, Backend, ConnParams, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, RecvWr,
     SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, XdpConfig, EMPTY_WC,
 };
-use nix::sched::{setns, CloneFlags};
+
+use common::{is_root, pattern, spawn_in, Topo, IP_A, IP_B};
 
 const WAIT: Duration = Duration::from_secs(30);
 const MR_LEN: usize = 1 << 20;
 const PORT: u16 = 7174;
-const IP_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
-const IP_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
 /// One netns test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    println!("note: not root, skipping (namespaces, veth, XDP, tc and AF_XDP need root)");
-    false
-}
-
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/lib/topology.sh")
-}
-
-/// Namespaces a, m, b; deleted on drop, so a failing test tears its
-/// topology down too.
-struct Topo {
-    tag: String,
-}
-
-impl Topo {
-    fn new(addr_a: Option<Ipv4Addr>, addr_b: Option<Ipv4Addr>) -> Self {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let tag = format!(
-            "{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let cidr = |a: Option<Ipv4Addr>| a.map(|a| format!("{a}/24")).unwrap_or_default();
-        let out = Command::new("bash")
-            .arg(script())
-            .args(["up3", &tag, "1500", &cidr(addr_a), &cidr(addr_b)])
-            .output()
-            .expect("topology.sh");
-        assert!(
-            out.status.success(),
-            "topology up3: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Self { tag }
-    }
-
-    fn ns(&self, which: char) -> String {
-        format!("iwx-{}-{which}", self.tag)
-    }
-}
-
-impl Drop for Topo {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .args(["down", &self.tag])
-            .status();
-    }
-}
-
-/// Runs `f` on a thread that entered namespace `ns`.
-fn spawn_in<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let file = File::open(format!("/run/netns/{ns}")).expect("namespace file");
-    std::thread::spawn(move || {
-        setns(file.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
-        f()
-    })
-}
 
 /// Requests to the thread in m that owns the injectors.
 enum Req {
@@ -196,12 +126,6 @@ impl MiddleHandle {
         self.0.send(Req::Counters(tx)).unwrap();
         rx.recv_timeout(WAIT).unwrap()
     }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -503,7 +427,8 @@ fn asker(tx: Asks) -> impl Fn(Cmd) -> Answer {
 /// `faults` on both middle ends from the start (connection setup included).
 fn transfer_under(faults: FaultConfig, client: Kind, server: Kind, sizes: &[usize]) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let topo = Topo::new(
+    let topo = Topo::up3(
+        1500,
         (client == Kind::Kernel).then_some(IP_A),
         (server == Kind::Kernel).then_some(IP_B),
     );
@@ -699,7 +624,7 @@ struct Session {
 /// session), QP 1 through `PORT + 1`, exercised after every session.
 fn corruption(crc: bool, sessions: usize, stop_at_mismatch: bool) -> Vec<Session> {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let topo = Topo::new(None, Some(IP_B));
+    let topo = Topo::up3(1500, None, Some(IP_B));
     let middle = Middle::new(&topo.ns('m'), &FaultConfig::new(11));
     let (offer_tx, offer_rx) = mpsc::channel();
     let (cmd_tx, cmd_rx) = mpsc::channel::<SCmd>();

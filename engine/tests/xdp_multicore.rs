@@ -8,12 +8,10 @@
 //! wait is bounded; nothing asserts timing (throughput lines are
 //! informational).
 
-use std::fs::File;
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::AsFd;
-use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,110 +20,13 @@ use iwarp_engine::{
     Access, Backend, ConnParams, Cq, Device, DeviceConfig, Progress, Qp, QpInit, RecvWr, SendOp,
     SendWr, Stats, WcOpcode, WcStatus, WorkCompletion, XdpConfig, EMPTY_WC,
 };
-use nix::sched::{setns, CloneFlags};
+
+use common::{is_root, pattern, spawn_in, Topo, IP_A, IP_B};
 
 const WAIT: Duration = Duration::from_secs(20);
 const SIZES: [usize; 4] = [1, 1000, 16 * 1024 + 3, 65537];
 const MR_LEN: usize = 128 * 1024;
 const PORT: u16 = 7174;
-const IP_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
-const IP_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-
-fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    println!("note: not root, skipping (namespaces, veth, XDP and AF_XDP need root)");
-    false
-}
-
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/lib/topology.sh")
-}
-
-/// Namespaces `a` (veth `xa`) and `b` (veth `xb`), `queues` rx/tx queues
-/// per end; deleted on drop.
-struct Topo {
-    tag: String,
-    a: String,
-    b: String,
-}
-
-impl Topo {
-    fn new(addr_a: Option<Ipv4Addr>, addr_b: Option<Ipv4Addr>, queues: u32) -> Self {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let tag = format!(
-            "mc{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let cidr = |a: Option<Ipv4Addr>| a.map(|a| format!("{a}/24")).unwrap_or_default();
-        let t = Self {
-            a: format!("iwx-{tag}-a"),
-            b: format!("iwx-{tag}-b"),
-            tag,
-        };
-        let out = Command::new("bash")
-            .arg(script())
-            .args([
-                "up",
-                &t.tag,
-                "1500",
-                &cidr(addr_a),
-                &cidr(addr_b),
-                &queues.to_string(),
-            ])
-            .output()
-            .expect("topology.sh");
-        assert!(
-            out.status.success(),
-            "topology up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        t
-    }
-
-    fn link(&self, ns: &str, dev: &str) -> String {
-        let out = Command::new("ip")
-            .args(["-n", ns, "link", "show", "dev", dev])
-            .output()
-            .expect("ip link");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn assert_no_program(&self) {
-        for (ns, link) in [(&self.a, "xa"), (&self.b, "xb")] {
-            let show = self.link(ns, link);
-            assert!(!show.contains("xdp"), "an XDP program is left: {show}");
-        }
-    }
-}
-
-impl Drop for Topo {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(script())
-            .args(["down", &self.tag])
-            .status();
-    }
-}
-
-fn spawn_in<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let file = File::open(format!("/run/netns/{ns}")).expect("namespace file");
-    std::thread::spawn(move || {
-        setns(file.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
-        f()
-    })
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-        .collect()
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -479,7 +380,8 @@ fn run_with(
         (Kind::Xdp(a), _) | (_, Kind::Xdp(a)) => a,
         _ => 1,
     };
-    let topo = Topo::new(
+    let topo = Topo::up(
+        1500,
         (client == Kind::Kernel).then_some(IP_A),
         (server == Kind::Kernel).then_some(IP_B),
         queues,
