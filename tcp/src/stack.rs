@@ -143,6 +143,10 @@ pub struct Stack<D: Device> {
     /// Something was queued for egress since the last poll (data, a FIN,
     /// a reset, a SYN): see [`Stack::egress_due`].
     egress_due: bool,
+    /// Set by a poll that found nothing to do: until this instant (`None`:
+    /// no timer at all) a poll without new frames has nothing to do
+    /// either, unless a call below changed a socket ([`Stack::stir`]).
+    quiet: Option<Option<Instant>>,
 }
 
 impl<D: Device> fmt::Debug for Stack<D> {
@@ -224,6 +228,7 @@ impl<D: Device> Stack<D> {
             conns: HashMap::default(),
             counters: Counters::default(),
             egress_due: false,
+            quiet: None,
         }
     }
 
@@ -269,6 +274,7 @@ impl<D: Device> Stack<D> {
     /// synthetic ARP reply at the next poll and refreshed before smoltcp's
     /// cache would expire it. `ip` must be inside our prefix.
     pub fn add_neighbor(&mut self, ip: Ipv4Address, mac: EthernetAddress) {
+        self.stir();
         self.neighbors.retain(|(i, _)| *i != ip);
         self.neighbors.push((ip, mac));
         self.port.inject.push_back(self.arp_reply(ip, mac));
@@ -298,6 +304,7 @@ impl<D: Device> Stack<D> {
     /// Listen on `port`. Incoming connections show up in [`Stack::accept`];
     /// the port keeps listening after each one (up to the backlog).
     pub fn listen(&mut self, port: u16) -> Result<(), Error> {
+        self.stir();
         if port == 0 {
             return Err(Error::Unaddressable);
         }
@@ -318,6 +325,7 @@ impl<D: Device> Stack<D> {
     /// Stop listening on `port`. Connections already accepted stay; half
     /// open and unaccepted ones are aborted.
     pub fn unlisten(&mut self, port: u16) {
+        self.stir();
         let Some(i) = self.listeners.iter().position(|l| l.port == port) else {
             return;
         };
@@ -335,6 +343,7 @@ impl<D: Device> Stack<D> {
         if l.socket.is_none() {
             // The backlog has room again.
             let _ = arm(&mut self.sockets, &self.config, l);
+            self.quiet = None;
         }
         Some(ConnId(h))
     }
@@ -416,6 +425,10 @@ impl<D: Device> Stack<D> {
             } else {
                 Error::InvalidState
             });
+        }
+        if total > 0 {
+            // A window update may be due.
+            self.stir();
         }
         Ok(total)
     }
@@ -499,6 +512,7 @@ impl<D: Device> Stack<D> {
     /// still open is dropped without telling the peer; call it after
     /// [`Stack::is_closed`], or after [`Stack::abort`] and a poll.
     pub fn release(&mut self, conn: ConnId) -> Result<(), Error> {
+        self.stir();
         let c = self.conns.remove(&conn.0).ok_or(Error::UnknownConnection)?;
         if let Some((ip, port)) = c.remote {
             self.port.mss.forget(ip, port, c.local_port);
@@ -597,6 +611,7 @@ impl<D: Device> Stack<D> {
     /// happened (a frame in or out, or a state change); call again while it
     /// returns true, then sleep until [`Stack::poll_at`].
     pub fn poll(&mut self, now: Instant) -> bool {
+        self.quiet = None;
         let mut did = false;
         if now >= self.neighbor_refresh_at {
             self.neighbor_refresh_at = now + NEIGHBOR_REFRESH;
@@ -648,7 +663,32 @@ impl<D: Device> Stack<D> {
         }
         self.iface.poll_maintenance(now);
         did |= self.update_conns();
+        if !did && !budget_hit && !self.egress_due {
+            let at = self.poll_at(now);
+            if at.is_none_or(|t| t > now) {
+                self.quiet = Some(at);
+            }
+        }
         did
+    }
+
+    /// Whether [`Stack::poll`] may have work at `now` although no frame
+    /// arrived: false after a poll that found nothing to do, until a timer
+    /// of smoltcp's is due or a call changed a socket. A caller that
+    /// checked its device for frames skips the poll (and its walk over
+    /// every socket) otherwise.
+    pub fn needs_poll(&self, now: Instant) -> bool {
+        match self.quiet {
+            None => true,
+            Some(at) => {
+                self.egress_due || !self.port.inject.is_empty() || at.is_some_and(|t| now >= t)
+            }
+        }
+    }
+
+    /// A socket changed outside [`Stack::poll`]: the next poll must run.
+    fn stir(&mut self) {
+        self.quiet = None;
     }
 
     /// Whether data, a FIN, a reset or a SYN was queued since the last

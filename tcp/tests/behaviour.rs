@@ -364,3 +364,56 @@ fn counters_and_static_neighbours() {
     assert_eq!(c.tx_frames, sim.a_to_b().sent);
     assert!(c.rx_frames > 0 && c.rx_bytes > 0 && c.tx_bytes > 0);
 }
+
+/// After a poll that found nothing to do, `needs_poll` is false (the
+/// engine then skips smoltcp's walk over its sockets) until one of
+/// smoltcp's timers is due or a call changed a socket: queued data, or
+/// received bytes consumed (a window update may be due).
+#[test]
+fn needs_poll_after_an_idle_poll() {
+    let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+    let settle = sim.now + Duration::from_millis(50);
+    sim.run(settle + Duration::from_secs(1), |s| {
+        if s.now >= settle {
+            Step::Done
+        } else {
+            Step::IdleUntil(settle)
+        }
+    })
+    .unwrap();
+    let now = sim.now;
+    while sim.a.poll(now) {}
+    assert!(
+        !sim.a.needs_poll(now),
+        "idle after a poll with nothing to do"
+    );
+    // Queued data wakes it; once sent, the retransmission timer is what
+    // is due next.
+    assert_eq!(sim.a.send_slice(a, b"ping").unwrap(), 4);
+    assert!(sim.a.needs_poll(now));
+    while sim.a.poll(now) {}
+    assert!(!sim.a.needs_poll(now));
+    let rto = sim.a.poll_at(now).expect("a retransmission timer");
+    assert!(rto > now);
+    assert!(sim.a.needs_poll(rto), "a due timer needs a poll");
+    // B consumes what arrives: right after that a poll is needed.
+    let mut got = Vec::new();
+    let limit = sim.now + Duration::from_secs(1);
+    sim.run(limit, |s| {
+        let n =
+            s.b.recv(b, |buf| {
+                got.extend_from_slice(buf);
+                buf.len()
+            })
+            .unwrap();
+        if n > 0 {
+            assert!(s.b.needs_poll(s.now), "consumed bytes: a poll is needed");
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert_eq!(got, b"ping");
+}

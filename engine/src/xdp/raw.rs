@@ -87,8 +87,10 @@ impl RawTcp {
         let now = SmolInstant::from_micros(
             i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX),
         );
-        let mut work = self.stack.device_mut().rx_burst();
-        if self.stack.poll(now) {
+        let dev = self.stack.device_mut();
+        let mut work = dev.rx_burst();
+        // As the engine: no poll when nothing came in and nothing is due.
+        if (dev.rx_queued() > 0 || self.stack.needs_poll(now)) && self.stack.poll(now) {
             work += 1;
         }
         let dev = self.stack.device_mut();

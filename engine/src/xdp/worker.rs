@@ -642,8 +642,11 @@ impl XdpIo {
     /// runs them without the device lock).
     pub(crate) fn io_in(&mut self, now: CoreInstant) -> usize {
         self.passes += 1;
-        let mut work = self.stack.device_mut().rx_burst();
-        if self.stack.poll(smol(now)) {
+        let dev = self.stack.device_mut();
+        let mut work = dev.rx_burst();
+        // Nothing received and nothing due: skip smoltcp's walk over
+        // every socket (most passes of a spinning engine).
+        if (dev.rx_queued() > 0 || self.stack.needs_poll(smol(now))) && self.stack.poll(smol(now)) {
             work += 1;
         }
         work
