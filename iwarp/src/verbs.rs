@@ -313,6 +313,13 @@ impl Context {
         self.qp(qp).map(Qp::stats)
     }
 
+    /// Whether [`Context::poll_transmit`] may have bytes for `qp`: when
+    /// false, an owner polling every connection on every pass can skip
+    /// the call (and the transport buffer it would lend).
+    pub fn may_transmit(&self, qp: QpId) -> bool {
+        self.qp(qp).is_some_and(Qp::may_transmit)
+    }
+
     /// Whether the owner should close `qp`'s TCP connection.
     pub fn wants_close(&self, qp: QpId) -> bool {
         self.qp(qp).is_some_and(Qp::wants_close)

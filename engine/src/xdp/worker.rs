@@ -849,7 +849,7 @@ impl XdpIo {
             }
         }
         let mut drained = true;
-        if !c.closing && !self.stack.is_reset(c.conn) {
+        if !c.closing && ctx.may_transmit(qp) && !self.stack.is_reset(c.conn) {
             match self.stack.send(c.conn, |b| ctx.poll_transmit(qp, b)) {
                 Ok(n) => {
                     work += n;

@@ -719,6 +719,15 @@ impl Qp {
         self.wants_close = true;
     }
 
+    /// Whether [`Self::poll_transmit`] may have bytes: false means it
+    /// certainly has none (nothing queued, in progress or owed).
+    pub fn may_transmit(&self) -> bool {
+        self.handshake.is_some()
+            || self.tx.has_pending()
+            || !self.irq.is_empty()
+            || !self.sq.is_empty()
+    }
+
     /// Write the next bytes for the TCP stream into `out`; returns how many.
     pub(crate) fn poll_transmit(&mut self, out: &mut [u8], env: &mut Env<'_>) -> usize {
         let mut n = 0;
@@ -730,6 +739,11 @@ impl Qp {
             }
             let done = hs.is_done();
             self.pump_handshake(env);
+            if done && self.state != QpState::Connecting {
+                // Established and our frame is out: the handshake has
+                // nothing more to do.
+                self.handshake = None;
+            }
             if !done && self.state == QpState::Connecting {
                 return n;
             }

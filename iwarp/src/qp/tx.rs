@@ -112,6 +112,14 @@ impl Tx {
         self.rtr = if initiator && n.p2p { n.rtr } else { None };
     }
 
+    /// A message, an FPDU, an RTR or a Terminate waits to go out.
+    pub(super) fn has_pending(&self) -> bool {
+        self.fpdu.is_some()
+            || self.msg.is_some()
+            || self.rtr.is_some()
+            || (self.terminate.is_some() && !self.terminate_sent)
+    }
+
     /// An FPDU is partly written.
     pub(super) fn busy(&self) -> bool {
         self.fpdu.is_some() || (self.terminate.is_some() && !self.terminate_sent)
