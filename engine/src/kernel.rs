@@ -51,6 +51,8 @@ const XSK: Token = Token(usize::MAX);
 
 /// Size of the receive buffer and of each transmit batch.
 const IO_BUF: usize = 256 * 1024;
+/// Listed QPs whose work requests one pass moves into the core at most.
+const POSTED_PER_PASS: usize = 4096;
 /// A connection's backlog buffer is freed once empty if it grew past this.
 const OUT_KEEP: usize = 16 * 1024;
 /// Reads (and transmit batches) per socket and pass, for fairness.
@@ -1220,10 +1222,10 @@ impl Shared {
     /// Move the work requests queued on the posted list into the core
     /// (`e` is this device's engine, locked). Returns how many moved.
     pub(crate) fn drain_posted(&self, e: &mut Engine) -> usize {
-        // Only what is listed now: posts racing with this pass wait for
-        // the next one.
+        // Bounded: QPs listed again while this runs wait for the next
+        // pass rather than keep it going.
         let mut n = 0;
-        for _ in 0..self.posted.len() {
+        for _ in 0..POSTED_PER_PASS {
             match self.posted.pop() {
                 Some(q) => n += q.drain(&mut e.ctx),
                 None => break,
