@@ -9,7 +9,8 @@
 //!   [`Device::progress`] called by the application).
 //! * [`Pd`], [`Cq`], [`Mr`], [`Qp`]: protection domains, completion queues
 //!   (with a blocking [`Cq::wait`]), registered memory owned by the
-//!   region, and connected queue pairs whose posts fail synchronously.
+//!   region, and connected queue pairs whose posts fail synchronously
+//!   without taking the device lock.
 //! * [`Listener`], [`ConnRequest`], [`ConnParams`], [`CmError`],
 //!   [`CmEvent`]: connection setup (TCP plus the MPA exchange) and the
 //!   events of an established connection.
@@ -26,12 +27,22 @@
 //!   blocking calls ([`Device::connect`], [`Listener::get_request`],
 //!   [`Cq::wait`], [`Qp::wait_event`]) then drive the engine themselves and
 //!   sleep in epoll between passes.
-//! * **Locking.** Posts lock the engine and call the core directly, so
-//!   their errors are synchronous. Completions are moved by each pass from
-//!   the core's CQ into the [`Cq`]'s own queue (mutex + condition
-//!   variable), so [`Cq::wait`] sleeps without spinning and without holding
-//!   the engine lock. [`Mr::write`] and [`Mr::read`] take the engine lock:
-//!   the core only touches registered memory while holding it.
+//! * **Queues, not the lock, between application and engine.** A post
+//!   checks its work request, reserves a place against the QP's depth and
+//!   pushes it onto the QP's crossbeam `ArrayQueue`; each pass first
+//!   moves every listed QP's requests into the core. Post errors stay
+//!   synchronous (`QueueFull` is exact: a post that finds the queue at its
+//!   depth settles under the lock against what the core retired). Each
+//!   pass moves completions from the core's CQ into the [`Cq`]'s own
+//!   `ArrayQueue`, so [`Cq::poll`] takes no lock and [`Cq::wait`] sleeps
+//!   on a condition variable; connection requests come through a
+//!   `SegQueue` per listener. Connection setup, [`Qp::disconnect`],
+//!   [`Mr::write`] and [`Mr::read`] take the engine lock: the core only
+//!   touches registered memory while holding it.
+//! * **Receives before the peer can send.**
+//!   [`ConnRequest::accept_with_recvs`] and [`Device::connect_with_recvs`]
+//!   post receives on the new QP before the MPA reply (or request)
+//!   leaves, as verbs applications post before `rdma_accept`.
 //! * **Accept.** See the [`ConnRequest`] documentation: the request is
 //!   parsed by a standalone MPA responder, and the core QP, created at
 //!   accept time with the application's resources, replays the request
@@ -43,17 +54,17 @@
 //!
 //! * **Same front, same locking.** The AF_XDP state ([`xdp`]'s `XdpIo`)
 //!   lives inside the kernel backend's engine, behind the same mutex, and
-//!   the same progress thread (or [`Device::progress`]) runs its passes.
-//!   Application threads lock, call the core (posts are synchronous) and
-//!   kick. A mutex rather than lock-free queues keeps post errors
-//!   synchronous and the two backends on one code path; a busy-polling
-//!   progress thread steps aside between passes while application threads
-//!   wait for the lock.
+//!   the same progress thread (or [`Device::progress`]) runs its passes,
+//!   with the same queues to and from application threads; a
+//!   busy-polling progress thread steps aside between passes while an
+//!   application thread waits for the lock (setup, memory access).
 //! * **One pass** (the clock read once): rx burst of at most 64 frames and
-//!   fill-ring refill; smoltcp ingress (bounded) and egress; new
+//!   fill-ring refill; smoltcp ingress (bounded) and egress, skipped when
+//!   no frame came in and nothing is due (`Stack::needs_poll`); new
 //!   connections and MPA requests; for each connection `Stack::recv`
-//!   straight into `Context::handle_input` and `Context::poll_transmit`
-//!   straight into `Stack::send`; smoltcp egress into UMEM frames; tx
+//!   straight into `Context::handle_input` and, when the QP may have
+//!   bytes (`Context::may_transmit`), `Context::poll_transmit` straight
+//!   into `Stack::send`; smoltcp egress into UMEM frames; tx
 //!   burst (completions reclaimed first, `sendto` only while the tx ring
 //!   holds frames and `needs_wakeup` says so).
 //! * **Sleeping.** [`XdpConfig::busy_poll`] (default on) spins; otherwise
