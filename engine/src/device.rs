@@ -756,7 +756,8 @@ impl Qp {
     }
 
     /// Post a send-queue work request. Errors are synchronous; the request
-    /// reaches the engine through the QP's lock-free queue (see the crate documentation).
+    /// reaches the engine through the QP's lock-free queue (see the crate
+    /// documentation).
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), PostError> {
         self.post(|q| q.push_send(wr))
     }
