@@ -383,6 +383,22 @@ pub fn notes() -> Vec<String> {
 
 /// Exit early with a note unless root (the smoke step of scripts/test
 /// relies on the note).
+/// How every bench binary begins: without root it says why and the run
+/// ends successfully (`Err(SUCCESS)`); it installs the teardown of its
+/// namespaces on SIGINT/SIGTERM/SIGHUP and creates the two-namespace
+/// topology at `mtu` (`Err(FAILURE)` after printing the error).
+pub fn start(tool: &str, mtu: usize) -> Result<Topology, std::process::ExitCode> {
+    if !require_root(tool) {
+        return Err(std::process::ExitCode::SUCCESS);
+    }
+    topo::install_teardown()
+        .and_then(|()| Topology::up(mtu))
+        .map_err(|e| {
+            eprintln!("{tool}: {e}");
+            std::process::ExitCode::FAILURE
+        })
+}
+
 pub fn require_root(tool: &str) -> bool {
     if topo::is_root() {
         return true;

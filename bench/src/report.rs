@@ -99,6 +99,27 @@ pub struct Report {
     pub ratios: Vec<Ratio>,
 }
 
+impl Report {
+    /// `records` of `tool`, with the command line and the notes every
+    /// bench binary shares; no ratios.
+    pub fn new(
+        tool: &str,
+        mtu: usize,
+        cpus: (Option<usize>, Option<usize>),
+        records: Vec<Record>,
+    ) -> Self {
+        Self {
+            tool: tool.into(),
+            command: command_line(),
+            mtu,
+            cpus,
+            notes: crate::notes(),
+            records,
+            ratios: Vec::new(),
+        }
+    }
+}
+
 /// A ratio of two medians against a target.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ratio {

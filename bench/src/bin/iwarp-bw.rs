@@ -8,7 +8,6 @@
 use clap::Parser;
 use iwarp_bench::progress::Progress;
 use iwarp_bench::report::{self, Record, Report};
-use iwarp_bench::topo::{self, Topology};
 use iwarp_bench::{bandwidth, parse_size, parse_sweep, BwParams, Common, Config};
 
 #[derive(Parser, Debug)]
@@ -44,14 +43,11 @@ struct Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if !iwarp_bench::require_root("iwarp-bw") {
-        return std::process::ExitCode::SUCCESS;
-    }
-    if let Err(e) = topo::install_teardown() {
-        eprintln!("iwarp-bw: {e}");
-        return std::process::ExitCode::FAILURE;
-    }
     let c = &cli.common;
+    let topo = match iwarp_bench::start("iwarp-bw", c.mtu.into()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let sizes = iwarp_bench::sizes(
         &cli.sizes,
         &cli.sweep,
@@ -80,13 +76,6 @@ fn main() -> std::process::ExitCode {
         v
     });
     let cpus = c.cpus();
-    let topo = match Topology::up(c.mtu.into()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("iwarp-bw: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
     println!("command: {}", report::command_line());
     println!(
         "MTU {}, CPUs {cpus:?}, {} rounds per size of {} B (at most {} messages), depth {}; payload Gb/s",
@@ -104,15 +93,7 @@ fn main() -> std::process::ExitCode {
     println!();
     print!("{}", report::table(&recs));
     println!("(smoltcp-raw: a byte stream without messages; tcp-stream: size = write size)");
-    let rep = Report {
-        tool: "iwarp-bw".into(),
-        command: report::command_line(),
-        mtu: c.mtu.into(),
-        cpus,
-        notes: iwarp_bench::notes(),
-        records: recs,
-        ratios: Vec::new(),
-    };
+    let rep = Report::new("iwarp-bw", c.mtu.into(), cpus, recs);
     report::finish(c.json.as_deref(), &rep)
 }
 

@@ -6,7 +6,6 @@
 
 use clap::Parser;
 use iwarp_bench::report::{self, Ratio, Record, Report};
-use iwarp_bench::topo::{self, Topology};
 use iwarp_bench::{bandwidth, latency, BwParams, Common, Config};
 
 #[derive(Parser, Debug)]
@@ -31,14 +30,11 @@ struct Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if !iwarp_bench::require_root("iwarp-compare") {
-        return std::process::ExitCode::SUCCESS;
-    }
-    if let Err(e) = topo::install_teardown() {
-        eprintln!("iwarp-compare: {e}");
-        return std::process::ExitCode::FAILURE;
-    }
     let c = &cli.common;
+    let topo = match iwarp_bench::start("iwarp-compare", c.mtu.into()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let quick = c.quick;
     let passes = cli.passes.unwrap_or(if quick { 1 } else { 3 }).max(1);
     let n = c.n.unwrap_or(if quick { 50 } else { 10_000 });
@@ -52,13 +48,6 @@ fn main() -> std::process::ExitCode {
         stream_chunk: 64 << 10,
     };
     let cpus = c.cpus();
-    let topo = match Topology::up(c.mtu.into()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("iwarp-compare: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
     println!("command: {}", report::command_line());
     println!(
         "MTU {}, CPUs {:?}, {passes} passes of: latency n={n} (+{warmup} warm-up), bandwidth {rounds} rounds of {} B, depth {}",
@@ -173,13 +162,8 @@ fn main() -> std::process::ExitCode {
     print!("{}", report::render(&rows));
     println!("\ncommand: {}", report::command_line());
     let rep = Report {
-        tool: "iwarp-compare".into(),
-        command: report::command_line(),
-        mtu: c.mtu.into(),
-        cpus,
-        notes: iwarp_bench::notes(),
-        records: recs,
         ratios: ratios.into_iter().chain(info).collect(),
+        ..Report::new("iwarp-compare", c.mtu.into(), cpus, recs)
     };
     report::finish(c.json.as_deref(), &rep)
 }

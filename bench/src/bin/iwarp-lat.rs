@@ -7,7 +7,6 @@
 use clap::Parser;
 use iwarp_bench::progress::Progress;
 use iwarp_bench::report::{self, Record, Report};
-use iwarp_bench::topo::{self, Topology};
 use iwarp_bench::{latency, parse_size, parse_sweep, Common, Config};
 
 #[derive(Parser, Debug)]
@@ -34,14 +33,11 @@ struct Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if !iwarp_bench::require_root("iwarp-lat") {
-        return std::process::ExitCode::SUCCESS;
-    }
-    if let Err(e) = topo::install_teardown() {
-        eprintln!("iwarp-lat: {e}");
-        return std::process::ExitCode::FAILURE;
-    }
     let c = &cli.common;
+    let topo = match iwarp_bench::start("iwarp-lat", c.mtu.into()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let sizes = iwarp_bench::sizes(
         &cli.sizes,
         &cli.sweep,
@@ -54,13 +50,6 @@ fn main() -> std::process::ExitCode {
         .clone()
         .unwrap_or_else(|| Config::MESSAGE.to_vec());
     let cpus = c.cpus();
-    let topo = match Topology::up(c.mtu.into()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("iwarp-lat: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
     println!("command: {}", report::command_line());
     println!(
         "MTU {}, CPUs {cpus:?}, n={n} (+{warmup} warm-up), half round trips in µs",
@@ -77,15 +66,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::table(&recs));
-    let rep = Report {
-        tool: "iwarp-lat".into(),
-        command: report::command_line(),
-        mtu: c.mtu.into(),
-        cpus,
-        notes: iwarp_bench::notes(),
-        records: recs,
-        ratios: Vec::new(),
-    };
+    let rep = Report::new("iwarp-lat", c.mtu.into(), cpus, recs);
     report::finish(c.json.as_deref(), &rep)
 }
 

@@ -11,7 +11,6 @@
 use clap::Parser;
 use iwarp_bench::load::{self, Background, Drive, LoadParams};
 use iwarp_bench::report::{self, Record, Report};
-use iwarp_bench::topo::{self, Topology};
 use iwarp_bench::{parse_size, Common, Config};
 
 #[derive(Parser, Debug)]
@@ -95,14 +94,11 @@ fn summary(recs: &[Record]) -> String {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if !iwarp_bench::require_root("iwarp-load") {
-        return std::process::ExitCode::SUCCESS;
-    }
-    if let Err(e) = topo::install_teardown() {
-        eprintln!("iwarp-load: {e}");
-        return std::process::ExitCode::FAILURE;
-    }
     let c = &cli.common;
+    let topo = match iwarp_bench::start("iwarp-load", c.mtu.into()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let sizes = cli.sizes.clone().unwrap_or_else(|| {
         if c.quick {
             vec![64 << 10]
@@ -134,13 +130,6 @@ fn main() -> std::process::ExitCode {
         Ok(b) => b,
         Err(e) => {
             eprintln!("iwarp-load: background task: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let topo = match Topology::up(c.mtu.into()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("iwarp-load: {e}");
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -181,13 +170,8 @@ fn main() -> std::process::ExitCode {
         notes.push("load: cpu_per_gb from /proc/stat of each side's core over the traffic (user + system + irq + softirq; the background task's time is in nice, left out); the whole core counts, other processes too".into());
         notes.push("load: NAME = manual progress, the side's thread spins; NAME-sleep = the engine's own progress thread (busy_poll off, epoll when idle), the application blocks in Cq::wait; tcp-stream = blocking writes and reads of the message size".into());
         Report {
-            tool: "iwarp-load".into(),
-            command: report::command_line(),
-            mtu: c.mtu.into(),
-            cpus,
             notes,
-            records: recs,
-            ratios: Vec::new(),
+            ..Report::new("iwarp-load", c.mtu.into(), cpus, recs)
         }
     };
     report::finish(c.json.as_deref(), &rep)

@@ -8,7 +8,6 @@ use clap::Parser;
 use iwarp_bench::report::{self, Ratio, Record, Report};
 use iwarp_bench::scale::{self, ScaleParams, Sender};
 use iwarp_bench::stats::summarize;
-use iwarp_bench::topo::{self, Topology};
 use iwarp_bench::{next_port, parse_size, Common};
 
 #[derive(Parser, Debug)]
@@ -58,14 +57,11 @@ fn series(s: Sender, fit: bool) -> String {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if !iwarp_bench::require_root("iwarp-scale") {
-        return std::process::ExitCode::SUCCESS;
-    }
-    if let Err(e) = topo::install_teardown() {
-        eprintln!("iwarp-scale: {e}");
-        return std::process::ExitCode::FAILURE;
-    }
     let c = &cli.common;
+    let topo = match iwarp_bench::start("iwarp-scale", c.mtu.into()) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let counts = cli.qps.clone().unwrap_or_else(|| {
         if c.quick {
             vec![1, 16]
@@ -84,13 +80,6 @@ fn main() -> std::process::ExitCode {
     };
     let reps = c.n.unwrap_or(1).max(1);
     let cpus = c.cpus();
-    let topo = match Topology::up(c.mtu.into()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("iwarp-scale: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
     println!("command: {}", report::command_line());
     println!(
         "MTU {}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames, receiver TCP buffers {}",
@@ -220,13 +209,9 @@ fn main() -> std::process::ExitCode {
         notes.push(format!("scale: side b = one AF_XDP engine in manual progress on one core (receiver); side a = {:?} engine (sender) on the other; every QP keeps {} writes of {} B outstanding, reposted as completions arrive", p.sender, p.window, p.size));
         notes.push("scale: mem_per_qp = (process RSS with N QPs connected - RSS before any QP) / N, both engines in one process; /after-traffic: RSS after the traffic; /tcp-buffers: side b's smoltcp rx + tx buffer per connection (computed)".into());
         Report {
-            tool: "iwarp-scale".into(),
-            command: report::command_line(),
-            mtu: c.mtu.into(),
-            cpus,
             notes,
-            records: recs,
             ratios,
+            ..Report::new("iwarp-scale", c.mtu.into(), cpus, recs)
         }
     };
     report::finish(c.json.as_deref(), &rep)
