@@ -43,6 +43,14 @@ pub struct Config {
     pub rx_buffer: usize,
     /// Transmit buffer of each connection (bytes).
     pub tx_buffer: usize,
+    /// Receive-buffer bytes all sockets of the stack may hold together
+    /// (the sum of the windows they can advertise): a new socket gets
+    /// `rx_buffer` cut to what the others leave, at least
+    /// [`MIN_BUFFER`]. The AF_XDP engine sets it from its fill ring, so
+    /// the peers cannot have more in flight than the kernel has frames to
+    /// receive into (excess would be dropped and recovered only by
+    /// retransmission). `None`: no bound.
+    pub rx_budget: Option<usize>,
     /// Nagle's algorithm (off for iWARP).
     pub nagle: bool,
     /// Delayed-ACK timeout; `None` ACKs every segment at once.
@@ -74,6 +82,7 @@ impl Default for Config {
         Self {
             rx_buffer: 256 * 1024,
             tx_buffer: 256 * 1024,
+            rx_budget: None,
             nagle: false,
             ack_delay: Some(Duration::from_millis(1)),
             congestion: CongestionControl::Reno,

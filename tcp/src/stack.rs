@@ -10,6 +10,7 @@ use smoltcp::iface::{Config as IfaceConfig, Interface, PollIngressSingleResult, 
 use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::phy::{Device, Medium};
 use smoltcp::socket::tcp::{self, State};
+use smoltcp::socket::AnySocket;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol,
@@ -354,7 +355,7 @@ impl<D: Device> Stack<D> {
         remote: (Ipv4Address, u16),
         local_port: u16,
     ) -> Result<ConnId, Error> {
-        let mut s = new_socket(&self.config);
+        let mut s = new_socket(&self.config, rx_size(&self.sockets, &self.config));
         let ep = IpEndpoint::new(IpAddress::Ipv4(remote.0), remote.1);
         s.connect(self.iface.context(), ep, local_port)
             .map_err(|e| match e {
@@ -526,6 +527,16 @@ impl<D: Device> Stack<D> {
         self.conns
             .get(&conn.0)
             .map(|_| self.sockets.get::<tcp::Socket<'static>>(conn.0).state())
+    }
+
+    /// The connection's receive buffer (the most its window can reach):
+    /// [`Config::rx_buffer`], or less under [`Config::rx_budget`].
+    pub fn rx_capacity(&self, conn: ConnId) -> Option<usize> {
+        self.conns.get(&conn.0).map(|_| {
+            self.sockets
+                .get::<tcp::Socket<'static>>(conn.0)
+                .recv_capacity()
+        })
     }
 
     /// Whether the connection is established (data may flow both ways).
@@ -831,8 +842,23 @@ fn v4(addr: IpAddress) -> Option<Ipv4Address> {
 }
 
 /// A socket with the stack's settings.
-fn new_socket(config: &Config) -> tcp::Socket<'static> {
-    let rx = tcp::SocketBuffer::new(vec![0; config.rx_buffer.min(crate::MAX_BUFFER)]);
+/// The receive buffer of a new socket: [`Config::rx_buffer`], cut to what
+/// the sockets in `sockets` leave of [`Config::rx_budget`].
+fn rx_size(sockets: &SocketSet<'static>, config: &Config) -> usize {
+    let want = config.rx_buffer.min(crate::MAX_BUFFER);
+    let Some(budget) = config.rx_budget else {
+        return want;
+    };
+    let held: usize = sockets
+        .iter()
+        .filter_map(|(_, s)| tcp::Socket::downcast(s))
+        .map(tcp::Socket::recv_capacity)
+        .sum();
+    want.min(budget.saturating_sub(held)).max(crate::MIN_BUFFER)
+}
+
+fn new_socket(config: &Config, rx_size: usize) -> tcp::Socket<'static> {
+    let rx = tcp::SocketBuffer::new(vec![0; rx_size]);
     let tx = tcp::SocketBuffer::new(vec![0; config.tx_buffer]);
     let mut s = tcp::Socket::new(rx, tx);
     s.set_nagle_enabled(config.nagle);
@@ -845,7 +871,7 @@ fn new_socket(config: &Config) -> tcp::Socket<'static> {
 
 /// A fresh listening socket for `l`'s port.
 fn arm(sockets: &mut SocketSet<'static>, config: &Config, l: &mut Listener) -> Result<(), Error> {
-    let mut s = new_socket(config);
+    let mut s = new_socket(config, rx_size(sockets, config));
     s.listen(l.port).map_err(|e| match e {
         tcp::ListenError::Unaddressable => Error::Unaddressable,
         _ => Error::InvalidState,

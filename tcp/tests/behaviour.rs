@@ -417,3 +417,54 @@ fn needs_poll_after_an_idle_poll() {
     .unwrap();
     assert_eq!(got, b"ping");
 }
+
+/// `rx_budget` bounds the receive buffers of all sockets together (the
+/// sum of the windows peers can fill): each new socket gets `rx_buffer`
+/// cut to what the others leave, at least `MIN_BUFFER`; a connection
+/// with a cut buffer still moves data.
+#[test]
+fn rx_budget_bounds_the_sum_of_receive_buffers() {
+    const BUF: usize = 64 * 1024;
+    const BUDGET: usize = 160 * 1024;
+    let b_cfg = Config {
+        rx_buffer: BUF,
+        rx_budget: Some(BUDGET),
+        ..Config::default()
+    };
+    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let conns: Vec<_> = (0..4)
+        .map(|i| connect(&mut sim, 40010 + i, Duration::from_secs(5)))
+        .collect();
+    let caps: Vec<usize> = conns
+        .iter()
+        .map(|&(_, b)| sim.b.rx_capacity(b).unwrap())
+        .collect();
+    // The listener's armed socket counts too; every socket took what the
+    // others left.
+    assert_eq!(caps[0], BUF, "{caps:?}");
+    assert!(caps.windows(2).all(|w| w[1] <= w[0]), "{caps:?}");
+    assert!(caps[2] < BUF, "{caps:?}");
+    assert_eq!(caps[3], iwarp_tcp::MIN_BUFFER, "{caps:?}");
+    assert!(
+        caps[..3].iter().sum::<usize>() <= BUDGET,
+        "{caps:?} over {BUDGET}"
+    );
+    // The connection left with the smallest buffer still moves data.
+    let (a, b) = conns[3];
+    assert_eq!(one_way_on(&mut sim, a, b, 200_000), data(200_000, 9));
+    // Without a budget every connection gets the full buffer.
+    let mut free = Sim::new(
+        Config::default(),
+        Config {
+            rx_buffer: BUF,
+            ..Config::default()
+        },
+        LinkConfig::default(),
+    );
+    let (_, b) = connect(&mut free, 40020, Duration::from_secs(5));
+    let (_, b2) = connect(&mut free, 40021, Duration::from_secs(5));
+    assert_eq!(
+        (free.b.rx_capacity(b), free.b.rx_capacity(b2)),
+        (Some(BUF), Some(BUF))
+    );
+}
