@@ -53,6 +53,9 @@ pub struct ScaleParams {
     /// Size side b's TCP buffers so N windows fit its fill ring
     /// (`iwarp_tcp::Config::fit_rx_frames`) instead of the defaults.
     pub fit: bool,
+    /// Bound side b's receive buffers together by its fill ring
+    /// (`iwarp_tcp::Config::rx_budget`): first come, first served.
+    pub budget: bool,
 }
 
 /// What a scale run measured.
@@ -152,6 +155,10 @@ pub fn run(
         if p.fit {
             let mss = mtu.saturating_sub(40);
             cfg.tcp = cfg.tcp.fit_rx_frames(p.frames as usize / 2, mss, n);
+        }
+        if p.budget {
+            let mss = mtu.saturating_sub(40);
+            cfg.tcp.rx_budget = Some(p.frames as usize / 2 * mss);
         }
         let tcp_buffers = (cfg.tcp.rx_buffer + cfg.tcp.tx_buffer) as f64 / 1024.0;
         let dev = retry_open(|| Device::open(Backend::AfXdp(cfg.clone()), manual(2)))?;

@@ -40,16 +40,23 @@ struct Cli {
     /// (rx frames x MSS / N) instead of the default 256 KiB.
     #[arg(long)]
     fit_window: bool,
+    /// Bound the receiver's TCP buffers together by its fill ring (rx
+    /// frames x MSS): each connection gets the default or what the
+    /// others leave, at least 4 KiB.
+    #[arg(long, conflicts_with = "fit_window")]
+    rx_budget: bool,
 }
 
 /// The series name: receiver backend and sender backend.
-fn series(s: Sender, fit: bool) -> String {
+fn series(s: Sender, fit: bool, budget: bool) -> String {
     let base = match s {
         Sender::Kernel => "afxdp-rx/kernel-tx",
         Sender::Afxdp => "afxdp-rx/afxdp-tx",
     };
     if fit {
         format!("{base}-fit")
+    } else if budget {
+        format!("{base}-budget")
     } else {
         base.into()
     }
@@ -77,6 +84,7 @@ fn main() -> std::process::ExitCode {
         sender: cli.sender,
         frames: cli.frames,
         fit: cli.fit_window,
+        budget: cli.rx_budget,
     };
     let reps = c.n.unwrap_or(1).max(1);
     let cpus = c.cpus();
@@ -84,9 +92,15 @@ fn main() -> std::process::ExitCode {
     println!(
         "MTU {}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames, receiver TCP buffers {}",
         topo.mtu, p.size, p.window, p.secs, p.warmup, p.sender, p.frames,
-        if p.fit { "fitted to the fill ring" } else { "default" }
+        if p.fit {
+            "fitted to the fill ring"
+        } else if p.budget {
+            "bounded together by the fill ring"
+        } else {
+            "default"
+        }
     );
-    let name = series(p.sender, p.fit);
+    let name = series(p.sender, p.fit, p.budget);
     let mut recs: Vec<Record> = Vec::new();
     let mut rows = vec![[
         "qps",

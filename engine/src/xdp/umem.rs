@@ -149,12 +149,6 @@ impl Frames {
         Ok(me)
     }
 
-    /// Frames the fill ring is kept stocked with: what the kernel can
-    /// receive into before the engine takes frames off the rx ring.
-    pub(crate) fn fill_frames(&self) -> usize {
-        self.fill_size
-    }
-
     /// The socket's file descriptor (for the XSKMAP and for epoll).
     pub(crate) fn fd(&self) -> RawFd {
         self.rx.fd().as_raw_fd()

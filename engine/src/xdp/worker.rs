@@ -303,10 +303,6 @@ impl XdpIo {
             let fd = dev.frames.fd();
             let mut tcp = cfg.tcp;
             tcp.seed ^= seed ^ (index as u64).rotate_left(17);
-            // The windows of all connections together stay within the
-            // frames the fill ring stocks (a payload of one MSS each).
-            let mss = cfg.mtu.saturating_sub(40).max(1);
-            tcp.rx_budget = tcp.rx_budget.or(Some(dev.frames.fill_frames() * mss));
             let stack = Stack::new(
                 dev,
                 EthernetAddress(mac),
