@@ -106,20 +106,21 @@ impl SendWr<'_> {
     /// The checks of `post_send` that depend on the work request alone
     /// (not on the queue): for a caller that queues work requests before
     /// they reach the QP and must still fail bad ones synchronously.
-    pub fn check(&self) -> Result<(), PostError> {
-        let (_, nsge, _) = copy_sgl(self.sgl)?;
-        if matches!(self.op, SendOp::Read { .. }) && nsge != 1 {
+    /// Returns the message length.
+    pub fn check(&self) -> Result<u64, PostError> {
+        let len = sgl_len(self.sgl)?;
+        if matches!(self.op, SendOp::Read { .. }) && self.sgl.len() != 1 {
             return Err(PostError::InvalidSgl);
         }
-        Ok(())
+        Ok(len)
     }
 }
 
 impl RecvWr<'_> {
     /// The checks of `post_recv` that depend on the work request alone;
-    /// see [`SendWr::check`].
-    pub fn check(&self) -> Result<(), PostError> {
-        copy_sgl(self.sgl).map(|_| ())
+    /// see [`SendWr::check`]. Returns the buffers' total length.
+    pub fn check(&self) -> Result<u64, PostError> {
+        sgl_len(self.sgl)
     }
 }
 
@@ -277,17 +278,23 @@ struct Inflight {
     status: Option<WcStatus>,
 }
 
-fn copy_sgl(sgl: &[Sge]) -> Result<([Sge; MAX_SGE], u8, u64), PostError> {
+/// The total length of a valid scatter/gather list.
+fn sgl_len(sgl: &[Sge]) -> Result<u64, PostError> {
     if sgl.len() > MAX_SGE {
         return Err(PostError::InvalidSgl);
     }
-    let mut out = [Sge::default(); MAX_SGE];
-    out[..sgl.len()].copy_from_slice(sgl);
     let len: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
     if len > u64::from(u32::MAX) {
         return Err(PostError::TooLong);
     }
-    Ok((out, sgl.len() as u8, len))
+    Ok(len)
+}
+
+/// A list [`sgl_len`] accepted, copied into a work-queue entry.
+fn copy_sgl(sgl: &[Sge]) -> ([Sge; MAX_SGE], u8) {
+    let mut out = [Sge::default(); MAX_SGE];
+    out[..sgl.len()].copy_from_slice(sgl);
+    (out, sgl.len() as u8)
 }
 
 /// What the QP borrows from its context while it runs.
@@ -501,8 +508,8 @@ impl Qp {
         wr: &SendWr<'_>,
         env: &mut Env<'_>,
     ) -> Result<(), PostError> {
-        wr.check()?;
-        let (sgl, nsge, len) = copy_sgl(wr.sgl)?;
+        let len = wr.check()?;
+        let (sgl, nsge) = copy_sgl(wr.sgl);
         if self.sq_occupancy() >= self.config.sq_depth {
             return Err(PostError::QueueFull);
         }
@@ -533,7 +540,8 @@ impl Qp {
         wr: &RecvWr<'_>,
         env: &mut Env<'_>,
     ) -> Result<(), PostError> {
-        let (sgl, nsge, len) = copy_sgl(wr.sgl)?;
+        let len = wr.check()?;
+        let (sgl, nsge) = copy_sgl(wr.sgl);
         if self.rq.len() >= self.config.rq_depth {
             return Err(PostError::QueueFull);
         }
