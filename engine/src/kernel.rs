@@ -244,6 +244,21 @@ struct Draining {
 /// How long a closed connection's input is drained at most.
 const DRAIN: Duration = Duration::from_secs(2);
 
+impl Draining {
+    /// Send our FIN after what is queued and drain from now on; a socket
+    /// that cannot take the FIN is shut down at once (`None`).
+    fn start(sock: TcpStream) -> Option<Self> {
+        if sock.shutdown(Shutdown::Write).is_err() {
+            let _ = sock.shutdown(Shutdown::Both);
+            return None;
+        }
+        Some(Self {
+            sock,
+            until: std::time::Instant::now() + DRAIN,
+        })
+    }
+}
+
 /// The state of one device. See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Engine {
@@ -749,13 +764,10 @@ impl Engine {
         if flushed && self.ctx.wants_close(qp) {
             if let Some(mut s) = c.sock.take() {
                 let _ = self.registry.deregister(&mut s);
-                if broken.is_some() || s.shutdown(Shutdown::Write).is_err() {
+                if broken.is_some() {
                     let _ = s.shutdown(Shutdown::Both);
                 } else {
-                    self.draining.push(Draining {
-                        sock: s,
-                        until: std::time::Instant::now() + DRAIN,
-                    });
+                    self.draining.extend(Draining::start(s));
                 }
             }
             c.out = Vec::new();
@@ -796,13 +808,12 @@ impl Engine {
                 if l.pos >= l.out.len() {
                     break Some(true);
                 }
-                match (&mut &l.sock).write(&l.out[l.pos..]) {
+                match write_some(&l.sock, &l.out[l.pos..]) {
+                    Ok(0) => break None,
                     Ok(n) => {
                         l.pos += n;
                         work += n;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
                     Err(_) => break Some(false),
                 }
             };
@@ -811,11 +822,8 @@ impl Engine {
                 Some(written) => {
                     let mut l = self.lingering.swap_remove(i);
                     let _ = self.registry.deregister(&mut l.sock);
-                    if written && l.sock.shutdown(Shutdown::Write).is_ok() {
-                        self.draining.push(Draining {
-                            sock: l.sock,
-                            until: std::time::Instant::now() + DRAIN,
-                        });
+                    if written {
+                        self.draining.extend(Draining::start(l.sock));
                     }
                     work += 1;
                 }
@@ -980,7 +988,6 @@ pub(crate) fn push_event(shared: &ConnShared, ev: CmEvent) {
     shared.cv.notify_all();
 }
 
-/// Turn the QP's events into connection-manager state.
 /// Write what `s` takes of `buf` now: `Ok(0)` if it would block.
 fn write_some(mut s: &TcpStream, buf: &[u8]) -> Result<usize, io::ErrorKind> {
     loop {
@@ -993,6 +1000,7 @@ fn write_some(mut s: &TcpStream, buf: &[u8]) -> Result<usize, io::ErrorKind> {
     }
 }
 
+/// Turn the QP's events into connection-manager state.
 pub(crate) fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> usize {
     let mut n = 0;
     while let Some(ev) = ctx.poll_event(qp) {
