@@ -841,7 +841,6 @@ fn v4(addr: IpAddress) -> Option<Ipv4Address> {
     }
 }
 
-/// A socket with the stack's settings.
 /// The receive buffer of a new socket: [`Config::rx_buffer`], cut to what
 /// the sockets in `sockets` leave of [`Config::rx_budget`].
 fn rx_size(sockets: &SocketSet<'static>, config: &Config) -> usize {
@@ -857,6 +856,7 @@ fn rx_size(sockets: &SocketSet<'static>, config: &Config) -> usize {
     want.min(budget.saturating_sub(held)).max(crate::MIN_BUFFER)
 }
 
+/// A socket with the stack's settings and a receive buffer of `rx_size`.
 fn new_socket(config: &Config, rx_size: usize) -> tcp::Socket<'static> {
     let rx = tcp::SocketBuffer::new(vec![0; rx_size]);
     let tx = tcp::SocketBuffer::new(vec![0; config.tx_buffer]);
