@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use iwarp_tcp::smoltcp::phy::{self, DeviceCapabilities, Medium};
 use iwarp_tcp::smoltcp::time::Instant;
+use iwarp_tcp::Stack;
 use xsk_rs::umem::frame::FrameDesc;
 use xsk_rs::umem::Umem;
 
@@ -110,6 +111,19 @@ impl Inbox {
         self.len.store(0, Ordering::Release);
         n
     }
+}
+
+/// Take a burst off the rx ring (refilling the fill ring) and poll
+/// smoltcp, unless nothing was received and nothing is due
+/// (`Stack::needs_poll`: most passes of a spinning engine then skip the
+/// walk over every socket). Returns the work done.
+pub(crate) fn rx_and_poll(stack: &mut Stack<XskDevice>, now: Instant) -> usize {
+    let dev = stack.device_mut();
+    let mut work = dev.rx_burst();
+    if (dev.rx_queued() > 0 || stack.needs_poll(now)) && stack.poll(now) {
+        work += 1;
+    }
+    work
 }
 
 fn q_lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -87,12 +87,8 @@ impl RawTcp {
         let now = SmolInstant::from_micros(
             i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX),
         );
-        let dev = self.stack.device_mut();
-        let mut work = dev.rx_burst();
-        // As the engine: no poll when nothing came in and nothing is due.
-        if (dev.rx_queued() > 0 || self.stack.needs_poll(now)) && self.stack.poll(now) {
-            work += 1;
-        }
+        // As the engine's pass.
+        let mut work = super::device::rx_and_poll(&mut self.stack, now);
         let dev = self.stack.device_mut();
         work += dev.tx_burst();
         if dev.frames.tx_busy() || dev.rx_queued() > 0 {

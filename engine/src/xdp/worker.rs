@@ -642,14 +642,7 @@ impl XdpIo {
     /// runs them without the device lock).
     pub(crate) fn io_in(&mut self, now: CoreInstant) -> usize {
         self.passes += 1;
-        let dev = self.stack.device_mut();
-        let mut work = dev.rx_burst();
-        // Nothing received and nothing due: skip smoltcp's walk over
-        // every socket (most passes of a spinning engine).
-        if (dev.rx_queued() > 0 || self.stack.needs_poll(smol(now))) && self.stack.poll(smol(now)) {
-            work += 1;
-        }
-        work
+        super::device::rx_and_poll(&mut self.stack, smol(now))
     }
 
     /// Steps 3-4: everything that touches the core's context.
