@@ -221,16 +221,22 @@ impl Resources {
 }
 
 impl Conn {
-    /// rping's one receive, posted by `connect_with_recvs` /
-    /// `accept_with_recvs` before the peer can send.
-    fn first_recv(sge: &[Sge; 1]) -> RecvWr<'_> {
+    /// Where rping's one receive lands: the start of `mr`.
+    fn recv_sge(mr: &Mr) -> [Sge; 1] {
+        [mr.sge(0, RdmaInfo::LEN)]
+    }
+
+    /// rping's one receive (into [`Self::recv_sge`]); the first is posted
+    /// by `connect_with_recvs` / `accept_with_recvs` before the peer can
+    /// send.
+    fn recv_wr(sgl: &[Sge; 1]) -> RecvWr<'_> {
         RecvWr {
             wr_id: WR_RECV,
-            sgl: sge,
+            sgl,
         }
     }
 
-    /// A connected QP with [`Self::first_recv`] posted.
+    /// A connected QP with its first [`Self::recv_wr`] posted.
     fn start(qp: Qp, cq: Cq, timeout: Duration, debug: bool) -> Self {
         Self {
             qp,
@@ -244,10 +250,7 @@ impl Conn {
 
     fn post_recv(&mut self, mr: &Mr) -> Res<()> {
         self.qp
-            .post_recv(&RecvWr {
-                wr_id: WR_RECV,
-                sgl: &[mr.sge(0, RdmaInfo::LEN)],
-            })
+            .post_recv(&Self::recv_wr(&Self::recv_sge(mr)))
             .map_err(|e| other(format!("post receive: {e}")))?;
         self.outstanding += 1;
         Ok(())
@@ -458,13 +461,13 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
     if args.debug {
         eprintln!("rping: connecting to {peer}");
     }
-    let sge = [recv_buf.sge(0, RdmaInfo::LEN)];
+    let sge = Conn::recv_sge(&recv_buf);
     let qp = dev
         .connect_with_recvs(
             peer,
             qp_init(&pd, &cq),
             conn_params(args, timeout),
-            &[Conn::first_recv(&sge)],
+            &[Conn::recv_wr(&sge)],
         )
         .map_err(|e| cm_fail(&format!("connect to {peer}"), &e))?;
     report_connected(args, &qp);
@@ -605,12 +608,12 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
     let peer = req.peer_addr();
     // rping's client sends as soon as it is connected: the receive must
     // be there before our reply goes out.
-    let sge = [recv_buf.sge(0, RdmaInfo::LEN)];
+    let sge = Conn::recv_sge(&recv_buf);
     let qp = req
         .accept_with_recvs(
             qp_init(&pd, &cq),
             conn_params(args, timeout),
-            &[Conn::first_recv(&sge)],
+            &[Conn::recv_wr(&sge)],
         )
         .map_err(|e| cm_fail(&format!("accept from {peer}"), &e))?;
     drop(listener);
