@@ -73,10 +73,44 @@ pub fn available() -> bool {
 /// Run tshark on `pcap` (pcap or pcapng) and summarise the iWARP
 /// dissection. Fails when tshark cannot be run or rejects the file.
 pub fn analyze(pcap: &Path) -> io::Result<Report> {
-    let mut out = run(pcap, true)?;
+    analyze_with(pcap, true)
+}
+
+/// Like [`analyze`] with TCP reassembly off: each segment is dissected on
+/// its own, so an FPDU counts only if one segment holds all of it and the
+/// segment starts with an FPDU (or with FPDUs that do). When every FPDU of
+/// a capture counts here too, its FPDUs are aligned with its segments
+/// (RFC 5044 §8).
+pub fn analyze_segments(pcap: &Path) -> io::Result<Report> {
+    analyze_with(pcap, false)
+}
+
+/// How many frames of `pcap` match the display filter `filter`.
+pub fn count(pcap: &Path, filter: &str) -> io::Result<usize> {
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        .args(["-n", "-Y", filter, "-T", "fields", "-e", "frame.number"])
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "tshark -Y {filter} failed on {}: {}",
+            pcap.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count())
+}
+
+fn analyze_with(pcap: &Path, reassemble: bool) -> io::Result<Report> {
+    let mut out = run(pcap, true, reassemble)?;
     if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("disable") {
         // This tshark does not know the heuristic's name.
-        out = run(pcap, false)?;
+        out = run(pcap, false, reassemble)?;
     }
     if !out.status.success() {
         return Err(io::Error::other(format!(
@@ -89,9 +123,12 @@ pub fn analyze(pcap: &Path) -> io::Result<Report> {
     Ok(parse(&String::from_utf8_lossy(&out.stdout)))
 }
 
-fn run(pcap: &Path, disable_heuristic: bool) -> io::Result<Output> {
+fn run(pcap: &Path, disable_heuristic: bool, reassemble: bool) -> io::Result<Output> {
     let mut cmd = Command::new("tshark");
     cmd.arg("-r").arg(pcap).arg("-n");
+    if !reassemble {
+        cmd.args(["-o", "tcp.desegment_tcp_streams:FALSE"]);
+    }
     // A segment that starts with an MPA marker (`00 00 00 00`) would be
     // claimed by the ip.access dissector before MPA sees it.
     cmd.args(["--disable-protocol", "gsm_ipa"]);

@@ -271,9 +271,23 @@ impl Context {
         let _ = self.with_qp(qp, |q, env| q.handle_eof(env));
     }
 
-    /// Write bytes for the TCP stream into `out`; returns how many.
+    /// Write bytes for the TCP stream into `out`; returns how many. Stops
+    /// at any byte when `out` is full; the next call continues there.
     pub fn poll_transmit(&mut self, qp: QpId, out: &mut [u8]) -> usize {
-        self.with_qp(qp, |q, env| q.poll_transmit(out, env))
+        self.poll_transmit_within(qp, out, usize::MAX)
+    }
+
+    /// Like [`Context::poll_transmit`], for a transport that keeps FPDUs
+    /// inside TCP segments (RFC 5044 §8, FPDU alignment): no FPDU is
+    /// started that would not end within `limit` bytes of the start of
+    /// `out`. `limit` may exceed `out.len()` when the segment continues in
+    /// a second buffer (a ring wrapping round): an FPDU that fits the
+    /// limit but not `out` is written in part, and the next call, with
+    /// the second buffer and the rest of the limit, finishes it first.
+    /// An FPDU larger than `limit` waits, so a caller passes at least the
+    /// effective MSS the QP was set up with.
+    pub fn poll_transmit_within(&mut self, qp: QpId, out: &mut [u8], limit: usize) -> usize {
+        self.with_qp(qp, |q, env| q.poll_transmit(out, limit, env))
             .unwrap_or(0)
     }
 

@@ -3,10 +3,13 @@
 //! own ingress (the synthetic ARP replies behind static neighbour
 //! entries), and reads the MSS option of every SYN that arrives, because
 //! smoltcp keeps the peer's MSS private and the iWARP layer needs the
-//! effective MSS to size its FPDUs.
+//! effective MSS to size its FPDUs. It also reads the sequence numbers of
+//! the segments smoltcp sends ([`SentTable`]), for the same reason: a
+//! writer that keeps records inside segments must know when everything it
+//! queued has left, which smoltcp does not say.
 
-use std::cell::Cell;
-use std::collections::VecDeque;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
 
 use smoltcp::phy::{self, Device, DeviceCapabilities};
 use smoltcp::time::Instant;
@@ -31,25 +34,56 @@ fn bump(c: &Cell<u64>, n: u64) {
     c.set(c.get().wrapping_add(n));
 }
 
-/// MSS options seen in SYNs: (remote address, remote port, local port) → MSS.
+/// A connection as the tables key it: (remote address, remote port, local
+/// port).
+type Flow = (Ipv4Address, u16, u16);
+
+/// Options of a peer's SYN.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SynOptions {
+    mss: Option<u16>,
+    window_scale: Option<u8>,
+}
+
+/// Options seen in the peers' SYNs: (remote address, remote port, local
+/// port) → MSS and window scale.
 #[derive(Debug, Default)]
 pub(crate) struct MssTable {
-    entries: VecDeque<((Ipv4Address, u16, u16), u16)>,
+    entries: VecDeque<(Flow, SynOptions)>,
 }
 
 impl MssTable {
+    fn find(&self, remote: Ipv4Address, remote_port: u16, local_port: u16) -> Option<SynOptions> {
+        let key = (remote, remote_port, local_port);
+        self.entries
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == key)
+            .map(|(_, o)| *o)
+    }
+
     pub(crate) fn get(
         &self,
         remote: Ipv4Address,
         remote_port: u16,
         local_port: u16,
     ) -> Option<u16> {
-        let key = (remote, remote_port, local_port);
-        self.entries
-            .iter()
-            .rev()
-            .find(|(k, _)| *k == key)
-            .map(|(_, m)| *m)
+        self.find(remote, remote_port, local_port)?.mss
+    }
+
+    /// The shift the peer's window field is scaled by: its SYN's window
+    /// scale option, 0 without one (smoltcp offers scaling in every SYN
+    /// it opens with and answers in kind, so the peer's option decides).
+    pub(crate) fn window_shift(
+        &self,
+        remote: Ipv4Address,
+        remote_port: u16,
+        local_port: u16,
+    ) -> u8 {
+        self.find(remote, remote_port, local_port)
+            .and_then(|o| o.window_scale)
+            .unwrap_or(0)
+            .min(14)
     }
 
     pub(crate) fn forget(&mut self, remote: Ipv4Address, remote_port: u16, local_port: u16) {
@@ -57,16 +91,21 @@ impl MssTable {
         self.entries.retain(|(k, _)| *k != key);
     }
 
-    fn put(&mut self, key: (Ipv4Address, u16, u16), mss: u16) {
-        self.entries.retain(|(k, _)| *k != key);
+    fn put(&mut self, key: Flow, mut options: SynOptions) {
+        if let Some(i) = self.entries.iter().position(|(k, _)| *k == key) {
+            if let Some((_, old)) = self.entries.remove(i) {
+                options.mss = options.mss.or(old.mss);
+            }
+        }
         if self.entries.len() >= MSS_TABLE_CAP {
             self.entries.pop_front();
         }
-        self.entries.push_back((key, mss));
+        self.entries.push_back((key, options));
     }
 
-    /// Look at one received frame; remember the MSS if it is a valid SYN
-    /// carrying one. Never panics on any input.
+    /// Look at one received frame; remember the options if it is a valid
+    /// SYN (a SYN without an MSS keeps the one seen before). Never panics
+    /// on any input.
     fn observe(&mut self, frame: &[u8]) {
         let Ok(eth) = EthernetFrame::new_checked(frame) else {
             return;
@@ -91,11 +130,159 @@ impl MssTable {
             return;
         }
         if let Ok(summary) = tcp.options_summary() {
-            if let Some(mss) = summary.max_segment_size {
-                self.put((src, tcp.src_port(), tcp.dst_port()), mss);
+            let options = SynOptions {
+                mss: summary.max_segment_size,
+                window_scale: summary.window_scale,
+            };
+            self.put((src, tcp.src_port(), tcp.dst_port()), options);
+        }
+    }
+}
+
+/// How many connections [`SentTable`] follows at most. Entries leave with
+/// their connection; past this many (which a stack never has open), new
+/// connections are not followed and [`Stack::unsent`] knows nothing of
+/// them.
+///
+/// [`Stack::unsent`]: crate::Stack::unsent
+const SENT_TABLE_CAP: usize = 1 << 16;
+
+/// Sequence space one connection has sent, from its own segments, and
+/// the peer's acknowledgement and window, from the peer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sent {
+    /// Sequence number of the first data byte (our ISN + 1).
+    pub start: u32,
+    /// One past the highest data byte sent so far.
+    pub next: u32,
+    /// The highest acknowledgement number seen (at most `next`).
+    pub una: u32,
+    /// The window field of the segment that brought `una` (unscaled);
+    /// `None` until the peer acknowledged anything.
+    pub window: Option<u16>,
+}
+
+impl Sent {
+    /// Data bytes sent at least once.
+    pub(crate) fn bytes(&self) -> u32 {
+        self.next.wrapping_sub(self.start)
+    }
+
+    /// Bytes sent and not yet acknowledged.
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.next.wrapping_sub(self.una)
+    }
+}
+
+/// What each connection has sent: (remote address, remote port, local
+/// port) → [`Sent`], kept from the SYN (or SYN-ACK) on. Shared by the
+/// transmit tokens (segments we send) and the receive tokens
+/// (acknowledgements), hence the `RefCell`.
+#[derive(Debug, Default)]
+pub(crate) struct SentTable {
+    entries: RefCell<HashMap<Flow, Sent>>,
+}
+
+impl SentTable {
+    pub(crate) fn get(
+        &self,
+        remote: Ipv4Address,
+        remote_port: u16,
+        local_port: u16,
+    ) -> Option<Sent> {
+        self.entries
+            .borrow()
+            .get(&(remote, remote_port, local_port))
+            .copied()
+    }
+
+    fn forget(&self, remote: Ipv4Address, remote_port: u16, local_port: u16) {
+        self.entries
+            .borrow_mut()
+            .remove(&(remote, remote_port, local_port));
+    }
+
+    /// Look at one frame we send. A SYN starts (or, sent again, restarts)
+    /// its connection's entry; a data segment moves `next` forward (a
+    /// retransmission does not). Ignores everything else.
+    fn observe_sent(&self, frame: &[u8]) {
+        let Some((key, tcp)) = tcp_of(frame, true) else {
+            return;
+        };
+        let seq = tcp.seq_number().0 as u32;
+        let mut entries = self.entries.borrow_mut();
+        if tcp.syn() {
+            let start = seq.wrapping_add(1);
+            if entries.len() < SENT_TABLE_CAP || entries.contains_key(&key) {
+                let sent = Sent {
+                    start,
+                    next: start,
+                    una: start,
+                    window: None,
+                };
+                entries.insert(key, sent);
+            }
+            return;
+        }
+        let len = tcp.payload().len() as u32;
+        if len == 0 {
+            return;
+        }
+        if let Some(s) = entries.get_mut(&key) {
+            let end = seq.wrapping_add(len);
+            if (end.wrapping_sub(s.next) as i32) > 0 {
+                s.next = end;
             }
         }
     }
+
+    /// Look at one frame we receive: an acknowledgement of a followed
+    /// connection that lies between what was acknowledged and what was
+    /// sent moves `una` and takes the segment's window. The checksum is
+    /// not verified (the stack drops a corrupt segment later): a wrong
+    /// window only costs alignment until the next acknowledgement.
+    fn observe_received(&self, frame: &[u8]) {
+        let Some((key, tcp)) = tcp_of(frame, false) else {
+            return;
+        };
+        if !tcp.ack() || tcp.rst() {
+            return;
+        }
+        let mut entries = self.entries.borrow_mut();
+        let Some(s) = entries.get_mut(&key) else {
+            return;
+        };
+        let ack = tcp.ack_number().0 as u32;
+        if ack.wrapping_sub(s.una) <= s.next.wrapping_sub(s.una) {
+            s.una = ack;
+            s.window = Some(tcp.window_len());
+        }
+    }
+}
+
+/// The (remote address, remote port, local port) key and TCP header of an
+/// IPv4/TCP frame we send (`outgoing`) or receive; `None` for anything
+/// else. Never panics on any input.
+fn tcp_of(frame: &[u8], outgoing: bool) -> Option<(Flow, TcpPacket<&[u8]>)> {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
+        return None;
+    }
+    let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+    if ip.next_header() != IpProtocol::Tcp || ip.more_frags() || ip.frag_offset() != 0 {
+        return None;
+    }
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    let ip_start = EthernetFrame::<&[u8]>::header_len();
+    let tcp_bytes = frame
+        .get(ip_start + usize::from(ip.header_len())..ip_start + usize::from(ip.total_len()))?;
+    let tcp = TcpPacket::new_checked(tcp_bytes).ok()?;
+    let key = if outgoing {
+        (dst, tcp.dst_port(), tcp.src_port())
+    } else {
+        (src, tcp.src_port(), tcp.dst_port())
+    };
+    Some((key, tcp))
 }
 
 /// The wrapper device. See the module documentation.
@@ -104,6 +291,7 @@ pub(crate) struct Port<D> {
     pub inner: D,
     pub inject: VecDeque<Vec<u8>>,
     pub mss: MssTable,
+    pub sent: SentTable,
     pub counters: PortCounters,
 }
 
@@ -113,8 +301,15 @@ impl<D> Port<D> {
             inner,
             inject: VecDeque::new(),
             mss: MssTable::default(),
+            sent: SentTable::default(),
             counters: PortCounters::default(),
         }
+    }
+
+    /// A connection is gone: drop what the tables hold for it.
+    pub(crate) fn forget(&mut self, remote: Ipv4Address, remote_port: u16, local_port: u16) {
+        self.mss.forget(remote, remote_port, local_port);
+        self.sent.forget(remote, remote_port, local_port);
     }
 }
 
@@ -123,6 +318,7 @@ pub(crate) enum PortRx<'a, R> {
     Device {
         token: R,
         mss: &'a mut MssTable,
+        sent: &'a SentTable,
         counters: &'a PortCounters,
     },
     Injected(Vec<u8>),
@@ -137,11 +333,13 @@ impl<R: phy::RxToken> phy::RxToken for PortRx<'_, R> {
             Self::Device {
                 token,
                 mss,
+                sent,
                 counters,
             } => token.consume(|buf| {
                 bump(&counters.rx_frames, 1);
                 bump(&counters.rx_bytes, buf.len() as u64);
                 mss.observe(buf);
+                sent.observe_received(buf);
                 f(buf)
             }),
             Self::Injected(frame) => f(&frame),
@@ -156,12 +354,14 @@ impl<R: phy::RxToken> phy::RxToken for PortRx<'_, R> {
     }
 }
 
-/// Transmit token: counts what goes out. An injected frame comes with a
-/// token that discards (smoltcp answers no ARP reply, so it stays unused).
+/// Transmit token: counts what goes out and notes what each connection
+/// sent. An injected frame comes with a token that discards (smoltcp
+/// answers no ARP reply, so it stays unused).
 pub(crate) enum PortTx<'a, T> {
     Device {
         token: T,
         counters: &'a PortCounters,
+        sent: &'a SentTable,
     },
     Discard,
 }
@@ -172,10 +372,18 @@ impl<T: phy::TxToken> phy::TxToken for PortTx<'_, T> {
         F: FnOnce(&mut [u8]) -> R,
     {
         match self {
-            Self::Device { token, counters } => {
+            Self::Device {
+                token,
+                counters,
+                sent,
+            } => {
                 bump(&counters.tx_frames, 1);
                 bump(&counters.tx_bytes, len as u64);
-                token.consume(len, f)
+                token.consume(len, |buf| {
+                    let r = f(buf);
+                    sent.observe_sent(buf);
+                    r
+                })
             }
             Self::Discard => f(&mut vec![0; len]),
         }
@@ -208,20 +416,24 @@ impl<D: Device> Device for Port<D> {
             PortRx::Device {
                 token: rx,
                 mss: &mut self.mss,
+                sent: &self.sent,
                 counters,
             },
             PortTx::Device {
                 token: tx,
                 counters,
+                sent: &self.sent,
             },
         ))
     }
 
     fn transmit(&mut self, timestamp: Instant) -> Option<Self::TxToken<'_>> {
-        let counters = &self.counters;
-        self.inner
-            .transmit(timestamp)
-            .map(|token| PortTx::Device { token, counters })
+        let (counters, sent) = (&self.counters, &self.sent);
+        self.inner.transmit(timestamp).map(|token| PortTx::Device {
+            token,
+            counters,
+            sent,
+        })
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
@@ -237,9 +449,10 @@ mod tests {
         EthernetAddress, EthernetRepr, IpAddress, Ipv4Repr, TcpControl, TcpRepr, TcpSeqNumber,
     };
 
+    const PEER: Ipv4Address = Ipv4Address::new(198, 18, 0, 1);
+    const US: Ipv4Address = Ipv4Address::new(198, 18, 0, 2);
+
     fn syn(mss: Option<u16>, corrupt: bool) -> Vec<u8> {
-        let src = Ipv4Address::new(198, 18, 0, 1);
-        let dst = Ipv4Address::new(198, 18, 0, 2);
         let tcp = TcpRepr {
             src_port: 40000,
             dst_port: 7174,
@@ -254,6 +467,46 @@ mod tests {
             timestamp: None,
             payload: &[],
         };
+        frame(PEER, US, &tcp, corrupt)
+    }
+
+    /// A segment of the connection PEER:40000 ↔ US:7174; `outgoing`: ours.
+    fn segment(
+        outgoing: bool,
+        syn: bool,
+        seq: u32,
+        ack: Option<u32>,
+        window: u16,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let (sp, dp) = if outgoing {
+            (7174, 40000)
+        } else {
+            (40000, 7174)
+        };
+        let tcp = TcpRepr {
+            src_port: sp,
+            dst_port: dp,
+            control: if syn {
+                TcpControl::Syn
+            } else {
+                TcpControl::None
+            },
+            seq_number: TcpSeqNumber(seq as i32),
+            ack_number: ack.map(|a| TcpSeqNumber(a as i32)),
+            window_len: window,
+            window_scale: None,
+            max_seg_size: None,
+            sack_permitted: false,
+            sack_ranges: [None; 3],
+            timestamp: None,
+            payload,
+        };
+        let (src, dst) = if outgoing { (US, PEER) } else { (PEER, US) };
+        frame(src, dst, &tcp, false)
+    }
+
+    fn frame(src: Ipv4Address, dst: Ipv4Address, tcp: &TcpRepr<'_>, corrupt: bool) -> Vec<u8> {
         let ip = Ipv4Repr {
             src_addr: src,
             dst_addr: dst,
@@ -296,11 +549,98 @@ mod tests {
     }
 
     #[test]
+    fn follows_what_a_connection_sent_and_the_peer_acknowledged() {
+        let t = SentTable::default();
+        let isn = u32::MAX - 100; // the sequence space wraps below
+        assert_eq!(t.get(PEER, 40000, 7174), None);
+        // Data before a SYN (a connection not followed) is ignored.
+        t.observe_sent(&segment(true, false, 5, Some(1), 100, &[0; 10]));
+        assert_eq!(t.get(PEER, 40000, 7174), None);
+        t.observe_sent(&segment(true, true, isn, Some(1), 100, &[]));
+        let start = isn.wrapping_add(1);
+        let s = t.get(PEER, 40000, 7174).unwrap();
+        assert_eq!(
+            (s.start, s.next, s.una, s.window),
+            (start, start, start, None)
+        );
+        t.observe_sent(&segment(true, false, start, Some(1), 100, &[0; 300]));
+        t.observe_sent(&segment(
+            true,
+            false,
+            start.wrapping_add(300),
+            Some(1),
+            100,
+            &[0; 200],
+        ));
+        // A retransmission does not move `next`.
+        t.observe_sent(&segment(true, false, start, Some(1), 100, &[0; 300]));
+        let s = t.get(PEER, 40000, 7174).unwrap();
+        assert_eq!((s.bytes(), s.in_flight()), (500, 500));
+        // Acknowledgements: in range they count, beyond what was sent not.
+        t.observe_received(&segment(
+            false,
+            false,
+            1,
+            Some(start.wrapping_add(300)),
+            77,
+            &[],
+        ));
+        t.observe_received(&segment(
+            false,
+            false,
+            1,
+            Some(start.wrapping_add(501)),
+            99,
+            &[],
+        ));
+        let s = t.get(PEER, 40000, 7174).unwrap();
+        assert_eq!((s.in_flight(), s.window), (200, Some(77)));
+        // An old acknowledgement (reordered) does not move it back.
+        t.observe_received(&segment(
+            false,
+            false,
+            1,
+            Some(start.wrapping_add(100)),
+            5,
+            &[],
+        ));
+        assert_eq!(t.get(PEER, 40000, 7174).unwrap().window, Some(77));
+        t.observe_received(&segment(
+            false,
+            false,
+            1,
+            Some(start.wrapping_add(500)),
+            88,
+            &[],
+        ));
+        let s = t.get(PEER, 40000, 7174).unwrap();
+        assert_eq!((s.in_flight(), s.window), (0, Some(88)));
+        t.forget(PEER, 40000, 7174);
+        assert_eq!(t.get(PEER, 40000, 7174), None);
+    }
+
+    #[test]
+    fn window_shift_from_the_peers_syn() {
+        let mut t = MssTable::default();
+        assert_eq!(t.window_shift(PEER, 40000, 7174), 0);
+        t.observe(&syn(Some(1400), false));
+        assert_eq!(t.window_shift(PEER, 40000, 7174), 3);
+        assert_eq!(t.get(PEER, 40000, 7174), Some(1400));
+    }
+
+    #[test]
     fn never_panics_on_garbage() {
         let mut t = MssTable::default();
+        let sent = SentTable::default();
+        sent.observe_sent(&segment(true, true, 1, None, 100, &[]));
         let good = syn(Some(1400), false);
+        let data = segment(false, false, 1, Some(2), 100, &[1; 40]);
         for cut in 0..good.len() {
             t.observe(&good[..cut]);
+        }
+        for cut in 0..data.len() {
+            sent.observe_sent(&data[..cut]);
+            sent.observe_received(&data[..cut]);
         }
         let mut x = 0x1234_5678u32;
         for len in 0..200 {
@@ -313,6 +653,8 @@ mod tests {
                 })
                 .collect();
             t.observe(&junk);
+            sent.observe_sent(&junk);
+            sent.observe_received(&junk);
         }
     }
 }

@@ -28,6 +28,11 @@ const NEIGHBOR_REFRESH: Duration = Duration::from_secs(30);
 /// smoltcp's assumption when the peer's SYN carried no MSS option.
 const DEFAULT_REMOTE_MSS: usize = 536;
 
+/// The smallest segment [`Stack::send_segment`] offers a writer, whatever
+/// the peer's MSS: the iWARP layer's smallest full FPDU fits (a peer that
+/// announces less gets segments that split FPDUs, not a stall).
+const MIN_SEGMENT_LIMIT: usize = 128;
+
 /// A connection of a [`Stack`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(SocketHandle);
@@ -101,6 +106,9 @@ struct Conn {
     reset: bool,
     local_port: u16,
     remote: Option<(Ipv4Address, u16)>,
+    /// Bytes queued into the socket so far (mod 2^32), for
+    /// [`Stack::unsent`].
+    written: u32,
 }
 
 impl Conn {
@@ -112,6 +120,7 @@ impl Conn {
             reset: false,
             local_port,
             remote: None,
+            written: 0,
         }
     }
 }
@@ -158,6 +167,23 @@ impl<D: Device> fmt::Debug for Stack<D> {
             .field("connections", &self.conns.len())
             .field("counters", &self.counters())
             .finish_non_exhaustive()
+    }
+}
+
+/// See [`Stack::segment_room`].
+struct SegmentRoom {
+    /// Queued bytes not sent even once.
+    unsent: usize,
+    /// What the peer's last window leaves while bytes are in flight;
+    /// `None` with nothing in flight, or before its first acknowledgement
+    /// (then a segment goes out whatever the window, or as a probe).
+    room: Option<usize>,
+}
+
+/// Drop what the device wrapper's tables hold for a connection.
+fn forget<D>(port: &mut Port<D>, c: &Conn) {
+    if let Some((ip, remote_port)) = c.remote {
+        port.forget(ip, remote_port, c.local_port);
     }
 }
 
@@ -332,7 +358,9 @@ impl<D: Device> Stack<D> {
         };
         let l = self.listeners.swap_remove(i);
         for h in l.socket.into_iter().chain(l.half_open).chain(l.ready) {
-            self.conns.remove(&h);
+            if let Some(c) = self.conns.remove(&h) {
+                forget(&mut self.port, &c);
+            }
             self.sockets.remove(h);
         }
     }
@@ -443,6 +471,78 @@ impl<D: Device> Stack<D> {
         conn: ConnId,
         mut f: F,
     ) -> Result<usize, Error> {
+        self.send_limited(conn, usize::MAX, |buf, _| f(buf))
+    }
+
+    /// Queue at most one segment for a writer whose records (FPDUs) must
+    /// not straddle segments (RFC 5044 §8, FPDU alignment). `f` gets free
+    /// space and the bytes left in the segment, which may exceed the space
+    /// when the ring wraps; it writes whole records up to that limit, and
+    /// a record it split at the wrap is finished by the second call.
+    ///
+    /// smoltcp cuts a segment from its send pointer at the smallest of the
+    /// MSS, the bytes queued, the peer's window and the congestion window,
+    /// and says nothing of either window or of what it sent. The device
+    /// wrapper reads that from the segments going out and the
+    /// acknowledgements coming in, so this queues nothing (`Ok(0)`) while
+    /// bytes queued before are unsent, and no more than the peer's last
+    /// window leaves while bytes are in flight. A segment then holds
+    /// exactly what one call queued, unless the congestion window is
+    /// smaller (slow start, loss recovery): then the rest follows in a
+    /// segment of its own and the next call starts aligned again.
+    /// Retransmissions are smoltcp's and cut at the MSS.
+    ///
+    /// Call again after [`Stack::poll_egress`] to queue the next segment. A
+    /// connection the wrapper does not follow gets [`Stack::send`]'s plain
+    /// stream.
+    pub fn send_segment<F: FnMut(&mut [u8], usize) -> usize>(
+        &mut self,
+        conn: ConnId,
+        mut f: F,
+    ) -> Result<usize, Error> {
+        let Some(SegmentRoom { unsent, room }) = self.segment_room(conn) else {
+            return self.send(conn, |buf| f(buf, usize::MAX));
+        };
+        let Some(emss) = self.emss(conn) else {
+            return Ok(0);
+        };
+        if unsent > 0 {
+            return Ok(0);
+        }
+        let segment = emss.max(MIN_SEGMENT_LIMIT);
+        // What the window holds; an acknowledgement will open it.
+        let limit = room.map_or(segment, |room| segment.min(room));
+        if limit == 0 {
+            return Ok(0);
+        }
+        self.send_limited(conn, limit, f)
+    }
+
+    /// For [`Stack::send_segment`]: what the connection has queued, sent
+    /// and may send, as far as the device wrapper saw its segments.
+    fn segment_room(&self, conn: ConnId) -> Option<SegmentRoom> {
+        let c = self.conns.get(&conn.0)?;
+        let (ip, port) = c.remote?;
+        let sent = self.port.sent.get(ip, port, c.local_port)?;
+        // A FIN takes a sequence number too: clamp at zero.
+        let unsent = (c.written.wrapping_sub(sent.bytes()) as i32).max(0) as usize;
+        let flight = sent.in_flight();
+        let room = sent.window.filter(|_| flight > 0).map(|w| {
+            let shift = self.port.mss.window_shift(ip, port, c.local_port);
+            let window = u64::from(w) << shift;
+            window.saturating_sub(u64::from(flight)) as usize
+        });
+        Some(SegmentRoom { unsent, room })
+    }
+
+    /// [`Stack::send`] with at most `limit` bytes, passing the writer how
+    /// many of them are left.
+    fn send_limited<F: FnMut(&mut [u8], usize) -> usize>(
+        &mut self,
+        conn: ConnId,
+        limit: usize,
+        mut f: F,
+    ) -> Result<usize, Error> {
         let s = self.socket(conn)?;
         if matches!(s.state(), State::SynSent | State::SynReceived) {
             return Ok(0);
@@ -452,11 +552,13 @@ impl<D: Device> Stack<D> {
         }
         let mut total = 0;
         for _ in 0..2 {
-            if !s.can_send() {
+            if !s.can_send() || total >= limit {
                 break;
             }
+            let left = limit - total;
             let r = s.send(|buf| {
-                let n = f(buf).min(buf.len());
+                let room = buf.len().min(left);
+                let n = f(&mut buf[..room], left).min(room);
                 (n, (n, n == buf.len()))
             });
             match r {
@@ -469,8 +571,18 @@ impl<D: Device> Stack<D> {
                 Err(_) => break,
             }
         }
+        if let Some(c) = self.conns.get_mut(&conn.0) {
+            c.written = c.written.wrapping_add(total as u32);
+        }
         self.egress_due |= total > 0;
         Ok(total)
+    }
+
+    /// Bytes queued into the connection that smoltcp has not sent even
+    /// once yet (in flight or acknowledged bytes do not count). `None` for
+    /// a connection whose segments the stack does not follow.
+    pub fn unsent(&self, conn: ConnId) -> Option<usize> {
+        self.segment_room(conn).map(|r| r.unsent)
     }
 
     /// Copy `data` into the transmit ring (as much as fits).
@@ -515,9 +627,7 @@ impl<D: Device> Stack<D> {
     pub fn release(&mut self, conn: ConnId) -> Result<(), Error> {
         self.stir();
         let c = self.conns.remove(&conn.0).ok_or(Error::UnknownConnection)?;
-        if let Some((ip, port)) = c.remote {
-            self.port.mss.forget(ip, port, c.local_port);
-        }
+        forget(&mut self.port, &c);
         self.sockets.remove(conn.0);
         Ok(())
     }
@@ -683,6 +793,17 @@ impl<D: Device> Stack<D> {
         did
     }
 
+    /// One round of egress: each socket sends at most one segment. Lets
+    /// a writer that queues a segment at a time ([`Stack::send_segment`])
+    /// queue the next; [`Stack::poll`] still follows for timers and state.
+    pub fn poll_egress(&mut self, now: Instant) -> bool {
+        matches!(
+            self.iface
+                .poll_egress(now, &mut self.port, &mut self.sockets),
+            PollResult::SocketStateChanged
+        )
+    }
+
     /// Whether [`Stack::poll`] may have work at `now` although no frame
     /// arrived: false after a poll that found nothing to do, until a timer
     /// of smoltcp's is due or a call changed a socket. A caller that
@@ -754,7 +875,9 @@ impl<D: Device> Stack<D> {
                         // Reset during the handshake: smoltcp returns such a
                         // socket to Listen; the port has its own listener.
                         l.half_open.swap_remove(i);
-                        self.conns.remove(&h);
+                        if let Some(c) = self.conns.remove(&h) {
+                            forget(&mut self.port, &c);
+                        }
                         self.sockets.remove(h);
                         self.counters.half_open_dropped += 1;
                     }

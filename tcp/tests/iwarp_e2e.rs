@@ -27,12 +27,14 @@ struct End {
     cq: CqId,
     qp: QpId,
     conn: ConnId,
+    /// Hand the stack one segment of whole FPDUs at a time.
+    aligned: bool,
     events: Vec<QpEvent>,
     completions: Vec<WorkCompletion>,
 }
 
 impl End {
-    fn new(seed: u64, emss: usize, conn: ConnId) -> Self {
+    fn new(seed: u64, emss: usize, conn: ConnId, aligned: bool) -> Self {
         let mut ctx = Context::new(seed);
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(4096);
@@ -47,6 +49,7 @@ impl End {
             cq,
             qp,
             conn,
+            aligned,
             events: Vec::new(),
             completions: Vec::new(),
         }
@@ -77,9 +80,14 @@ impl End {
         if stack.is_eof(self.conn) {
             ctx.handle_eof(qp);
         }
-        let tx = stack
-            .send(self.conn, |buf| ctx.poll_transmit(qp, buf))
-            .unwrap_or(0);
+        let tx = if self.aligned {
+            stack.send_segment(self.conn, |buf, limit| {
+                ctx.poll_transmit_within(qp, buf, limit)
+            })
+        } else {
+            stack.send(self.conn, |buf| ctx.poll_transmit(qp, buf))
+        }
+        .unwrap_or(0);
         let mut moved = rx + tx > 0;
         while let Some(ev) = ctx.poll_event(qp) {
             if let QpEvent::ConnectRequest(_) = ev {
@@ -154,7 +162,19 @@ fn lossy() -> LinkConfig {
 /// Run the exchange; returns tshark's report (None without tshark) and
 /// the number of FPDUs at least expected.
 fn run(name: &str, link: LinkConfig) -> Option<(iwarp::tshark::Report, usize)> {
-    let mut sim = Sim::new(Config::default(), Config::default(), link);
+    run_with(name, link, Config::default(), false, |_| ()).map(|(r, ())| r)
+}
+
+/// [`run`] with both stacks on `config`, the QPs writing a segment at a
+/// time when `aligned`, and `judge` run on the capture too.
+fn run_with<T>(
+    name: &str,
+    link: LinkConfig,
+    config: Config,
+    aligned: bool,
+    judge: impl FnOnce(&std::path::Path) -> T,
+) -> Option<((iwarp::tshark::Report, usize), T)> {
+    let mut sim = Sim::new(config, config, link);
     let path =
         std::env::temp_dir().join(format!("iwarp-tcp-e2e-{name}-{}.pcap", std::process::id()));
     let file = std::fs::File::create(&path).unwrap();
@@ -166,8 +186,8 @@ fn run(name: &str, link: LinkConfig) -> Option<(iwarp::tshark::Report, usize)> {
     let (ca, cb) = connect(&mut sim, 40000, Duration::from_secs(30));
     let emss = sim.a.emss(ca).unwrap();
     assert_eq!(sim.b.emss(cb), Some(emss));
-    let mut a = End::new(0xa11ce, emss, ca);
-    let mut b = End::new(0xb0b, emss, cb);
+    let mut a = End::new(0xa11ce, emss, ca, aligned);
+    let mut b = End::new(0xb0b, emss, cb, aligned);
     let mpa = MpaConfig {
         revision: 1,
         crc: true,
@@ -308,6 +328,7 @@ fn run(name: &str, link: LinkConfig) -> Option<(iwarp::tshark::Report, usize)> {
         return None;
     }
     let r = iwarp::tshark::analyze(&path).unwrap();
+    let judged = judge(&path);
     if std::env::var("E2E_KEEP").is_err() {
         let _ = std::fs::remove_file(&path);
     }
@@ -322,7 +343,7 @@ fn run(name: &str, link: LinkConfig) -> Option<(iwarp::tshark::Report, usize)> {
     );
     // At least one FPDU per MULPDU of payload.
     let min_fpdus = (WRITE_LEN + READ_LEN + SEND_LEN * SENDS) / emss;
-    Some((r, min_fpdus))
+    Some(((r, min_fpdus), judged))
 }
 
 fn common_checks(r: &iwarp::tshark::Report) {
@@ -358,4 +379,51 @@ fn rdma_write_read_send_over_lossy_tcp_with_pcap() {
         return;
     };
     assert!(r.fpdus > 0, "tshark found the iWARP stream: {r:?}");
+}
+
+/// FPDU alignment: with `Stack::send_segment` every segment starts with an
+/// FPDU and holds whole ones, so tshark decodes the FPDUs also with TCP
+/// reassembly off, segment by segment. Two things may still cut a segment
+/// short of what was queued: the congestion window, which smoltcp does
+/// not expose (this run turns congestion control off), and the end of the
+/// transmit ring, since smoltcp puts only contiguous ring bytes into a
+/// segment: at most one FPDU per ring's worth of data. Nothing else does
+/// (the peer's window, message boundaries, Read Responses, both
+/// directions). With the plain stream, few FPDUs decode that way.
+#[test]
+fn aligned_segments_decode_one_by_one_in_tshark() {
+    let no_cc = Config {
+        congestion: smoltcp::socket::tcp::CongestionControl::None,
+        ..Config::default()
+    };
+    let mut per_segment = Vec::new();
+    for aligned in [true, false] {
+        let name = if aligned { "aligned" } else { "stream" };
+        let Some((r, path)) = run_with(name, LinkConfig::default(), no_cc, aligned, |path| {
+            iwarp::tshark::analyze_segments(path).unwrap()
+        }) else {
+            return;
+        };
+        let whole = r.0;
+        common_checks(&whole);
+        assert!(whole.fpdus >= r.1, "{} < {}", whole.fpdus, r.1);
+        eprintln!(
+            "{name}: {} of {} FPDUs decode segment by segment",
+            path.fpdus, whole.fpdus
+        );
+        assert_eq!(path.malformed, 0, "{path:?}");
+        assert_eq!(path.bad_crc, 0, "{path:?}");
+        per_segment.push((path.fpdus, whole.fpdus));
+    }
+    let (aligned, stream) = (per_segment[0], per_segment[1]);
+    let wraps = (WRITE_LEN + SEND_LEN * SENDS + READ_LEN) / no_cc.tx_buffer + 2;
+    assert!(
+        aligned.1 - aligned.0 <= wraps,
+        "FPDUs split: {} (ring wraps: at most {wraps})",
+        aligned.1 - aligned.0
+    );
+    assert!(
+        stream.0 * 4 < stream.1,
+        "the plain stream is not aligned: {stream:?}"
+    );
 }

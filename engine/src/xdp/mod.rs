@@ -136,6 +136,12 @@ pub struct XdpConfig {
     pub pcap: Option<PathBuf>,
     /// The user-space TCP's settings.
     pub tcp: iwarp_tcp::Config,
+    /// Keep FPDUs inside TCP segments (RFC 5044 §8): every segment starts
+    /// with an FPDU and holds only whole ones, except where the peer's
+    /// window or the congestion window cuts a segment short. Each
+    /// connection then hands smoltcp one segment at a time. Off: FPDUs
+    /// are written as a plain byte stream, and smoltcp cuts it at the MSS.
+    pub align_fpdus: bool,
 }
 
 impl XdpConfig {
@@ -159,6 +165,7 @@ impl XdpConfig {
             busy_poll: true,
             pcap: None,
             tcp: iwarp_tcp::Config::default(),
+            align_fpdus: true,
         }
     }
 

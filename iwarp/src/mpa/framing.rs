@@ -210,6 +210,13 @@ impl TxFramer {
         self.remaining
     }
 
+    /// The wire length of the current FPDU if it was started and none of
+    /// its bytes (not even a marker before it) has been written yet.
+    pub fn unwritten_len(&self) -> Option<usize> {
+        (self.phase == TxPhase::Header && self.off == 0 && self.pos == self.len_pos)
+            .then(|| wire_len(usize::from(self.ulpdu_len), self.pos, self.markers))
+    }
+
     /// Begin an FPDU whose ULPDU has `ulpdu_len` bytes.
     ///
     /// With markers on, keep `ulpdu_len` at or below [`mulpdu`]: FPDUPTR is

@@ -736,8 +736,15 @@ impl Qp {
             || !self.sq.is_empty()
     }
 
-    /// Write the next bytes for the TCP stream into `out`; returns how many.
-    pub(crate) fn poll_transmit(&mut self, out: &mut [u8], env: &mut Env<'_>) -> usize {
+    /// Write the next bytes for the TCP stream into `out`; returns how
+    /// many. No FPDU is started whose wire length exceeds what is left of
+    /// `limit` (`usize::MAX`: no such bound).
+    pub(crate) fn poll_transmit(
+        &mut self,
+        out: &mut [u8],
+        limit: usize,
+        env: &mut Env<'_>,
+    ) -> usize {
         let mut n = 0;
         if let Some(hs) = self.handshake.as_mut() {
             n += hs.poll_transmit(out);
@@ -760,7 +767,7 @@ impl Qp {
             self.state,
             QpState::Rts | QpState::Closing | QpState::Terminate | QpState::Error
         ) {
-            n += self.tx_output(&mut out[n..], env);
+            n += self.tx_output(&mut out[n..], limit.saturating_sub(n), env);
         }
         n
     }

@@ -263,14 +263,23 @@ impl Qp {
             || self.state == QpState::Terminate
     }
 
-    /// Write FPDUs into `out`. Returns bytes written.
-    pub(super) fn tx_output(&mut self, out: &mut [u8], env: &mut Env<'_>) -> usize {
+    /// Write FPDUs into `out`, starting none whose wire length exceeds
+    /// what is left of `limit` (see [`Context::poll_transmit_within`]).
+    /// Returns bytes written.
+    ///
+    /// [`Context::poll_transmit_within`]: crate::verbs::Context::poll_transmit_within
+    pub(super) fn tx_output(&mut self, out: &mut [u8], limit: usize, env: &mut Env<'_>) -> usize {
         if self.tx.framer.is_none() || !self.can_send() {
             return 0;
         }
         let mut n = 0;
         loop {
             if self.tx.fpdu.is_none() && !self.tx_next_fpdu(env) {
+                break;
+            }
+            let unwritten = self.tx.framer.as_ref().and_then(TxFramer::unwritten_len);
+            if unwritten.is_some_and(|len| len > limit.saturating_sub(n)) {
+                // Stays set up; a later call with more room sends it.
                 break;
             }
             let (w, done) = self.tx_fpdu_bytes(&mut out[n..], env);
