@@ -59,6 +59,9 @@ pub enum Config {
     AfxdpCrcOn,
     /// RDMA over the AF_XDP engine, MPA CRC and markers on.
     AfxdpCrcMarkers,
+    /// `afxdp-crc-on` with FPDU alignment off: the engine writes FPDUs
+    /// as a plain byte stream and smoltcp cuts it at the MSS.
+    AfxdpCrcOnStream,
     /// RDMA over the kernel-socket engine, MPA CRC off.
     KernelCrcOff,
     /// RDMA over the kernel-socket engine, MPA CRC on.
@@ -86,11 +89,22 @@ impl Config {
 
     /// The engine of an RDMA configuration.
     pub fn engine(self) -> Option<Engine> {
-        let e = |xdp, crc, markers| Some(Engine { xdp, crc, markers });
+        let e = |xdp, crc, markers| {
+            Some(Engine {
+                xdp,
+                crc,
+                markers,
+                align: true,
+            })
+        };
         match self {
             Self::AfxdpCrcOff => e(true, false, false),
             Self::AfxdpCrcOn => e(true, true, false),
             Self::AfxdpCrcMarkers => e(true, true, true),
+            Self::AfxdpCrcOnStream => Some(Engine {
+                align: false,
+                ..e(true, true, false)?
+            }),
             Self::KernelCrcOff => e(false, false, false),
             Self::KernelCrcOn => e(false, true, false),
             _ => None,

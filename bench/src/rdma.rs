@@ -29,6 +29,8 @@ pub struct Engine {
     pub crc: bool,
     /// MPA markers.
     pub markers: bool,
+    /// AF_XDP: keep FPDUs inside TCP segments (`XdpConfig::align_fpdus`).
+    pub align: bool,
 }
 
 fn err(msg: impl Into<String>) -> io::Error {
@@ -44,6 +46,7 @@ fn backend(e: Engine, side_b: bool, mtu: usize) -> Backend {
     c.attach = AttachMode::Native;
     c.busy_poll = false;
     c.mtu = mtu;
+    c.align_fpdus = e.align;
     Backend::AfXdp(c)
 }
 

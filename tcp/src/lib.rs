@@ -16,9 +16,17 @@
 //! 2. For each connection, [`Stack::recv`] hands the received bytes to a
 //!    closure (for iWARP: `Context::handle_input`) and [`Stack::send`]
 //!    lets a closure fill the transmit ring (`Context::poll_transmit`),
-//!    whole FPDUs sized from [`Stack::emss`].
+//!    FPDUs sized from [`Stack::emss`].
 //! 3. [`Stack::poll`] again to send what was written; repeat while it
 //!    returns true, then wait until [`Stack::poll_at`].
+//!
+//! FPDU alignment (RFC 5044 §8): with [`Stack::send_segment`] instead of
+//! [`Stack::send`] (and `Context::poll_transmit_within` in the closure),
+//! each call queues one segment of whole FPDUs, and only once the last one
+//! has left; [`Stack::poll_egress`] sends a round of such segments, after
+//! which the connections queue the next. smoltcp neither exposes what it
+//! has sent nor the peer's window, so the device wrapper reads both from
+//! the segments passing through it.
 //!
 //! ```
 //! use iwarp_tcp::sim::{LinkConfig, Sim, Step};

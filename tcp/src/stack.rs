@@ -109,6 +109,29 @@ struct Conn {
     /// Bytes queued into the socket so far (mod 2^32), for
     /// [`Stack::unsent`].
     written: u32,
+    /// Learnt from the SYNs once established: the effective MSS and the
+    /// shift of the peer's window field.
+    peer: Option<Peer>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Peer {
+    emss: usize,
+    window_shift: u8,
+}
+
+impl Peer {
+    fn of<D: Device>(port: &Port<D>, c: &Conn) -> Option<Self> {
+        let (ip, remote_port) = c.remote?;
+        let remote = port
+            .mss
+            .get(ip, remote_port, c.local_port)
+            .map_or(DEFAULT_REMOTE_MSS, usize::from);
+        Some(Self {
+            emss: local_mss(port).min(remote),
+            window_shift: port.mss.window_shift(ip, remote_port, c.local_port),
+        })
+    }
 }
 
 impl Conn {
@@ -121,6 +144,7 @@ impl Conn {
             local_port,
             remote: None,
             written: 0,
+            peer: None,
         }
     }
 }
@@ -168,6 +192,14 @@ impl<D: Device> fmt::Debug for Stack<D> {
             .field("counters", &self.counters())
             .finish_non_exhaustive()
     }
+}
+
+/// The MSS the device's MTU allows.
+fn local_mss<D: Device>(port: &Port<D>) -> usize {
+    let caps = port.inner.capabilities();
+    caps.max_transmission_unit
+        .saturating_sub(EthernetFrame::<&[u8]>::header_len())
+        .saturating_sub(IPV4_HEADER_LEN + TCP_HEADER_LEN)
 }
 
 /// See [`Stack::segment_room`].
@@ -527,8 +559,8 @@ impl<D: Device> Stack<D> {
         // A FIN takes a sequence number too: clamp at zero.
         let unsent = (c.written.wrapping_sub(sent.bytes()) as i32).max(0) as usize;
         let flight = sent.in_flight();
+        let shift = c.peer.map_or(0, |p| p.window_shift);
         let room = sent.window.filter(|_| flight > 0).map(|w| {
-            let shift = self.port.mss.window_shift(ip, port, c.local_port);
             let window = u64::from(w) << shift;
             window.saturating_sub(u64::from(flight)) as usize
         });
@@ -705,25 +737,12 @@ impl<D: Device> Stack<D> {
     /// (MULPDU) from it. `None` before the handshake completes.
     pub fn emss(&self, conn: ConnId) -> Option<usize> {
         let c = self.conns.get(&conn.0)?;
-        if !c.established {
-            return None;
-        }
-        let (ip, port) = c.remote?;
-        let local = self.local_mss();
-        let remote = self
-            .port
-            .mss
-            .get(ip, port, c.local_port)
-            .map_or(DEFAULT_REMOTE_MSS, usize::from);
-        Some(local.min(remote))
+        c.peer.filter(|_| c.established).map(|p| p.emss)
     }
 
     /// The MSS our MTU allows (what our SYNs announce).
     pub fn local_mss(&self) -> usize {
-        let caps = self.port.inner.capabilities();
-        caps.max_transmission_unit
-            .saturating_sub(EthernetFrame::<&[u8]>::header_len())
-            .saturating_sub(IPV4_HEADER_LEN + TCP_HEADER_LEN)
+        local_mss(&self.port)
     }
 
     /// Process up to [`Config::ingress_budget`] received frames, hand new
@@ -931,6 +950,9 @@ impl<D: Device> Stack<D> {
                     }
                 }
                 _ => {}
+            }
+            if c.established && c.peer.is_none() {
+                c.peer = Peer::of(&self.port, c);
             }
             c.last = state;
         }

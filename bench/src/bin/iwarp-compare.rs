@@ -70,6 +70,7 @@ fn main() -> std::process::ExitCode {
         for cfg in [
             Config::AfxdpCrcOn,
             Config::AfxdpCrcOff,
+            Config::AfxdpCrcOnStream,
             Config::SmoltcpRaw,
             Config::TcpStream,
         ] {
@@ -120,6 +121,13 @@ fn main() -> std::process::ExitCode {
             med(Config::TcpBlocking, "half_rtt"),
             "<=",
             0.6,
+        ),
+        Ratio::new(
+            "64 KiB write bw afxdp-crc-on / afxdp-crc-on-stream (FPDU alignment)",
+            med(Config::AfxdpCrcOn, "bandwidth"),
+            med(Config::AfxdpCrcOnStream, "bandwidth"),
+            ">=",
+            0.95,
         ),
         Ratio::new(
             "64 KiB write bw afxdp-crc-on / tcp-stream",

@@ -137,17 +137,19 @@ pub struct XdpConfig {
     /// The user-space TCP's settings.
     pub tcp: iwarp_tcp::Config,
     /// Keep FPDUs inside TCP segments (RFC 5044 §8): every segment starts
-    /// with an FPDU and holds only whole ones, except where the peer's
-    /// window or the congestion window cuts a segment short. Each
-    /// connection then hands smoltcp one segment at a time. Off: FPDUs
-    /// are written as a plain byte stream, and smoltcp cuts it at the MSS.
+    /// with an FPDU and holds only whole ones; each connection hands
+    /// smoltcp one segment at a time, within the peer's window. Segments
+    /// are still cut short by smoltcp's congestion window (slow start,
+    /// loss recovery), at the end of its transmit ring and in its
+    /// retransmissions (see the crate documentation). Off: FPDUs are
+    /// written as a plain byte stream, and smoltcp cuts it at the MSS.
     pub align_fpdus: bool,
 }
 
 impl XdpConfig {
     /// Defaults for interface `ifname` and address `ip/prefix`: queue 0,
     /// MTU 1500, 4096 frames, ephemeral ports 49152..=65535, attach mode
-    /// Auto, busy-polling, no capture.
+    /// Auto, busy-polling, no capture, FPDUs aligned with segments.
     pub fn new(ifname: impl Into<String>, ip: Ipv4Addr, prefix: u8) -> Self {
         Self {
             ifname: ifname.into(),
