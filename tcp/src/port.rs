@@ -103,30 +103,12 @@ impl MssTable {
         self.entries.push_back((key, options));
     }
 
-    /// Look at one received frame; remember the options if it is a valid
-    /// SYN (a SYN without an MSS keeps the one seen before). Never panics
-    /// on any input.
-    fn observe(&mut self, frame: &[u8]) {
-        let Ok(eth) = EthernetFrame::new_checked(frame) else {
-            return;
-        };
-        if eth.ethertype() != EthernetProtocol::Ipv4 {
-            return;
-        }
-        let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
-            return;
-        };
-        if ip.next_header() != IpProtocol::Tcp || ip.more_frags() || ip.frag_offset() != 0 {
-            return;
-        }
-        let Ok(tcp) = TcpPacket::new_checked(ip.payload()) else {
-            return;
-        };
-        if !tcp.syn() {
-            return;
-        }
-        let (src, dst) = (ip.src_addr(), ip.dst_addr());
-        if !tcp.verify_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst)) {
+    /// Look at one received segment; remember the options if it is a
+    /// valid SYN (a SYN without an MSS keeps the one seen before).
+    fn observe(&mut self, seg: &Segment<'_>) {
+        let tcp = &seg.tcp;
+        if !tcp.syn() || !tcp.verify_checksum(&IpAddress::Ipv4(seg.src), &IpAddress::Ipv4(seg.dst))
+        {
             return;
         }
         if let Ok(summary) = tcp.options_summary() {
@@ -134,7 +116,7 @@ impl MssTable {
                 mss: summary.max_segment_size,
                 window_scale: summary.window_scale,
             };
-            self.put((src, tcp.src_port(), tcp.dst_port()), options);
+            self.put(seg.flow, options);
         }
     }
 }
@@ -205,10 +187,8 @@ impl SentTable {
     /// Look at one frame we send. A SYN starts (or, sent again, restarts)
     /// its connection's entry; a data segment moves `next` forward (a
     /// retransmission does not). Ignores everything else.
-    fn observe_sent(&self, frame: &[u8]) {
-        let Some((key, tcp)) = tcp_of(frame, true) else {
-            return;
-        };
+    fn observe_sent(&self, seg: &Segment<'_>) {
+        let (key, tcp) = (seg.flow, &seg.tcp);
         let seq = tcp.seq_number().0 as u32;
         let mut entries = self.entries.borrow_mut();
         if tcp.syn() {
@@ -241,11 +221,10 @@ impl SentTable {
     /// sent moves `una` and takes the segment's window. The checksum is
     /// not verified (the stack drops a corrupt segment later): a wrong
     /// window only costs alignment until the next acknowledgement.
-    fn observe_received(&self, frame: &[u8]) {
-        let Some((key, tcp)) = tcp_of(frame, false) else {
-            return;
-        };
-        if !tcp.ack() || tcp.rst() {
+    fn observe_received(&self, seg: &Segment<'_>) {
+        let (key, tcp) = (seg.flow, &seg.tcp);
+        // A SYN's window is never scaled: leave it for the next segment.
+        if !tcp.ack() || tcp.rst() || tcp.syn() {
             return;
         }
         let mut entries = self.entries.borrow_mut();
@@ -260,29 +239,45 @@ impl SentTable {
     }
 }
 
-/// The (remote address, remote port, local port) key and TCP header of an
-/// IPv4/TCP frame we send (`outgoing`) or receive; `None` for anything
-/// else. Never panics on any input.
-fn tcp_of(frame: &[u8], outgoing: bool) -> Option<(Flow, TcpPacket<&[u8]>)> {
-    let eth = EthernetFrame::new_checked(frame).ok()?;
-    if eth.ethertype() != EthernetProtocol::Ipv4 {
-        return None;
+/// A TCP/IPv4 segment in an Ethernet frame the device sends or receives.
+struct Segment<'a> {
+    /// The connection it belongs to, keyed from our side.
+    flow: Flow,
+    src: Ipv4Address,
+    dst: Ipv4Address,
+    tcp: TcpPacket<&'a [u8]>,
+}
+
+impl<'a> Segment<'a> {
+    /// Parse `frame`, one we send (`outgoing`) or receive; `None` for
+    /// anything but an unfragmented TCP/IPv4 segment. Never panics on any
+    /// input.
+    fn parse(frame: &'a [u8], outgoing: bool) -> Option<Self> {
+        let eth = EthernetFrame::new_checked(frame).ok()?;
+        if eth.ethertype() != EthernetProtocol::Ipv4 {
+            return None;
+        }
+        let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+        if ip.next_header() != IpProtocol::Tcp || ip.more_frags() || ip.frag_offset() != 0 {
+            return None;
+        }
+        let (src, dst) = (ip.src_addr(), ip.dst_addr());
+        let ip_start = EthernetFrame::<&[u8]>::header_len();
+        let tcp_bytes = frame
+            .get(ip_start + usize::from(ip.header_len())..ip_start + usize::from(ip.total_len()))?;
+        let tcp = TcpPacket::new_checked(tcp_bytes).ok()?;
+        let flow = if outgoing {
+            (dst, tcp.dst_port(), tcp.src_port())
+        } else {
+            (src, tcp.src_port(), tcp.dst_port())
+        };
+        Some(Self {
+            flow,
+            src,
+            dst,
+            tcp,
+        })
     }
-    let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
-    if ip.next_header() != IpProtocol::Tcp || ip.more_frags() || ip.frag_offset() != 0 {
-        return None;
-    }
-    let (src, dst) = (ip.src_addr(), ip.dst_addr());
-    let ip_start = EthernetFrame::<&[u8]>::header_len();
-    let tcp_bytes = frame
-        .get(ip_start + usize::from(ip.header_len())..ip_start + usize::from(ip.total_len()))?;
-    let tcp = TcpPacket::new_checked(tcp_bytes).ok()?;
-    let key = if outgoing {
-        (dst, tcp.dst_port(), tcp.src_port())
-    } else {
-        (src, tcp.src_port(), tcp.dst_port())
-    };
-    Some((key, tcp))
 }
 
 /// The wrapper device. See the module documentation.
@@ -338,8 +333,10 @@ impl<R: phy::RxToken> phy::RxToken for PortRx<'_, R> {
             } => token.consume(|buf| {
                 bump(&counters.rx_frames, 1);
                 bump(&counters.rx_bytes, buf.len() as u64);
-                mss.observe(buf);
-                sent.observe_received(buf);
+                if let Some(seg) = Segment::parse(buf, false) {
+                    mss.observe(&seg);
+                    sent.observe_received(&seg);
+                }
                 f(buf)
             }),
             Self::Injected(frame) => f(&frame),
@@ -381,7 +378,9 @@ impl<T: phy::TxToken> phy::TxToken for PortTx<'_, T> {
                 bump(&counters.tx_bytes, len as u64);
                 token.consume(len, |buf| {
                     let r = f(buf);
-                    sent.observe_sent(buf);
+                    if let Some(seg) = Segment::parse(buf, true) {
+                        sent.observe_sent(&seg);
+                    }
                     r
                 })
             }
@@ -448,6 +447,24 @@ mod tests {
     use smoltcp::wire::{
         EthernetAddress, EthernetRepr, IpAddress, Ipv4Repr, TcpControl, TcpRepr, TcpSeqNumber,
     };
+
+    fn rx_mss(t: &mut MssTable, frame: &[u8]) {
+        if let Some(seg) = Segment::parse(frame, false) {
+            t.observe(&seg);
+        }
+    }
+
+    fn tx(t: &SentTable, frame: &[u8]) {
+        if let Some(seg) = Segment::parse(frame, true) {
+            t.observe_sent(&seg);
+        }
+    }
+
+    fn rx(t: &SentTable, frame: &[u8]) {
+        if let Some(seg) = Segment::parse(frame, false) {
+            t.observe_received(&seg);
+        }
+    }
 
     const PEER: Ipv4Address = Ipv4Address::new(198, 18, 0, 1);
     const US: Ipv4Address = Ipv4Address::new(198, 18, 0, 2);
@@ -538,11 +555,11 @@ mod tests {
     fn snoops_mss_of_valid_syns_only() {
         let mut t = MssTable::default();
         let peer = Ipv4Address::new(198, 18, 0, 1);
-        t.observe(&syn(Some(1400), false));
+        rx_mss(&mut t, &syn(Some(1400), false));
         assert_eq!(t.get(peer, 40000, 7174), Some(1400));
-        t.observe(&syn(Some(500), true));
+        rx_mss(&mut t, &syn(Some(500), true));
         assert_eq!(t.get(peer, 40000, 7174), Some(1400), "bad checksum ignored");
-        t.observe(&syn(None, false));
+        rx_mss(&mut t, &syn(None, false));
         assert_eq!(t.get(peer, 40000, 7174), Some(1400));
         t.forget(peer, 40000, 7174);
         assert_eq!(t.get(peer, 40000, 7174), None);
@@ -554,65 +571,52 @@ mod tests {
         let isn = u32::MAX - 100; // the sequence space wraps below
         assert_eq!(t.get(PEER, 40000, 7174), None);
         // Data before a SYN (a connection not followed) is ignored.
-        t.observe_sent(&segment(true, false, 5, Some(1), 100, &[0; 10]));
+        tx(&t, &segment(true, false, 5, Some(1), 100, &[0; 10]));
         assert_eq!(t.get(PEER, 40000, 7174), None);
-        t.observe_sent(&segment(true, true, isn, Some(1), 100, &[]));
+        tx(&t, &segment(true, true, isn, Some(1), 100, &[]));
         let start = isn.wrapping_add(1);
         let s = t.get(PEER, 40000, 7174).unwrap();
         assert_eq!(
             (s.start, s.next, s.una, s.window),
             (start, start, start, None)
         );
-        t.observe_sent(&segment(true, false, start, Some(1), 100, &[0; 300]));
-        t.observe_sent(&segment(
-            true,
-            false,
-            start.wrapping_add(300),
-            Some(1),
-            100,
-            &[0; 200],
-        ));
+        tx(&t, &segment(true, false, start, Some(1), 100, &[0; 300]));
+        tx(
+            &t,
+            &segment(
+                true,
+                false,
+                start.wrapping_add(300),
+                Some(1),
+                100,
+                &[0; 200],
+            ),
+        );
         // A retransmission does not move `next`.
-        t.observe_sent(&segment(true, false, start, Some(1), 100, &[0; 300]));
+        tx(&t, &segment(true, false, start, Some(1), 100, &[0; 300]));
         let s = t.get(PEER, 40000, 7174).unwrap();
         assert_eq!((s.bytes(), s.in_flight()), (500, 500));
         // Acknowledgements: in range they count, beyond what was sent not.
-        t.observe_received(&segment(
-            false,
-            false,
-            1,
-            Some(start.wrapping_add(300)),
-            77,
-            &[],
-        ));
-        t.observe_received(&segment(
-            false,
-            false,
-            1,
-            Some(start.wrapping_add(501)),
-            99,
-            &[],
-        ));
+        rx(
+            &t,
+            &segment(false, false, 1, Some(start.wrapping_add(300)), 77, &[]),
+        );
+        rx(
+            &t,
+            &segment(false, false, 1, Some(start.wrapping_add(501)), 99, &[]),
+        );
         let s = t.get(PEER, 40000, 7174).unwrap();
         assert_eq!((s.in_flight(), s.window), (200, Some(77)));
         // An old acknowledgement (reordered) does not move it back.
-        t.observe_received(&segment(
-            false,
-            false,
-            1,
-            Some(start.wrapping_add(100)),
-            5,
-            &[],
-        ));
+        rx(
+            &t,
+            &segment(false, false, 1, Some(start.wrapping_add(100)), 5, &[]),
+        );
         assert_eq!(t.get(PEER, 40000, 7174).unwrap().window, Some(77));
-        t.observe_received(&segment(
-            false,
-            false,
-            1,
-            Some(start.wrapping_add(500)),
-            88,
-            &[],
-        ));
+        rx(
+            &t,
+            &segment(false, false, 1, Some(start.wrapping_add(500)), 88, &[]),
+        );
         let s = t.get(PEER, 40000, 7174).unwrap();
         assert_eq!((s.in_flight(), s.window), (0, Some(88)));
         t.forget(PEER, 40000, 7174);
@@ -623,7 +627,7 @@ mod tests {
     fn window_shift_from_the_peers_syn() {
         let mut t = MssTable::default();
         assert_eq!(t.window_shift(PEER, 40000, 7174), 0);
-        t.observe(&syn(Some(1400), false));
+        rx_mss(&mut t, &syn(Some(1400), false));
         assert_eq!(t.window_shift(PEER, 40000, 7174), 3);
         assert_eq!(t.get(PEER, 40000, 7174), Some(1400));
     }
@@ -632,15 +636,15 @@ mod tests {
     fn never_panics_on_garbage() {
         let mut t = MssTable::default();
         let sent = SentTable::default();
-        sent.observe_sent(&segment(true, true, 1, None, 100, &[]));
+        tx(&sent, &segment(true, true, 1, None, 100, &[]));
         let good = syn(Some(1400), false);
         let data = segment(false, false, 1, Some(2), 100, &[1; 40]);
         for cut in 0..good.len() {
-            t.observe(&good[..cut]);
+            rx_mss(&mut t, &good[..cut]);
         }
         for cut in 0..data.len() {
-            sent.observe_sent(&data[..cut]);
-            sent.observe_received(&data[..cut]);
+            tx(&sent, &data[..cut]);
+            rx(&sent, &data[..cut]);
         }
         let mut x = 0x1234_5678u32;
         for len in 0..200 {
@@ -652,9 +656,9 @@ mod tests {
                     x as u8
                 })
                 .collect();
-            t.observe(&junk);
-            sent.observe_sent(&junk);
-            sent.observe_received(&junk);
+            rx_mss(&mut t, &junk);
+            tx(&sent, &junk);
+            rx(&sent, &junk);
         }
     }
 }

@@ -815,6 +815,7 @@ impl<D: Device> Stack<D> {
     /// One round of egress: each socket sends at most one segment. Lets
     /// a writer that queues a segment at a time ([`Stack::send_segment`])
     /// queue the next; [`Stack::poll`] still follows for timers and state.
+    /// Returns whether a socket's state may have changed.
     pub fn poll_egress(&mut self, now: Instant) -> bool {
         matches!(
             self.iface

@@ -468,3 +468,57 @@ fn rx_budget_bounds_the_sum_of_receive_buffers() {
         (Some(BUF), Some(BUF))
     );
 }
+
+/// `send_segment` queues one segment at a time: at most the EMSS, nothing
+/// more until smoltcp has sent it, and what `unsent` reports follows.
+/// (Without congestion control: smoltcp's initial congestion window of
+/// 2048 bytes would cut the second segment.)
+#[test]
+fn send_segment_queues_one_segment_at_a_time() {
+    let no_cc = Config {
+        congestion: iwarp_tcp::CongestionControl::None,
+        ..Config::default()
+    };
+    let mut sim = Sim::new(no_cc, Config::default(), LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+    let emss = sim.a.emss(a).unwrap();
+    assert_eq!(sim.a.unsent(a), Some(0));
+    let frames_before = sim.a_to_b().sent;
+    let payload = data(3 * emss + 100, 9);
+    let mut off = 0;
+    let mut write = |buf: &mut [u8], limit: usize| {
+        assert!(limit <= emss, "limit {limit} > EMSS {emss}");
+        let n = buf.len().min(limit).min(payload.len() - off);
+        buf[..n].copy_from_slice(&payload[off..off + n]);
+        off += n;
+        n
+    };
+    assert_eq!(sim.a.send_segment(a, &mut write).unwrap(), emss);
+    assert_eq!(sim.a.unsent(a), Some(emss));
+    // Nothing more while the segment waits.
+    assert_eq!(sim.a.send_segment(a, &mut write).unwrap(), 0);
+    sim.a.poll_egress(sim.now);
+    assert_eq!(sim.a.unsent(a), Some(0));
+    let mut got = Vec::new();
+    let limit = sim.now + Duration::from_secs(5);
+    sim.run(limit, |s| {
+        let n = s.a.send_segment(a, &mut write).unwrap();
+        let _ = s.b.recv(b, |buf| {
+            got.extend_from_slice(buf);
+            buf.len()
+        });
+        if got.len() == payload.len() {
+            Step::Done
+        } else if n > 0 {
+            Step::Progress
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert!(got == payload);
+    assert_eq!(sim.a.unsent(a), Some(0));
+    // A sent four segments, one per call, and nothing else.
+    let s = sim.a_to_b();
+    assert_eq!(s.sent - frames_before, 4, "{s:?}");
+}

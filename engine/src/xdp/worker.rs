@@ -865,7 +865,7 @@ impl XdpIo {
             match sent {
                 Ok(n) => {
                     work += n;
-                    if self.align && n > 0 {
+                    if self.align && n > 0 && ctx.may_transmit(qp) {
                         self.tx_more.push(i);
                     }
                     // A full buffer may hide more to send.
