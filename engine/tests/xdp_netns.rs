@@ -399,6 +399,23 @@ fn xdp_to_xdp_busy_poll_mtu_3506() {
     pair(Kind::Xdp, Kind::Xdp, o);
 }
 
+/// Whether tshark is there to judge `pcap`; if not, says so and removes it.
+fn tshark_ready(pcap: &std::path::Path) -> bool {
+    let ready = iwarp::tshark::available();
+    if !ready {
+        eprintln!("note: tshark not installed; skipping the decode check");
+        let _ = std::fs::remove_file(pcap);
+    }
+    ready
+}
+
+/// Remove a judged capture unless `XDP_KEEP_PCAP` is set.
+fn drop_capture(pcap: &std::path::Path) {
+    if std::env::var_os("XDP_KEEP_PCAP").is_none() {
+        let _ = std::fs::remove_file(pcap);
+    }
+}
+
 /// Markers and CRC on: tshark (an independent decoder) reads the AF_XDP
 /// client's capture of a ping-pong exchange of single-FPDU messages, and
 /// every FPDU decodes, with markers stripped where RFC 5044 puts them and
@@ -420,15 +437,11 @@ fn xdp_to_xdp_markers_crc_capture_decodes_in_tshark() {
         ..Opts::new(1500)
     };
     pair(Kind::Xdp, Kind::Xdp, o);
-    if !iwarp::tshark::available() {
-        eprintln!("note: tshark not installed; skipping the decode check");
-        let _ = std::fs::remove_file(&pcap);
+    if !tshark_ready(&pcap) {
         return;
     }
     let r = iwarp::tshark::analyze(&pcap).expect("tshark");
-    if std::env::var_os("XDP_KEEP_PCAP").is_none() {
-        let _ = std::fs::remove_file(&pcap);
-    }
+    drop_capture(&pcap);
     println!("tshark: {r:?}");
     // Every size is written, read (request and response) and sent.
     assert!(r.fpdus >= 4 * SMALL.len(), "{} FPDUs", r.fpdus);
@@ -471,17 +484,13 @@ fn xdp_to_xdp_segments_hold_whole_fpdus() {
         ..Opts::new(1500)
     };
     pair(Kind::Xdp, Kind::Xdp, o);
-    if !iwarp::tshark::available() {
-        eprintln!("note: tshark not installed; skipping the decode check");
-        let _ = std::fs::remove_file(&pcap);
+    if !tshark_ready(&pcap) {
         return;
     }
     let whole = iwarp::tshark::analyze(&pcap).expect("tshark");
     let alone = iwarp::tshark::analyze_segments(&pcap).expect("tshark");
     let resent = iwarp::tshark::count(&pcap, "tcp.analysis.retransmission").expect("tshark");
-    if std::env::var_os("XDP_KEEP_PCAP").is_none() {
-        let _ = std::fs::remove_file(&pcap);
-    }
+    drop_capture(&pcap);
     println!(
         "{} of {} FPDUs decode segment by segment; {resent} retransmissions",
         alone.fpdus, whole.fpdus
