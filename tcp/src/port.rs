@@ -435,10 +435,25 @@ impl<D: Device> Device for Port<D> {
         })
     }
 
+    /// The device's, with the MTU cut so that the TCP MSS is a multiple
+    /// of 4 (at most 3 bytes less). An FPDU is a multiple of 4 long, so
+    /// only then does a full FPDU fill a full segment, and a writer that
+    /// keeps FPDUs inside segments can queue several full ones at once:
+    /// smoltcp cuts exactly between them.
     fn capabilities(&self) -> DeviceCapabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        if caps.medium == phy::Medium::Ethernet {
+            let mss = caps
+                .max_transmission_unit
+                .saturating_sub(TCP_IP_ETH_HEADERS);
+            caps.max_transmission_unit -= mss % 4;
+        }
+        caps
     }
 }
+
+/// Ethernet, IPv4 and TCP headers without options.
+const TCP_IP_ETH_HEADERS: usize = 14 + 20 + 20;
 
 #[cfg(test)]
 mod tests {

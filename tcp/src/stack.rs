@@ -109,6 +109,10 @@ struct Conn {
     /// Bytes queued into the socket so far (mod 2^32), for
     /// [`Stack::unsent`].
     written: u32,
+    /// [`Stack::send_segment`] last queued less than a full segment:
+    /// smoltcp will put the start of whatever follows into that segment,
+    /// so nothing more is queued until it has left.
+    short_tail: bool,
     /// Learnt from the SYNs once established: the effective MSS and the
     /// shift of the peer's window field.
     peer: Option<Peer>,
@@ -144,6 +148,7 @@ impl Conn {
             local_port,
             remote: None,
             written: 0,
+            short_tail: false,
             peer: None,
         }
     }
@@ -194,9 +199,9 @@ impl<D: Device> fmt::Debug for Stack<D> {
     }
 }
 
-/// The MSS the device's MTU allows.
+/// The MSS the device's MTU allows (a multiple of 4, see `Port`).
 fn local_mss<D: Device>(port: &Port<D>) -> usize {
-    let caps = port.inner.capabilities();
+    let caps = port.capabilities();
     caps.max_transmission_unit
         .saturating_sub(EthernetFrame::<&[u8]>::header_len())
         .saturating_sub(IPV4_HEADER_LEN + TCP_HEADER_LEN)
@@ -206,9 +211,15 @@ fn local_mss<D: Device>(port: &Port<D>) -> usize {
 struct SegmentRoom {
     /// Queued bytes not sent even once.
     unsent: usize,
-    /// What the peer's last window leaves while bytes are in flight;
-    /// `None` with nothing in flight, or before its first acknowledgement
-    /// (then a segment goes out whatever the window, or as a probe).
+    window: Window,
+}
+
+/// The peer's side of [`SegmentRoom`].
+struct Window {
+    /// Sent bytes not acknowledged.
+    in_flight: usize,
+    /// What the peer's last window leaves beyond them; `None` before its
+    /// first acknowledgement.
     room: Option<usize>,
 }
 
@@ -504,50 +515,75 @@ impl<D: Device> Stack<D> {
         mut f: F,
     ) -> Result<usize, Error> {
         self.send_limited(conn, usize::MAX, |buf, _| f(buf))
+            .map(|(n, _)| n)
     }
 
-    /// Queue at most one segment for a writer whose records (FPDUs) must
-    /// not straddle segments (RFC 5044 §8, FPDU alignment). `f` gets free
-    /// space and the bytes left in the segment, which may exceed the space
-    /// when the ring wraps; it writes whole records up to that limit, and
-    /// a record it split at the wrap is finished by the second call.
+    /// Queue segments for a writer whose records (FPDUs) must not
+    /// straddle segments (RFC 5044 §8, FPDU alignment). `f` gets free space
+    /// and the bytes left in the segment, which may exceed the space when
+    /// the ring wraps; it writes whole records up to that limit, and a
+    /// record it split at the wrap is finished by the second call.
     ///
     /// smoltcp cuts a segment from its send pointer at the smallest of the
     /// MSS, the bytes queued, the peer's window and the congestion window,
     /// and says nothing of either window or of what it sent. The device
     /// wrapper reads that from the segments going out and the
-    /// acknowledgements coming in, so this queues nothing (`Ok(0)`) while
-    /// bytes queued before are unsent, and no more than the peer's last
-    /// window leaves while bytes are in flight. A segment then holds
-    /// exactly what one call queued, unless the congestion window is
-    /// smaller (slow start, loss recovery): then the rest follows in a
-    /// segment of its own and the next call starts aligned again.
-    /// Retransmissions are smoltcp's and cut at the MSS.
+    /// acknowledgements coming in. So this queues one segment's worth at a
+    /// time, as many as fill a whole segment each (smoltcp cuts exactly
+    /// between those), and none after a shorter one until that has left
+    /// (`Ok(0)` meanwhile); and no more than the peer's last window leaves
+    /// (unless nothing is in flight or queued: then one segment goes
+    /// regardless, which smoltcp may send as a window probe). A segment
+    /// then holds exactly what one writer call queued, unless the
+    /// congestion window is smaller (slow start, loss recovery): then the
+    /// rest follows in a segment of its own and the next call starts
+    /// aligned again. Retransmissions are smoltcp's and cut at the MSS.
     ///
-    /// Call again after [`Stack::poll_egress`] to queue the next segment. A
-    /// connection the wrapper does not follow gets [`Stack::send`]'s plain
-    /// stream.
+    /// Call again after [`Stack::poll_egress`] to queue more after a short
+    /// segment. A connection the wrapper does not follow gets
+    /// [`Stack::send`]'s plain stream.
     pub fn send_segment<F: FnMut(&mut [u8], usize) -> usize>(
         &mut self,
         conn: ConnId,
         mut f: F,
     ) -> Result<usize, Error> {
-        let Some(SegmentRoom { unsent, room }) = self.segment_room(conn) else {
+        let Some(SegmentRoom { unsent, window }) = self.segment_room(conn) else {
             return self.send(conn, |buf| f(buf, usize::MAX));
         };
-        let Some(emss) = self.emss(conn) else {
+        let (Some(emss), Some(c)) = (self.emss(conn), self.conns.get(&conn.0)) else {
             return Ok(0);
         };
-        if unsent > 0 {
+        if unsent > 0 && (c.short_tail || unsent % emss != 0) {
             return Ok(0);
         }
         let segment = emss.max(MIN_SEGMENT_LIMIT);
-        // What the window holds; an acknowledgement will open it.
-        let limit = room.map_or(segment, |room| segment.min(room));
-        if limit == 0 {
-            return Ok(0);
+        let mut total = 0;
+        loop {
+            // One segment regardless when nothing else is out or queued.
+            let free = unsent == 0 && total == 0 && window.in_flight == 0;
+            let limit = match window.room {
+                Some(room) if !free => segment.min(room.saturating_sub(unsent + total)),
+                _ => segment,
+            };
+            if limit == 0 {
+                break;
+            }
+            let (n, wrapped) = self.send_limited(conn, limit, &mut f)?;
+            total += n;
+            if n == 0 {
+                break;
+            }
+            // smoltcp also cuts at the end of its ring: a segment queued
+            // across it shifts the cuts of any queued after it.
+            let full = n == emss && !wrapped;
+            if let Some(c) = self.conns.get_mut(&conn.0) {
+                c.short_tail = !full;
+            }
+            if !full {
+                break;
+            }
         }
-        self.send_limited(conn, limit, f)
+        Ok(total)
     }
 
     /// For [`Stack::send_segment`]: what the connection has queued, sent
@@ -558,32 +594,36 @@ impl<D: Device> Stack<D> {
         let sent = self.port.sent.get(ip, port, c.local_port)?;
         // A FIN takes a sequence number too: clamp at zero.
         let unsent = (c.written.wrapping_sub(sent.bytes()) as i32).max(0) as usize;
-        let flight = sent.in_flight();
+        let in_flight = sent.in_flight() as usize;
         let shift = c.peer.map_or(0, |p| p.window_shift);
-        let room = sent.window.filter(|_| flight > 0).map(|w| {
-            let window = u64::from(w) << shift;
-            window.saturating_sub(u64::from(flight)) as usize
-        });
-        Some(SegmentRoom { unsent, room })
+        let room = sent
+            .window
+            .map(|w| ((usize::from(w)) << shift).saturating_sub(in_flight));
+        Some(SegmentRoom {
+            unsent,
+            window: Window { in_flight, room },
+        })
     }
 
     /// [`Stack::send`] with at most `limit` bytes, passing the writer how
-    /// many of them are left.
+    /// many of them are left. Returns the bytes written and whether they
+    /// wrapped round the end of the ring.
     fn send_limited<F: FnMut(&mut [u8], usize) -> usize>(
         &mut self,
         conn: ConnId,
         limit: usize,
         mut f: F,
-    ) -> Result<usize, Error> {
+    ) -> Result<(usize, bool), Error> {
         let s = self.socket(conn)?;
         if matches!(s.state(), State::SynSent | State::SynReceived) {
-            return Ok(0);
+            return Ok((0, false));
         }
         if !s.may_send() {
             return Err(Error::InvalidState);
         }
         let mut total = 0;
-        for _ in 0..2 {
+        let mut wrapped = false;
+        for round in 0..2 {
             if !s.can_send() || total >= limit {
                 break;
             }
@@ -596,6 +636,7 @@ impl<D: Device> Stack<D> {
             match r {
                 Ok((n, whole)) => {
                     total += n;
+                    wrapped |= round > 0 && n > 0;
                     if !whole || n == 0 {
                         break;
                     }
@@ -607,7 +648,7 @@ impl<D: Device> Stack<D> {
             c.written = c.written.wrapping_add(total as u32);
         }
         self.egress_due |= total > 0;
-        Ok(total)
+        Ok((total, wrapped))
     }
 
     /// Bytes queued into the connection that smoltcp has not sent even

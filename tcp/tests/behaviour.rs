@@ -469,12 +469,13 @@ fn rx_budget_bounds_the_sum_of_receive_buffers() {
     );
 }
 
-/// `send_segment` queues one segment at a time: at most the EMSS, nothing
-/// more until smoltcp has sent it, and what `unsent` reports follows.
-/// (Without congestion control: smoltcp's initial congestion window of
-/// 2048 bytes would cut the second segment.)
+/// `send_segment` queues whole segments: full ones back to back (smoltcp
+/// cuts exactly between them), nothing after a shorter one until it has
+/// left, and what `unsent` reports follows. (Without congestion control:
+/// smoltcp's initial congestion window of 2048 bytes would cut the second
+/// segment.)
 #[test]
-fn send_segment_queues_one_segment_at_a_time() {
+fn send_segment_queues_whole_segments() {
     let no_cc = Config {
         congestion: iwarp_tcp::CongestionControl::None,
         ..Config::default()
@@ -482,27 +483,48 @@ fn send_segment_queues_one_segment_at_a_time() {
     let mut sim = Sim::new(no_cc, Config::default(), LinkConfig::default());
     let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
     let emss = sim.a.emss(a).unwrap();
+    assert_eq!(emss % 4, 0, "the MSS is cut to a multiple of 4");
     assert_eq!(sim.a.unsent(a), Some(0));
     let frames_before = sim.a_to_b().sent;
-    let payload = data(3 * emss + 100, 9);
+    let payload = data(3 * emss + 100 + 3 * 1000, 9);
     let mut off = 0;
-    let mut write = |buf: &mut [u8], limit: usize| {
+    // Records of `record` bytes, or as much as the limit takes, up to
+    // offset `end` of the payload.
+    let mut write = |buf: &mut [u8], limit: usize, record: usize, end: usize| {
         assert!(limit <= emss, "limit {limit} > EMSS {emss}");
-        let n = buf.len().min(limit).min(payload.len() - off);
+        let want = limit.min(end - off);
+        let want = if record <= want {
+            want / record * record
+        } else {
+            want
+        };
+        let n = buf.len().min(want);
         buf[..n].copy_from_slice(&payload[off..off + n]);
         off += n;
         n
     };
-    assert_eq!(sim.a.send_segment(a, &mut write).unwrap(), emss);
-    assert_eq!(sim.a.unsent(a), Some(emss));
-    // Nothing more while the segment waits.
-    assert_eq!(sim.a.send_segment(a, &mut write).unwrap(), 0);
-    sim.a.poll_egress(sim.now);
-    assert_eq!(sim.a.unsent(a), Some(0));
+    // Three full segments and a short one in one call, then nothing.
+    let first = 3 * emss + 100;
+    let n = sim
+        .a
+        .send_segment(a, |buf, limit| write(buf, limit, usize::MAX, first))
+        .unwrap();
+    assert_eq!(n, first);
+    assert_eq!(sim.a.unsent(a), Some(first));
+    assert_eq!(sim.a.send_segment(a, |_, _| unreachable!()).unwrap(), 0);
+    for left in [2 * emss + 100, emss + 100, 100, 0] {
+        sim.a.poll_egress(sim.now);
+        assert_eq!(sim.a.unsent(a), Some(left));
+    }
+    // Records of 1000 bytes: one per segment.
+    let (record, end) = (1000, payload.len());
     let mut got = Vec::new();
     let limit = sim.now + Duration::from_secs(5);
     sim.run(limit, |s| {
-        let n = s.a.send_segment(a, &mut write).unwrap();
+        let n =
+            s.a.send_segment(a, |buf, limit| write(buf, limit, record, end))
+                .unwrap();
+        assert!(n == 0 || n == record, "{n}");
         let _ = s.b.recv(b, |buf| {
             got.extend_from_slice(buf);
             buf.len()
@@ -518,7 +540,7 @@ fn send_segment_queues_one_segment_at_a_time() {
     .unwrap();
     assert!(got == payload);
     assert_eq!(sim.a.unsent(a), Some(0));
-    // A sent four segments, one per call, and nothing else.
+    // A sent seven segments, one per chunk, and nothing else.
     let s = sim.a_to_b();
-    assert_eq!(s.sent - frames_before, 4, "{s:?}");
+    assert_eq!(s.sent - frames_before, 7, "{s:?}");
 }

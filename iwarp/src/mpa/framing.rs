@@ -214,7 +214,39 @@ impl TxFramer {
     /// its bytes (not even a marker before it) has been written yet.
     pub fn unwritten_len(&self) -> Option<usize> {
         (self.phase == TxPhase::Header && self.off == 0 && self.pos == self.len_pos)
-            .then(|| wire_len(usize::from(self.ulpdu_len), self.pos, self.markers))
+            .then(|| self.wire_len(usize::from(self.ulpdu_len)))
+    }
+
+    /// Forget the FPDU started if none of its bytes was written yet (see
+    /// [`Self::unwritten_len`]); the framer is idle again, at the same
+    /// position. Does nothing otherwise.
+    pub fn cancel(&mut self) {
+        if self.unwritten_len().is_some() {
+            self.phase = TxPhase::Idle;
+        }
+    }
+
+    /// The wire length of an FPDU with `ulpdu_len` bytes started next (at
+    /// the current position), markers included.
+    pub fn wire_len(&self, ulpdu_len: usize) -> usize {
+        wire_len(ulpdu_len, self.pos, self.markers)
+    }
+
+    /// The longest ULPDU whose FPDU, started next, takes at most `room`
+    /// bytes on the wire; `None` if not even an empty one fits.
+    pub fn ulpdu_fitting(&self, room: usize) -> Option<usize> {
+        let mut len = room.checked_sub(LEN_FIELD + CRC_LEN)?;
+        loop {
+            let over = self.wire_len(len).saturating_sub(room);
+            if over == 0 {
+                // Stepping back by the excess can overshoot by the pad.
+                while self.wire_len(len + 1) <= room {
+                    len += 1;
+                }
+                return Some(len);
+            }
+            len = len.checked_sub(over)?;
+        }
     }
 
     /// Begin an FPDU whose ULPDU has `ulpdu_len` bytes.
@@ -855,6 +887,25 @@ mod tests {
         assert_eq!(mulpdu(9000, true), 9000 - 6 - 4 * 18);
         assert_eq!(mulpdu(5, false), 0);
         assert_eq!(mulpdu(200_000, false), MAX_ULPDU);
+    }
+
+    #[test]
+    fn ulpdu_fitting_is_the_longest_that_fits() {
+        for markers in [false, true] {
+            for pos in [0u64, 3, 508, 511, 512, 1000, 4096 - 2] {
+                let mut f = TxFramer::new(true, markers);
+                f.pos = pos;
+                for room in 0..2100 {
+                    match f.ulpdu_fitting(room) {
+                        Some(u) => {
+                            assert!(f.wire_len(u) <= room, "{markers} {pos} {room}: {u}");
+                            assert!(f.wire_len(u + 1) > room, "{markers} {pos} {room}: {u}");
+                        }
+                        None => assert!(f.wire_len(0) > room, "{markers} {pos} {room}"),
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -27,6 +27,10 @@ use super::{Env, Inflight, Qp, QpState, SendOp, Sge, MAX_SGE};
 /// Request header).
 pub(super) const HBUF: usize = 96;
 
+/// The least payload an FPDU cut short to fill a segment carries (see
+/// `tx_next_fpdu`); with less room the FPDU waits for the next segment.
+const MIN_CUT: usize = 512;
+
 /// An RDMA Read we sent and whose response we await.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct OrqEntry {
@@ -274,13 +278,20 @@ impl Qp {
         }
         let mut n = 0;
         loop {
-            if self.tx.fpdu.is_none() && !self.tx_next_fpdu(env) {
+            let room = limit.saturating_sub(n);
+            if self.tx.fpdu.is_none() && !self.tx_next_fpdu(room, env) {
                 break;
             }
-            let unwritten = self.tx.framer.as_ref().and_then(TxFramer::unwritten_len);
-            if unwritten.is_some_and(|len| len > limit.saturating_sub(n)) {
-                // Stays set up; a later call with more room sends it.
-                break;
+            if !self.tx_fpdu_fits(room) {
+                // Not a byte of it is out: plan it again for this room.
+                self.tx.fpdu = None;
+                if let Some(framer) = self.tx.framer.as_mut() {
+                    framer.cancel();
+                }
+                if !self.tx_next_fpdu(room, env) || !self.tx_fpdu_fits(room) {
+                    // Stays set up; a later call with more room sends it.
+                    break;
+                }
             }
             let (w, done) = self.tx_fpdu_bytes(&mut out[n..], env);
             n += w;
@@ -292,8 +303,21 @@ impl Qp {
         n
     }
 
+    /// Whether the FPDU set up fits in `room` bytes; one partly written
+    /// always does (it is finished first).
+    fn tx_fpdu_fits(&self, room: usize) -> bool {
+        let unwritten = self.tx.framer.as_ref().and_then(TxFramer::unwritten_len);
+        unwritten.is_none_or(|len| len <= room)
+    }
+
     /// Set up the next FPDU: continue the current message or start one.
-    fn tx_next_fpdu(&mut self, env: &mut Env<'_>) -> bool {
+    /// An FPDU that would not fit in `room` bytes carries less payload, so
+    /// that it fills the room, if that still leaves it [`MIN_CUT`] bytes of
+    /// payload: a transport that keeps FPDUs inside segments then fills
+    /// every segment (a message's short last FPDU is followed by the start
+    /// of the next message) instead of sending one short segment per
+    /// message.
+    fn tx_next_fpdu(&mut self, room: usize, env: &mut Env<'_>) -> bool {
         if self.tx.terminate_sent {
             return false;
         }
@@ -316,9 +340,19 @@ impl Qp {
             return false;
         };
         let hdr_len = msg.hdr.header_len() + msg.body_len;
-        let room = self.tx.mulpdu.saturating_sub(hdr_len).max(1);
+        let most = self.tx.mulpdu.saturating_sub(hdr_len).max(1);
         let left = msg.total - msg.sent;
-        let chunk = (left.min(room as u64)) as usize;
+        let mut chunk = (left.min(most as u64)) as usize;
+        if let Some(framer) = self.tx.framer.as_ref() {
+            if framer.wire_len(hdr_len + chunk) > room {
+                let fits = framer
+                    .ulpdu_fitting(room)
+                    .map_or(0, |u| u.saturating_sub(hdr_len));
+                if fits >= MIN_CUT {
+                    chunk = fits;
+                }
+            }
+        }
         let last = msg.sent + chunk as u64 == msg.total;
         let mut hdr = msg.hdr;
         hdr.last = last;
