@@ -64,18 +64,22 @@
 //!   connections and MPA requests; for each connection `Stack::recv`
 //!   straight into `Context::handle_input` and, when the QP may have
 //!   bytes (`Context::may_transmit`), `Context::poll_transmit_within`
-//!   straight into `Stack::send_segment`: one segment of whole FPDUs;
-//!   rounds of smoltcp egress (`Stack::poll_egress`) and the next segment
-//!   of each connection that filled one, up to 64 rounds; smoltcp egress
-//!   into UMEM frames; tx burst (completions reclaimed first, `sendto`
-//!   only while the tx ring holds frames and `needs_wakeup` says so).
+//!   straight into `Stack::send_segment`: whole segments of whole FPDUs;
+//!   rounds of smoltcp egress (`Stack::poll_egress`) and the next segments
+//!   of each connection that may have more, up to 64 rounds; smoltcp
+//!   egress into UMEM frames; tx burst (completions reclaimed first,
+//!   `sendto` only while the tx ring holds frames and `needs_wakeup` says
+//!   so).
 //! * **FPDU alignment** ([`XdpConfig::align_fpdus`], on by default): every
 //!   segment starts with an FPDU and holds only whole ones (RFC 5044 §8),
-//!   so a receiver can place each segment on its own. What still cuts one
-//!   short is outside the engine's sight: smoltcp's congestion window (slow
-//!   start, loss recovery), the end of its transmit ring (once per ring's
-//!   worth), and its retransmissions, which it re-cuts at the MSS. The
-//!   kernel backend cannot align: the kernel's TCP segments as it likes.
+//!   so a receiver can place each segment on its own; an FPDU that does
+//!   not fit the rest of a segment is cut to fill it. What still cuts a
+//!   segment short is outside the engine's sight: smoltcp's congestion
+//!   window in slow start and loss recovery, the end of its transmit ring
+//!   (once per ring's worth), and its retransmissions, which it re-cuts at
+//!   the MSS. The README's "FPDU alignment" has the design and the counts.
+//!   The kernel backend cannot align: the kernel's TCP segments as it
+//!   likes.
 //! * **Sleeping.** [`XdpConfig::busy_poll`] (default on) spins; otherwise
 //!   the thread sleeps in epoll on the AF_XDP socket, the waker and the
 //!   earliest timer (smoltcp `poll_at`, the core's `poll_timeout`).

@@ -22,11 +22,12 @@
 //!
 //! FPDU alignment (RFC 5044 §8): with [`Stack::send_segment`] instead of
 //! [`Stack::send`] (and `Context::poll_transmit_within` in the closure),
-//! each call queues one segment of whole FPDUs, and only once the last one
-//! has left; [`Stack::poll_egress`] sends a round of such segments, after
-//! which the connections queue the next. smoltcp neither exposes what it
-//! has sent nor the peer's window, so the device wrapper reads both from
-//! the segments passing through it.
+//! the writer queues whole segments of whole FPDUs, one at a time or full
+//! ones back to back; [`Stack::poll_egress`] sends a round of segments,
+//! after which the connections queue the next. smoltcp exposes neither
+//! what it has sent nor the peer's window, so the device wrapper reads
+//! both from the segments passing through it; it also cuts the MTU so the
+//! MSS is a multiple of 4, the length of every FPDU.
 //!
 //! ```
 //! use iwarp_tcp::sim::{LinkConfig, Sim, Step};

@@ -113,6 +113,8 @@ struct Conn {
     /// smoltcp will put the start of whatever follows into that segment,
     /// so nothing more is queued until it has left.
     short_tail: bool,
+    /// Nagle's rule is on for the socket (see [`Stack::hold_full`]).
+    nagle: bool,
     /// Learnt from the SYNs once established: the effective MSS and the
     /// shift of the peer's window field.
     peer: Option<Peer>,
@@ -149,6 +151,7 @@ impl Conn {
             remote: None,
             written: 0,
             short_tail: false,
+            nagle: false,
             peer: None,
         }
     }
@@ -182,6 +185,8 @@ pub struct Stack<D: Device> {
     /// Something was queued for egress since the last poll (data, a FIN,
     /// a reset, a SYN): see [`Stack::egress_due`].
     egress_due: bool,
+    /// Connections whose socket has Nagle's rule on ([`Stack::hold_full`]).
+    nagled: Vec<SocketHandle>,
     /// Set by a poll that found nothing to do: until this instant (`None`:
     /// no timer at all) a poll without new frames has nothing to do
     /// either, unless a call below changed a socket ([`Stack::stir`]).
@@ -298,6 +303,7 @@ impl<D: Device> Stack<D> {
             conns: HashMap::default(),
             counters: Counters::default(),
             egress_due: false,
+            nagled: Vec::new(),
             quiet: None,
         }
     }
@@ -553,7 +559,10 @@ impl<D: Device> Stack<D> {
         let (Some(emss), Some(c)) = (self.emss(conn), self.conns.get(&conn.0)) else {
             return Ok(0);
         };
-        if unsent > 0 && (c.short_tail || unsent % emss != 0) {
+        // Full segments back to back only while Nagle's rule can keep the
+        // congestion window from cutting them (see `hold_full`).
+        let batch = window.in_flight >= 2 * emss;
+        if unsent > 0 && (c.short_tail || unsent % emss != 0 || !batch) {
             return Ok(0);
         }
         let segment = emss.max(MIN_SEGMENT_LIMIT);
@@ -579,11 +588,57 @@ impl<D: Device> Stack<D> {
             if let Some(c) = self.conns.get_mut(&conn.0) {
                 c.short_tail = !full;
             }
-            if !full {
+            if !full || !batch {
                 break;
             }
         }
+        self.hold_full(conn);
         Ok(total)
+    }
+
+    /// smoltcp cuts a segment at its congestion window, which it does not
+    /// expose, and a cut shifts the cuts of every full segment queued
+    /// after it. Nagle's rule stops that: with it, smoltcp sends a segment
+    /// shorter than the MSS only when nothing is in flight. So it is on
+    /// while a full segment waits at the head of the queue, and off for a
+    /// short last one (which would otherwise wait for every acknowledgement)
+    /// and while less than two segments are in flight (the peer may hold
+    /// its acknowledgement of a lone one for its delayed-ACK time); then a
+    /// cut is left to happen and the next segments start aligned again.
+    /// Checked after queueing and before every egress round.
+    fn hold_full(&mut self, conn: ConnId) -> bool {
+        if self.config.nagle {
+            return false;
+        }
+        let hold = match (self.segment_room(conn), self.emss(conn)) {
+            (Some(r), Some(emss)) => r.unsent >= emss && r.window.in_flight >= 2 * emss,
+            _ => false,
+        };
+        let Some(c) = self.conns.get_mut(&conn.0) else {
+            return false;
+        };
+        if c.nagle != hold {
+            c.nagle = hold;
+            self.sockets
+                .get_mut::<tcp::Socket<'static>>(conn.0)
+                .set_nagle_enabled(hold);
+            if hold {
+                self.nagled.push(conn.0);
+            }
+        }
+        hold
+    }
+
+    /// [`Stack::hold_full`] for every connection that has Nagle's rule on.
+    fn release_tails(&mut self) {
+        let mut i = 0;
+        while i < self.nagled.len() {
+            if self.hold_full(ConnId(self.nagled[i])) {
+                i += 1;
+            } else {
+                self.nagled.swap_remove(i);
+            }
+        }
     }
 
     /// For [`Stack::send_segment`]: what the connection has queued, sent
@@ -828,6 +883,7 @@ impl<D: Device> Stack<D> {
         self.egress_due = false;
         let mut budget_hit = true;
         for _ in 0..self.config.egress_budget {
+            self.release_tails();
             match self
                 .iface
                 .poll_egress(now, &mut self.port, &mut self.sockets)
@@ -858,6 +914,7 @@ impl<D: Device> Stack<D> {
     /// queue the next; [`Stack::poll`] still follows for timers and state.
     /// Returns whether a socket's state may have changed.
     pub fn poll_egress(&mut self, now: Instant) -> bool {
+        self.release_tails();
         matches!(
             self.iface
                 .poll_egress(now, &mut self.port, &mut self.sockets),

@@ -469,11 +469,11 @@ fn rx_budget_bounds_the_sum_of_receive_buffers() {
     );
 }
 
-/// `send_segment` queues whole segments: full ones back to back (smoltcp
-/// cuts exactly between them), nothing after a shorter one until it has
-/// left, and what `unsent` reports follows. (Without congestion control:
-/// smoltcp's initial congestion window of 2048 bytes would cut the second
-/// segment.)
+/// `send_segment` queues whole segments: one at a time while less than two
+/// are in flight, then full ones back to back (smoltcp cuts exactly
+/// between them), nothing after a shorter one until it has left, and what
+/// `unsent` reports follows. (Without congestion control: smoltcp's
+/// initial congestion window of 2048 bytes would cut the second segment.)
 #[test]
 fn send_segment_queues_whole_segments() {
     let no_cc = Config {
@@ -503,16 +503,27 @@ fn send_segment_queues_whole_segments() {
         off += n;
         n
     };
-    // Three full segments and a short one in one call, then nothing.
+    // One segment per call and none while it waits, until two are in
+    // flight; then a full one and a short one in one call.
     let first = 3 * emss + 100;
+    for _ in 0..2 {
+        let n = sim
+            .a
+            .send_segment(a, |buf, limit| write(buf, limit, usize::MAX, first))
+            .unwrap();
+        assert_eq!(n, emss);
+        assert_eq!(sim.a.unsent(a), Some(emss));
+        assert_eq!(sim.a.send_segment(a, |_, _| unreachable!()).unwrap(), 0);
+        sim.a.poll_egress(sim.now);
+        assert_eq!(sim.a.unsent(a), Some(0));
+    }
     let n = sim
         .a
         .send_segment(a, |buf, limit| write(buf, limit, usize::MAX, first))
         .unwrap();
-    assert_eq!(n, first);
-    assert_eq!(sim.a.unsent(a), Some(first));
+    assert_eq!(n, emss + 100);
     assert_eq!(sim.a.send_segment(a, |_, _| unreachable!()).unwrap(), 0);
-    for left in [2 * emss + 100, emss + 100, 100, 0] {
+    for left in [100, 0] {
         sim.a.poll_egress(sim.now);
         assert_eq!(sim.a.unsent(a), Some(left));
     }

@@ -138,11 +138,12 @@ pub struct XdpConfig {
     pub tcp: iwarp_tcp::Config,
     /// Keep FPDUs inside TCP segments (RFC 5044 §8): every segment starts
     /// with an FPDU and holds only whole ones; each connection hands
-    /// smoltcp one segment at a time, within the peer's window. Segments
-    /// are still cut short by smoltcp's congestion window (slow start,
-    /// loss recovery), at the end of its transmit ring and in its
-    /// retransmissions (see the crate documentation). Off: FPDUs are
-    /// written as a plain byte stream, and smoltcp cuts it at the MSS.
+    /// smoltcp whole segments, within the peer's window, and FPDUs are cut
+    /// to fill them. Segments are still cut short by smoltcp's congestion
+    /// window in slow start and loss recovery, at the end of its transmit
+    /// ring and in its retransmissions (see the crate documentation). Off:
+    /// FPDUs are written as a plain byte stream, and smoltcp cuts it at
+    /// the MSS.
     pub align_fpdus: bool,
 }
 
