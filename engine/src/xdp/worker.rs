@@ -37,8 +37,9 @@ use crate::kernel::{drain_events, lock, push_event, ConnShared, ListenShared, Re
 /// reset.
 const LINGER: CoreDuration = CoreDuration::from_secs(5);
 
-/// Most segment rounds per pass ([`XdpIo::segment_rounds`]): a 64 KiB
-/// message at MTU 1500 takes 45.
+/// Most segment rounds per pass ([`XdpIo::segment_rounds`]): a round
+/// follows each segment a connection had to send alone (45 for a 64 KiB
+/// message at MTU 1500 when less than two segments are in flight).
 const SEGMENT_ROUNDS: usize = 64;
 
 fn smol(now: CoreInstant) -> SmolInstant {
@@ -892,12 +893,12 @@ impl XdpIo {
         work
     }
 
-    /// FPDU alignment: a connection queues one segment at a time
-    /// ([`Stack::send_segment`]). While some queued one this pass and may
-    /// have more, smoltcp sends a round of segments and they queue the
-    /// next, up to [`SEGMENT_ROUNDS`] rounds (or until the transmit frames
-    /// run out, which leaves the last segment unsent and stops its
-    /// connection).
+    /// FPDU alignment: a connection queues whole segments
+    /// ([`Stack::send_segment`]) and, after one it had to send alone, waits
+    /// until smoltcp has sent it. While some queued segments this pass and
+    /// may have more, smoltcp sends a round and they queue the next, up to
+    /// [`SEGMENT_ROUNDS`] rounds (or until the transmit frames run out,
+    /// which leaves a segment unsent and stops its connection).
     fn segment_rounds(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
         let mut work = 0;
         for _ in 0..SEGMENT_ROUNDS {
