@@ -1,8 +1,8 @@
 //! Queue pairs: the RDMAP/DDP data path over one MPA connection.
 //!
 //! A [`Qp`] owns the MPA handshake until it completes, then the transmit
-//! state machine ([`tx`]: segmentation of work requests into FPDUs) and the
-//! receive state machine ([`rx`]: validation and placement of inbound
+//! state machine (`tx`: segmentation of work requests into FPDUs) and the
+//! receive state machine (`rx`: validation and placement of inbound
 //! segments). Both are resumable at any byte boundary of the TCP stream.
 //!
 //! The QP is driven through [`crate::verbs::Context`], which lends it the
@@ -396,7 +396,9 @@ impl Qp {
     }
 
     /// Whether the owner should close the TCP connection now (after
-    /// transmitting what [`Self::poll_transmit`] still yields).
+    /// transmitting what [`Context::poll_transmit`] still yields).
+    ///
+    /// [`Context::poll_transmit`]: crate::verbs::Context::poll_transmit
     pub fn wants_close(&self) -> bool {
         self.wants_close && !self.tx.busy() && self.handshake_tx_idle()
     }
@@ -727,8 +729,10 @@ impl Qp {
         self.wants_close = true;
     }
 
-    /// Whether [`Self::poll_transmit`] may have bytes: false means it
+    /// Whether [`Context::poll_transmit`] may have bytes: false means it
     /// certainly has none (nothing queued, in progress or owed).
+    ///
+    /// [`Context::poll_transmit`]: crate::verbs::Context::poll_transmit
     pub fn may_transmit(&self) -> bool {
         self.handshake.is_some()
             || self.tx.has_pending()
