@@ -56,6 +56,8 @@ run() {
         echo "PASS $name ($((SECONDS - start)) s)"
     else
         echo "FAIL $name: $why"
+        # Both sides' last words, for a failure that does not come back.
+        tail -n 40 "$out" | sed 's/^/    | /'
     fi
 }
 
