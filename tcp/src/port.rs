@@ -36,13 +36,22 @@ fn bump(c: &Cell<u64>, n: u64) {
 
 /// A connection as the tables key it: (remote address, remote port, local
 /// port).
-type Flow = (Ipv4Address, u16, u16);
+pub(crate) type Flow = (Ipv4Address, u16, u16);
 
 /// Options of a peer's SYN.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct SynOptions {
-    mss: Option<u16>,
+pub(crate) struct SynOptions {
+    pub mss: Option<u16>,
     window_scale: Option<u8>,
+}
+
+impl SynOptions {
+    /// The shift the peer's window field is scaled by: its SYN's window
+    /// scale option, 0 without one (smoltcp offers scaling in every SYN
+    /// it opens with and answers in kind, so the peer's option decides).
+    pub(crate) fn window_shift(&self) -> u8 {
+        self.window_scale.unwrap_or(0).min(14)
+    }
 }
 
 /// Options seen in the peers' SYNs: (remote address, remote port, local
@@ -53,42 +62,17 @@ pub(crate) struct MssTable {
 }
 
 impl MssTable {
-    fn find(&self, remote: Ipv4Address, remote_port: u16, local_port: u16) -> Option<SynOptions> {
-        let key = (remote, remote_port, local_port);
+    /// The options of the last SYN seen on `flow`.
+    pub(crate) fn get(&self, flow: Flow) -> Option<SynOptions> {
         self.entries
             .iter()
             .rev()
-            .find(|(k, _)| *k == key)
+            .find(|(k, _)| *k == flow)
             .map(|(_, o)| *o)
     }
 
-    pub(crate) fn get(
-        &self,
-        remote: Ipv4Address,
-        remote_port: u16,
-        local_port: u16,
-    ) -> Option<u16> {
-        self.find(remote, remote_port, local_port)?.mss
-    }
-
-    /// The shift the peer's window field is scaled by: its SYN's window
-    /// scale option, 0 without one (smoltcp offers scaling in every SYN
-    /// it opens with and answers in kind, so the peer's option decides).
-    pub(crate) fn window_shift(
-        &self,
-        remote: Ipv4Address,
-        remote_port: u16,
-        local_port: u16,
-    ) -> u8 {
-        self.find(remote, remote_port, local_port)
-            .and_then(|o| o.window_scale)
-            .unwrap_or(0)
-            .min(14)
-    }
-
-    pub(crate) fn forget(&mut self, remote: Ipv4Address, remote_port: u16, local_port: u16) {
-        let key = (remote, remote_port, local_port);
-        self.entries.retain(|(k, _)| *k != key);
+    fn forget(&mut self, flow: Flow) {
+        self.entries.retain(|(k, _)| *k != flow);
     }
 
     fn put(&mut self, key: Flow, mut options: SynOptions) {
@@ -166,22 +150,12 @@ pub(crate) struct SentTable {
 }
 
 impl SentTable {
-    pub(crate) fn get(
-        &self,
-        remote: Ipv4Address,
-        remote_port: u16,
-        local_port: u16,
-    ) -> Option<Sent> {
-        self.entries
-            .borrow()
-            .get(&(remote, remote_port, local_port))
-            .copied()
+    pub(crate) fn get(&self, flow: Flow) -> Option<Sent> {
+        self.entries.borrow().get(&flow).copied()
     }
 
-    fn forget(&self, remote: Ipv4Address, remote_port: u16, local_port: u16) {
-        self.entries
-            .borrow_mut()
-            .remove(&(remote, remote_port, local_port));
+    fn forget(&self, flow: Flow) {
+        self.entries.borrow_mut().remove(&flow);
     }
 
     /// Look at one frame we send. A SYN starts (or, sent again, restarts)
@@ -302,9 +276,9 @@ impl<D> Port<D> {
     }
 
     /// A connection is gone: drop what the tables hold for it.
-    pub(crate) fn forget(&mut self, remote: Ipv4Address, remote_port: u16, local_port: u16) {
-        self.mss.forget(remote, remote_port, local_port);
-        self.sent.forget(remote, remote_port, local_port);
+    pub(crate) fn forget(&mut self, flow: Flow) {
+        self.mss.forget(flow);
+        self.sent.forget(flow);
     }
 }
 
@@ -566,31 +540,35 @@ mod tests {
         buf
     }
 
+    /// The MSS the table holds for PEER:40000 → 7174.
+    fn mss_of(t: &MssTable) -> Option<u16> {
+        t.get((PEER, 40000, 7174)).and_then(|o| o.mss)
+    }
+
     #[test]
     fn snoops_mss_of_valid_syns_only() {
         let mut t = MssTable::default();
-        let peer = Ipv4Address::new(198, 18, 0, 1);
         rx_mss(&mut t, &syn(Some(1400), false));
-        assert_eq!(t.get(peer, 40000, 7174), Some(1400));
+        assert_eq!(mss_of(&t), Some(1400));
         rx_mss(&mut t, &syn(Some(500), true));
-        assert_eq!(t.get(peer, 40000, 7174), Some(1400), "bad checksum ignored");
+        assert_eq!(mss_of(&t), Some(1400), "bad checksum ignored");
         rx_mss(&mut t, &syn(None, false));
-        assert_eq!(t.get(peer, 40000, 7174), Some(1400));
-        t.forget(peer, 40000, 7174);
-        assert_eq!(t.get(peer, 40000, 7174), None);
+        assert_eq!(mss_of(&t), Some(1400));
+        t.forget((PEER, 40000, 7174));
+        assert_eq!(mss_of(&t), None);
     }
 
     #[test]
     fn follows_what_a_connection_sent_and_the_peer_acknowledged() {
         let t = SentTable::default();
         let isn = u32::MAX - 100; // the sequence space wraps below
-        assert_eq!(t.get(PEER, 40000, 7174), None);
+        assert_eq!(t.get((PEER, 40000, 7174)), None);
         // Data before a SYN (a connection not followed) is ignored.
         tx(&t, &segment(true, false, 5, Some(1), 100, &[0; 10]));
-        assert_eq!(t.get(PEER, 40000, 7174), None);
+        assert_eq!(t.get((PEER, 40000, 7174)), None);
         tx(&t, &segment(true, true, isn, Some(1), 100, &[]));
         let start = isn.wrapping_add(1);
-        let s = t.get(PEER, 40000, 7174).unwrap();
+        let s = t.get((PEER, 40000, 7174)).unwrap();
         assert_eq!(
             (s.start, s.next, s.una, s.window),
             (start, start, start, None)
@@ -609,7 +587,7 @@ mod tests {
         );
         // A retransmission does not move `next`.
         tx(&t, &segment(true, false, start, Some(1), 100, &[0; 300]));
-        let s = t.get(PEER, 40000, 7174).unwrap();
+        let s = t.get((PEER, 40000, 7174)).unwrap();
         assert_eq!((s.bytes(), s.in_flight()), (500, 500));
         // Acknowledgements: in range they count, beyond what was sent not.
         rx(
@@ -620,31 +598,32 @@ mod tests {
             &t,
             &segment(false, false, 1, Some(start.wrapping_add(501)), 99, &[]),
         );
-        let s = t.get(PEER, 40000, 7174).unwrap();
+        let s = t.get((PEER, 40000, 7174)).unwrap();
         assert_eq!((s.in_flight(), s.window), (200, Some(77)));
         // An old acknowledgement (reordered) does not move it back.
         rx(
             &t,
             &segment(false, false, 1, Some(start.wrapping_add(100)), 5, &[]),
         );
-        assert_eq!(t.get(PEER, 40000, 7174).unwrap().window, Some(77));
+        assert_eq!(t.get((PEER, 40000, 7174)).unwrap().window, Some(77));
         rx(
             &t,
             &segment(false, false, 1, Some(start.wrapping_add(500)), 88, &[]),
         );
-        let s = t.get(PEER, 40000, 7174).unwrap();
+        let s = t.get((PEER, 40000, 7174)).unwrap();
         assert_eq!((s.in_flight(), s.window), (0, Some(88)));
-        t.forget(PEER, 40000, 7174);
-        assert_eq!(t.get(PEER, 40000, 7174), None);
+        t.forget((PEER, 40000, 7174));
+        assert_eq!(t.get((PEER, 40000, 7174)), None);
     }
 
     #[test]
     fn window_shift_from_the_peers_syn() {
         let mut t = MssTable::default();
-        assert_eq!(t.window_shift(PEER, 40000, 7174), 0);
+        let shift = |t: &MssTable| t.get((PEER, 40000, 7174)).map_or(0, |o| o.window_shift());
+        assert_eq!(shift(&t), 0);
         rx_mss(&mut t, &syn(Some(1400), false));
-        assert_eq!(t.window_shift(PEER, 40000, 7174), 3);
-        assert_eq!(t.get(PEER, 40000, 7174), Some(1400));
+        assert_eq!(shift(&t), 3);
+        assert_eq!(mss_of(&t), Some(1400));
     }
 
     #[test]

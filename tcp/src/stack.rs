@@ -19,7 +19,7 @@ use smoltcp::wire::{
 };
 
 use crate::config::Config;
-use crate::port::Port;
+use crate::port::{Flow, Port};
 
 /// How long a static neighbour entry lives in smoltcp's cache before it is
 /// refreshed (smoltcp's entries expire after 60 s).
@@ -127,20 +127,26 @@ struct Peer {
 }
 
 impl Peer {
-    fn of<D: Device>(port: &Port<D>, c: &Conn) -> Option<Self> {
-        let (ip, remote_port) = c.remote?;
-        let remote = port
-            .mss
-            .get(ip, remote_port, c.local_port)
-            .map_or(DEFAULT_REMOTE_MSS, usize::from);
-        Some(Self {
-            emss: local_mss(port).min(remote),
-            window_shift: port.mss.window_shift(ip, remote_port, c.local_port),
-        })
+    fn of<D: Device>(port: &Port<D>, flow: Flow) -> Self {
+        let syn = port.mss.get(flow).unwrap_or_default();
+        Self {
+            emss: local_mss(port).min(syn.mss.map_or(DEFAULT_REMOTE_MSS, usize::from)),
+            window_shift: syn.window_shift(),
+        }
     }
 }
 
 impl Conn {
+    /// The effective MSS, once established.
+    fn emss(&self) -> Option<usize> {
+        self.peer.filter(|_| self.established).map(|p| p.emss)
+    }
+
+    /// The key of the device wrapper's tables, once the peer is known.
+    fn flow(&self) -> Option<Flow> {
+        self.remote.map(|(ip, port)| (ip, port, self.local_port))
+    }
+
     fn new(state: State, local_port: u16) -> Self {
         Self {
             last: state,
@@ -213,14 +219,14 @@ fn local_mss<D: Device>(port: &Port<D>) -> usize {
 }
 
 /// See [`Stack::segment_room`].
+#[derive(Clone, Copy)]
 struct SegmentRoom {
+    /// The connection's effective MSS (`None` before it is established).
+    emss: Option<usize>,
+    /// [`Conn::short_tail`].
+    short_tail: bool,
     /// Queued bytes not sent even once.
     unsent: usize,
-    window: Window,
-}
-
-/// The peer's side of [`SegmentRoom`].
-struct Window {
     /// Sent bytes not acknowledged.
     in_flight: usize,
     /// What the peer's last window leaves beyond them; `None` before its
@@ -228,10 +234,20 @@ struct Window {
     room: Option<usize>,
 }
 
+impl SegmentRoom {
+    /// Whether Nagle's rule should hold the queue (see
+    /// [`Stack::hold_full`]): a full segment waits at its head and at
+    /// least two are in flight.
+    fn holds_full(&self) -> bool {
+        self.emss
+            .is_some_and(|emss| self.unsent >= emss && self.in_flight >= 2 * emss)
+    }
+}
+
 /// Drop what the device wrapper's tables hold for a connection.
 fn forget<D>(port: &mut Port<D>, c: &Conn) {
-    if let Some((ip, remote_port)) = c.remote {
-        port.forget(ip, remote_port, c.local_port);
+    if let Some(flow) = c.flow() {
+        port.forget(flow);
     }
 }
 
@@ -553,25 +569,26 @@ impl<D: Device> Stack<D> {
         conn: ConnId,
         mut f: F,
     ) -> Result<usize, Error> {
-        let Some(SegmentRoom { unsent, window }) = self.segment_room(conn) else {
+        let Some(r) = self.segment_room(conn) else {
             return self.send(conn, |buf| f(buf, usize::MAX));
         };
-        let (Some(emss), Some(c)) = (self.emss(conn), self.conns.get(&conn.0)) else {
+        let Some(emss) = r.emss else {
             return Ok(0);
         };
         // Full segments back to back only while Nagle's rule can keep the
         // congestion window from cutting them (see `hold_full`).
-        let batch = window.in_flight >= 2 * emss;
-        if unsent > 0 && (c.short_tail || unsent % emss != 0 || !batch) {
+        let batch = r.in_flight >= 2 * emss;
+        if r.unsent > 0 && (r.short_tail || r.unsent % emss != 0 || !batch) {
             return Ok(0);
         }
         let segment = emss.max(MIN_SEGMENT_LIMIT);
         let mut total = 0;
+        let mut short_tail = r.short_tail;
         loop {
             // One segment regardless when nothing else is out or queued.
-            let free = unsent == 0 && total == 0 && window.in_flight == 0;
-            let limit = match window.room {
-                Some(room) if !free => segment.min(room.saturating_sub(unsent + total)),
+            let free = r.unsent == 0 && total == 0 && r.in_flight == 0;
+            let limit = match r.room {
+                Some(room) if !free => segment.min(room.saturating_sub(r.unsent + total)),
                 _ => segment,
             };
             if limit == 0 {
@@ -585,14 +602,19 @@ impl<D: Device> Stack<D> {
             // smoltcp also cuts at the end of its ring: a segment queued
             // across it shifts the cuts of any queued after it.
             let full = n == emss && !wrapped;
-            if let Some(c) = self.conns.get_mut(&conn.0) {
-                c.short_tail = !full;
-            }
+            short_tail = !full;
             if !full || !batch {
                 break;
             }
         }
-        self.hold_full(conn);
+        if let Some(c) = self.conns.get_mut(&conn.0) {
+            c.short_tail = short_tail;
+        }
+        let queued = SegmentRoom {
+            unsent: r.unsent + total,
+            ..r
+        };
+        self.set_nagle(conn, queued.holds_full());
         Ok(total)
     }
 
@@ -607,13 +629,16 @@ impl<D: Device> Stack<D> {
     /// cut is left to happen and the next segments start aligned again.
     /// Checked after queueing and before every egress round.
     fn hold_full(&mut self, conn: ConnId) -> bool {
+        let hold = self.segment_room(conn).is_some_and(|r| r.holds_full());
+        self.set_nagle(conn, hold)
+    }
+
+    /// Switch Nagle's rule for `conn` (never with [`Config::nagle`], which
+    /// keeps it on everywhere); returns whether it is on by this.
+    fn set_nagle(&mut self, conn: ConnId, hold: bool) -> bool {
         if self.config.nagle {
             return false;
         }
-        let hold = match (self.segment_room(conn), self.emss(conn)) {
-            (Some(r), Some(emss)) => r.unsent >= emss && r.window.in_flight >= 2 * emss,
-            _ => false,
-        };
         let Some(c) = self.conns.get_mut(&conn.0) else {
             return false;
         };
@@ -645,18 +670,20 @@ impl<D: Device> Stack<D> {
     /// and may send, as far as the device wrapper saw its segments.
     fn segment_room(&self, conn: ConnId) -> Option<SegmentRoom> {
         let c = self.conns.get(&conn.0)?;
-        let (ip, port) = c.remote?;
-        let sent = self.port.sent.get(ip, port, c.local_port)?;
+        let sent = self.port.sent.get(c.flow()?)?;
         // A FIN takes a sequence number too: clamp at zero.
         let unsent = (c.written.wrapping_sub(sent.bytes()) as i32).max(0) as usize;
         let in_flight = sent.in_flight() as usize;
         let shift = c.peer.map_or(0, |p| p.window_shift);
         let room = sent
             .window
-            .map(|w| ((usize::from(w)) << shift).saturating_sub(in_flight));
+            .map(|w| (usize::from(w) << shift).saturating_sub(in_flight));
         Some(SegmentRoom {
+            emss: c.emss(),
+            short_tail: c.short_tail,
             unsent,
-            window: Window { in_flight, room },
+            in_flight,
+            room,
         })
     }
 
@@ -832,8 +859,7 @@ impl<D: Device> Stack<D> {
     /// options (none: no timestamps). The iWARP layer sizes FPDUs
     /// (MULPDU) from it. `None` before the handshake completes.
     pub fn emss(&self, conn: ConnId) -> Option<usize> {
-        let c = self.conns.get(&conn.0)?;
-        c.peer.filter(|_| c.established).map(|p| p.emss)
+        self.conns.get(&conn.0)?.emss()
     }
 
     /// The MSS our MTU allows (what our SYNs announce).
@@ -1051,7 +1077,7 @@ impl<D: Device> Stack<D> {
                 _ => {}
             }
             if c.established && c.peer.is_none() {
-                c.peer = Peer::of(&self.port, c);
+                c.peer = c.flow().map(|flow| Peer::of(&self.port, flow));
             }
             c.last = state;
         }
