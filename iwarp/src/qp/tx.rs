@@ -279,19 +279,20 @@ impl Qp {
         let mut n = 0;
         loop {
             let room = limit.saturating_sub(n);
-            if self.tx.fpdu.is_none() && !self.tx_next_fpdu(room, env) {
-                break;
-            }
             if !self.tx_fpdu_fits(room) {
-                // Not a byte of it is out: plan it again for this room.
+                // Set up by a call with other room, and not a byte of it
+                // is out: plan it again for this room.
                 self.tx.fpdu = None;
                 if let Some(framer) = self.tx.framer.as_mut() {
                     framer.cancel();
                 }
-                if !self.tx_next_fpdu(room, env) || !self.tx_fpdu_fits(room) {
-                    // Stays set up; a later call with more room sends it.
-                    break;
-                }
+            }
+            if self.tx.fpdu.is_none() && !self.tx_next_fpdu(room, env) {
+                break;
+            }
+            if !self.tx_fpdu_fits(room) {
+                // Stays set up; a later call with more room sends it.
+                break;
             }
             let (w, done) = self.tx_fpdu_bytes(&mut out[n..], env);
             n += w;
