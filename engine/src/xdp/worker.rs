@@ -858,8 +858,7 @@ impl XdpIo {
         let mut drained = true;
         if !c.closing && ctx.may_transmit(qp) && !self.stack.is_reset(c.conn) {
             let sent = if self.align {
-                self.stack
-                    .send_segment(c.conn, |b, limit| ctx.poll_transmit_within(qp, b, limit))
+                send_segments(&mut self.stack, ctx, qp, c.conn)
             } else {
                 self.stack.send(c.conn, |b| ctx.poll_transmit(qp, b))
             };
@@ -912,10 +911,7 @@ impl XdpIo {
                 if c.closing || c.gone || !ctx.may_transmit(c.qp) {
                     return false;
                 }
-                let qp = c.qp;
-                let n = stack
-                    .send_segment(c.conn, |b, limit| ctx.poll_transmit_within(qp, b, limit))
-                    .unwrap_or(0);
+                let n = send_segments(stack, ctx, c.qp, c.conn).unwrap_or(0);
                 work += n;
                 n > 0
             });
@@ -993,6 +989,16 @@ impl XdpIo {
 
 /// Release `conn` and, if it was accepted, forget it in the device's
 /// flow table.
+/// FPDU alignment: `qp`'s next whole segments into its TCP connection.
+fn send_segments(
+    stack: &mut Stack<XskDevice>,
+    ctx: &mut Context,
+    qp: QpId,
+    conn: ConnId,
+) -> Result<usize, TcpError> {
+    stack.send_segment(conn, |b, limit| ctx.poll_transmit_within(qp, b, limit))
+}
+
 fn release(stack: &mut Stack<XskDevice>, passive: &mut HashMap<ConnId, FlowKey>, conn: ConnId) {
     if let Some(key) = passive.remove(&conn) {
         stack.device_mut().forget(key);
