@@ -462,9 +462,9 @@ fn xdp_to_xdp_markers_crc_capture_decodes_in_tshark() {
 /// also with TCP reassembly off, segment by segment, because each segment
 /// starts with an FPDU and holds whole ones, both directions. Congestion
 /// control is off (smoltcp's congestion window, which it does not expose,
-/// may otherwise cut segments in slow start); what may still split an
-/// FPDU is the end of a transmit ring (once per ring's worth) and a
-/// retransmission (smoltcp re-cuts at the MSS). Markers are off here:
+/// may otherwise cut segments in slow start) and the transmit rings do not
+/// wrap (smoltcp cuts a segment at the ring's end); what may still split
+/// an FPDU is a retransmission (smoltcp re-cuts at the MSS). Markers are off here:
 /// tshark miscounts the markers of an FPDU that ends right where a marker
 /// is due, which aligned segments meet all the time (the markers test
 /// above keeps to messages of one FPDU).
@@ -474,8 +474,11 @@ fn xdp_to_xdp_segments_hold_whole_fpdus() {
         return;
     }
     let pcap = std::env::temp_dir().join(format!("iwarp-xdp-al-{}.pcap", std::process::id()));
+    // A transmit ring larger than the run sends, so that it never wraps:
+    // tshark's reassembly can lose an FPDU split at the wrap.
     let tcp = iwarp_tcp::Config {
         congestion: iwarp_tcp::CongestionControl::None,
+        tx_buffer: 4 << 20,
         ..iwarp_tcp::Config::default()
     };
     let o = Opts {
