@@ -151,7 +151,7 @@ impl Device {
             if engines.len() > 1 {
                 first = engines.first().cloned();
             }
-            e.set_xdp(engines)?;
+            e.set_xdp(engines);
             drop(e);
             if xcfg.busy_poll {
                 shared.set_busy_poll(true);

@@ -82,7 +82,10 @@
 //!   likes.
 //! * **Sleeping.** [`XdpConfig::busy_poll`] (default on) spins; otherwise
 //!   the thread sleeps in epoll on the AF_XDP socket, the waker and the
-//!   earliest timer (smoltcp `poll_at`, the core's `poll_timeout`).
+//!   earliest timer (smoltcp `poll_at`, the core's `poll_timeout`). The
+//!   socket joins the epoll set only while the thread sleeps: a socket
+//!   in an epoll set makes every frame it receives walk a wait queue
+//!   under irq-saving locks, on veth in the sending core's softirq.
 //! * **Frames.** 2 KiB UMEM frames up to MTU 1500 (4 KiB above, up to
 //!   veth's 3506), 4096 frames: half stock the fill ring, the rest are
 //!   for transmit. No copy between UMEM and smoltcp: the tokens read and

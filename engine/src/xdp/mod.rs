@@ -13,11 +13,12 @@
 //! Threading, locking and sleeping are the kernel backend's (see
 //! `kernel.rs`): the engine state sits behind the device's one mutex, the
 //! progress thread (or [`Device::progress`](crate::Device::progress))
-//! runs passes, application calls lock it and call the core directly. The
-//! AF_XDP socket's descriptor is registered in the same epoll set, so a
-//! thread that does not busy-poll sleeps until a frame arrives, a timer
-//! (smoltcp's `poll_at`, the core's `poll_timeout`) is due, or an
-//! application call kicks it.
+//! runs passes, application calls lock it and call the core directly. A
+//! thread that does not busy-poll adds the AF_XDP socket to the same
+//! epoll set for the length of its sleep (a socket left in it would cost
+//! every received frame a wake-up walk, see `kernel.rs`) and sleeps until
+//! a frame arrives, a timer (smoltcp's `poll_at`, the core's
+//! `poll_timeout`) is due, or an application call kicks it.
 //!
 //! # Multi-core: one engine per receive queue
 //!

@@ -374,7 +374,7 @@ impl XdpIo {
         self.conns.len() + self.opening.len() + self.pending.len()
     }
 
-    /// The AF_XDP socket's descriptor (registered for epoll).
+    /// The AF_XDP socket's descriptor (for epoll, while a thread sleeps).
     pub(crate) fn fd(&self) -> i32 {
         self.fd
     }
