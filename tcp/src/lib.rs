@@ -60,6 +60,7 @@
 
 mod config;
 pub mod csum;
+mod hash;
 mod port;
 pub mod sim;
 mod stack;

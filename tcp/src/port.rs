@@ -17,6 +17,8 @@ use smoltcp::wire::{
     EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Address, Ipv4Packet, TcpPacket,
 };
 
+use crate::hash::FlowHash;
+
 /// How many peer MSS values are remembered (oldest evicted first): one
 /// per connection being set up or open.
 const MSS_TABLE_CAP: usize = 1024;
@@ -146,7 +148,7 @@ impl Sent {
 /// (acknowledgements), hence the `RefCell`.
 #[derive(Debug, Default)]
 pub(crate) struct SentTable {
-    entries: RefCell<HashMap<Flow, Sent>>,
+    entries: RefCell<HashMap<Flow, Sent, FlowHash>>,
 }
 
 impl SentTable {

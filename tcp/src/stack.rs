@@ -4,7 +4,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::hash::HandleHash;
 
 use smoltcp::iface::{Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult};
 use smoltcp::iface::{SocketHandle, SocketSet};
@@ -248,31 +249,6 @@ impl SegmentRoom {
 fn forget<D>(port: &mut Port<D>, c: &Conn) {
     if let Some(flow) = c.flow() {
         port.forget(flow);
-    }
-}
-
-/// Hashing for socket handles: a handle is a small slot index, hashed
-/// on every per-connection call of every engine pass, where SipHash's
-/// DoS resistance buys nothing (the keys are ours, not the peer's).
-type HandleHash = BuildHasherDefault<IndexHasher>;
-
-/// A multiplicative (Fibonacci) hash of the integers a handle hashes as.
-#[derive(Default)]
-struct IndexHasher(u64);
-
-impl Hasher for IndexHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 

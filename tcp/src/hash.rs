@@ -1,0 +1,175 @@
+//! Hashing for the tables looked up on every frame and every pass.
+//!
+//! std's SipHash costs tens of nanoseconds per lookup, paid per frame in
+//! each direction by the device wrapper's table of what each connection
+//! sent, and per connection call by the stack. Neither table needs a
+//! cryptographic hash:
+//!
+//! * [`HandleHash`]: socket handles are small slot indices we allocate;
+//!   a multiplicative hash spreads them.
+//! * [`FlowHash`]: flows carry the peer's address and port, which a peer
+//!   chooses, so the multiply-and-fold hash is keyed with a random seed
+//!   per table: without the seed a peer cannot aim its connections at one
+//!   bucket. (The table is capped as well.)
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+
+/// The 64-bit golden-ratio multiplier (Fibonacci hashing).
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// Hashing for socket handles (see the module documentation).
+pub(crate) type HandleHash = BuildHasherDefault<IndexHasher>;
+
+/// A multiplicative (Fibonacci) hash of the integers a handle hashes as.
+#[derive(Default)]
+pub(crate) struct IndexHasher(u64);
+
+impl Hasher for IndexHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(GOLDEN);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(GOLDEN);
+    }
+}
+
+/// Keyed hashing for flows (see the module documentation): each table
+/// draws its own seed.
+#[derive(Clone, Debug)]
+pub(crate) struct FlowHash {
+    seed: u64,
+}
+
+impl Default for FlowHash {
+    fn default() -> Self {
+        // std seeds every RandomState from the OS once per thread and
+        // varies it per instance; hashing a constant with it yields a
+        // fresh random word.
+        Self {
+            seed: RandomState::new().hash_one(GOLDEN),
+        }
+    }
+}
+
+impl BuildHasher for FlowHash {
+    type Hasher = FoldHasher;
+
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(self.seed)
+    }
+}
+
+/// Each word written is mixed in by a folded 64×64→128-bit multiply
+/// (the high and low halves XORed), which spreads every input bit over
+/// the whole result.
+pub(crate) struct FoldHasher(u64);
+
+impl FoldHasher {
+    fn mix(&mut self, word: u64) {
+        let p = u128::from(self.0 ^ word) * u128::from(GOLDEN);
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+}
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.mix(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            // The length keeps "ab" and "ab\0" apart.
+            self.mix(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 59));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.mix(u64::from(n));
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.mix(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.mix(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smoltcp::wire::Ipv4Address;
+    use std::collections::HashSet;
+
+    type Flow = (Ipv4Address, u16, u16);
+
+    fn hash(b: &FlowHash, f: Flow) -> u64 {
+        b.hash_one(f)
+    }
+
+    #[test]
+    fn flows_differing_in_one_field_hash_apart() {
+        let b = FlowHash::default();
+        let base = (Ipv4Address::new(198, 18, 0, 1), 40000, 7174);
+        let mut seen = HashSet::new();
+        seen.insert(hash(&b, base));
+        for i in 1..=1000u16 {
+            assert!(seen.insert(hash(&b, (base.0, base.1.wrapping_add(i), base.2))));
+            assert!(seen.insert(hash(&b, (base.0, base.1, base.2.wrapping_add(i)))));
+            let ip = Ipv4Address::from_bits(base.0.to_bits() + u32::from(i));
+            assert!(seen.insert(hash(&b, (ip, base.1, base.2))));
+        }
+        // Ports swapped are another flow.
+        assert_ne!(hash(&b, base), hash(&b, (base.0, base.2, base.1)));
+    }
+
+    #[test]
+    fn tables_are_seeded_apart() {
+        let f = (Ipv4Address::new(198, 18, 0, 1), 40000, 7174);
+        let seeds: HashSet<u64> = (0..8).map(|_| hash(&FlowHash::default(), f)).collect();
+        assert_eq!(seeds.len(), 8, "each table draws its own seed");
+        let b = FlowHash::default();
+        assert_eq!(hash(&b, f), hash(&b.clone(), f), "one table hashes alike");
+    }
+
+    #[test]
+    fn byte_strings_of_different_length_differ() {
+        let b = FlowHash::default();
+        assert_ne!(b.hash_one(&b"ab"[..]), b.hash_one(&b"ab\0"[..]));
+        assert_ne!(b.hash_one(&[0u8; 8][..]), b.hash_one(&[0u8; 16][..]));
+    }
+
+    #[test]
+    fn handle_hash_spreads_small_indices() {
+        let b = HandleHash::default();
+        let h: HashSet<u64> = (0..4096usize).map(|i| b.hash_one(i) >> 52).collect();
+        // 4096 indices over the top 12 bits: Fibonacci hashing hits most.
+        assert!(h.len() > 2000, "{}", h.len());
+    }
+}
