@@ -143,6 +143,9 @@ pub fn stream(
                 })?;
                 v.push(total as f64 * 8.0 / t0.elapsed().as_secs_f64() / 1e9);
             }
+            if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
+                eprintln!("smoltcp-raw sender: {:?}", t.ring_counters());
+            }
             Ok(v)
         },
     )?;

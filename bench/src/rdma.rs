@@ -372,6 +372,13 @@ impl Side {
         while t.elapsed() < Duration::from_millis(20) {
             self.dev.progress();
         }
+        if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
+            eprintln!(
+                "{}: {:#?}",
+                std::thread::current().name().unwrap_or("?"),
+                self.dev.stats()
+            );
+        }
     }
 }
 

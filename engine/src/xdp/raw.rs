@@ -81,6 +81,11 @@ impl RawTcp {
         &mut self.stack
     }
 
+    /// The rings' and frame pool's counters.
+    pub fn ring_counters(&self) -> super::RingCounters {
+        self.stack.device().counters()
+    }
+
     /// One pass: rx burst and fill-ring refill, smoltcp ingress and
     /// egress, tx burst. Returns a measure of the work done (0: idle).
     pub fn poll(&mut self) -> usize {
