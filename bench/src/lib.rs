@@ -75,7 +75,8 @@ pub enum Config {
     /// The same stream with TX checksum offload, TSO and GSO on for its
     /// run (the other configurations run with them off).
     TcpStreamOffload,
-    /// smoltcp stream over the engine's AF_XDP socket (bandwidth ceiling).
+    /// smoltcp over the engine's AF_XDP socket: a stream (bandwidth
+    /// ceiling) or a ping-pong (latency floor).
     SmoltcpRaw,
 }
 
@@ -241,6 +242,7 @@ pub fn latency(
     let port = next_port();
     let sv = sizes.to_vec();
     let r: io::Result<Vec<Vec<f64>>> = match config {
+        Config::SmoltcpRaw => raw::pingpong(topo, cpus, port, sv, warmup, n),
         Config::TcpBlocking | Config::TcpBusypoll => sock::pingpong(
             topo,
             cpus,

@@ -3,13 +3,15 @@
 //! sizing and TCP settings, without the protocol core). Like the RDMA
 //! runs, each side's thread drives its own stack, pinned to its core.
 //! Payload is copied in on the sending side and out on the receiving
-//! side, as the RDMA path copies from and into registered memory.
+//! side, as the RDMA path copies from and into registered memory. The
+//! same pair ping-pongs for the transport's latency floor.
 
 use std::io;
 use std::time::Instant;
 
 use iwarp_engine::xdp::{AttachMode, RawTcp};
 use iwarp_engine::XdpConfig;
+use iwarp_tcp::ConnId;
 
 use crate::rdma::{retry_open, WAIT};
 use crate::topo::{spawn_in, Topology, IF_A, IF_B, PREFIX, XDP_A, XDP_B};
@@ -43,15 +45,16 @@ fn spin_until(
     Ok(())
 }
 
-/// Per round, side a sends `total` bytes; side b reads them and answers
-/// 4 bytes. Returns Gb/s of payload per round.
-pub fn stream(
+/// Open both sides, connect a to b, and run `fa` on a's thread and `fb`
+/// on b's (each with its `RawTcp` and the connection); returns what `fa`
+/// returns.
+fn pair<A: Send + 'static>(
     topo: &Topology,
     cpus: (Option<usize>, Option<usize>),
     port: u16,
-    total: usize,
-    rounds: usize,
-) -> io::Result<Vec<f64>> {
+    fa: impl FnOnce(&mut RawTcp, ConnId) -> io::Result<A> + Send + 'static,
+    fb: impl FnOnce(&mut RawTcp, ConnId) -> io::Result<()> + Send + 'static,
+) -> io::Result<A> {
     let mtu = topo.mtu;
     let (tx, rx) = std::sync::mpsc::channel();
     let hb = spawn_in(&topo.ns_b, cpus.1, "raw-b", move || -> io::Result<()> {
@@ -66,65 +69,93 @@ pub fn stream(
             conn.is_some()
         })?;
         let conn = conn.ok_or_else(|| err("accept"))?;
-        let mut dst = vec![0u8; 1 << 20];
-        for _ in 0..rounds {
-            let mut got = 0usize;
-            let mut failed = false;
-            spin_until(&mut t, "receive", |t| {
-                let mut pos = got % dst.len();
-                match t.stack().recv(conn, |b| {
-                    let n = b.len().min(total - got).min(dst.len() - pos);
-                    dst[pos..pos + n].copy_from_slice(&b[..n]);
-                    pos = (pos + n) % dst.len();
-                    got += n;
-                    n
-                }) {
-                    Ok(_) => {}
-                    Err(_) => failed = true,
-                }
-                failed || got >= total
-            })?;
-            if failed {
-                return Err(err("receive failed"));
-            }
-            let mut sent = 0;
-            spin_until(&mut t, "answer", |t| {
-                sent += t
-                    .stack()
-                    .send_slice(conn, &[0, 0, 0, 1][sent..])
-                    .unwrap_or(0);
-                sent == 4
-            })?;
-        }
-        // Let the last answer leave (and be acknowledged).
+        fb(&mut t, conn)?;
+        // Let the last bytes leave (and be acknowledged).
         let t0 = Instant::now();
         while t0.elapsed() < std::time::Duration::from_millis(20) {
             t.poll();
         }
         if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
-            eprintln!("smoltcp-raw receiver: {:?}", t.stack().counters());
+            eprintln!("smoltcp-raw side b: {:?}", t.stack().counters());
         }
         Ok(())
     })?;
     rx.recv_timeout(WAIT)
         .map_err(|_| err("smoltcp side b did not start"))?;
-    let ha = spawn_in(
-        &topo.ns_a,
-        cpus.0,
-        "raw-a",
-        move || -> io::Result<Vec<f64>> {
-            let mut t = retry_open(|| RawTcp::open(&config(false, mtu), &[]))?;
-            let conn = t
-                .stack()
-                .connect((XDP_B, port), 50_000)
-                .map_err(|e| err(format!("connect: {e:?}")))?;
-            spin_until(&mut t, "connect", |t| t.stack().is_established(conn))?;
+    let ha = spawn_in(&topo.ns_a, cpus.0, "raw-a", move || -> io::Result<A> {
+        let mut t = retry_open(|| RawTcp::open(&config(false, mtu), &[]))?;
+        let conn = t
+            .stack()
+            .connect((XDP_B, port), 50_000)
+            .map_err(|e| err(format!("connect: {e:?}")))?;
+        spin_until(&mut t, "connect", |t| t.stack().is_established(conn))?;
+        let r = fa(&mut t, conn)?;
+        if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
+            eprintln!("smoltcp-raw side a: {:?}", t.ring_counters());
+        }
+        Ok(r)
+    })?;
+    let ra = ha.join().map_err(|_| err("smoltcp side a panicked"))?;
+    let rb = hb.join().map_err(|_| err("smoltcp side b panicked"))?;
+    let a = ra??;
+    rb??;
+    Ok(a)
+}
+
+/// Send all of `data`, driving the stack.
+fn send_all(t: &mut RawTcp, conn: ConnId, data: &[u8]) -> io::Result<()> {
+    let mut sent = 0;
+    let mut failed = false;
+    spin_until(t, "send", |t| {
+        match t.stack().send_slice(conn, &data[sent..]) {
+            Ok(n) => sent += n,
+            Err(_) => failed = true,
+        }
+        failed || sent == data.len()
+    })?;
+    if failed {
+        return Err(err("send failed"));
+    }
+    Ok(())
+}
+
+/// Receive exactly `out.len()` bytes, driving the stack.
+fn recv_exact(t: &mut RawTcp, conn: ConnId, out: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    let mut failed = false;
+    spin_until(t, "receive", |t| {
+        match t.stack().recv_slice(conn, &mut out[got..]) {
+            Ok(n) => got += n,
+            Err(_) => failed = true,
+        }
+        failed || got == out.len()
+    })?;
+    if failed {
+        return Err(err("receive failed"));
+    }
+    Ok(())
+}
+
+/// Per round, side a sends `total` bytes; side b reads them and answers
+/// 4 bytes. Returns Gb/s of payload per round.
+pub fn stream(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    port: u16,
+    total: usize,
+    rounds: usize,
+) -> io::Result<Vec<f64>> {
+    pair(
+        topo,
+        cpus,
+        port,
+        move |t, conn| {
             let src: Vec<u8> = (0..1 << 20).map(|i| i as u8).collect();
             let mut v = Vec::with_capacity(rounds);
             for _ in 0..rounds {
                 let t0 = Instant::now();
                 let mut sent = 0usize;
-                spin_until(&mut t, "send", |t| {
+                spin_until(t, "send", |t| {
                     let mut pos = sent % src.len();
                     let r = t.stack().send(conn, |b| {
                         let n = b.len().min(total - sent).min(src.len() - pos);
@@ -135,23 +166,90 @@ pub fn stream(
                     });
                     r.is_err() || sent >= total
                 })?;
-                let mut ack = [0u8; 4];
-                let mut got = 0;
-                spin_until(&mut t, "answer", |t| {
-                    got += t.stack().recv_slice(conn, &mut ack[got..]).unwrap_or(0);
-                    got == 4
-                })?;
+                recv_exact(t, conn, &mut [0u8; 4])?;
                 v.push(total as f64 * 8.0 / t0.elapsed().as_secs_f64() / 1e9);
-            }
-            if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
-                eprintln!("smoltcp-raw sender: {:?}", t.ring_counters());
             }
             Ok(v)
         },
-    )?;
-    let ra = ha.join().map_err(|_| err("smoltcp side a panicked"))?;
-    let rb = hb.join().map_err(|_| err("smoltcp side b panicked"))?;
-    let a = ra??;
-    rb??;
-    Ok(a)
+        move |t, conn| {
+            let mut dst = vec![0u8; 1 << 20];
+            for _ in 0..rounds {
+                let mut got = 0usize;
+                let mut failed = false;
+                spin_until(t, "receive", |t| {
+                    let mut pos = got % dst.len();
+                    match t.stack().recv(conn, |b| {
+                        let n = b.len().min(total - got).min(dst.len() - pos);
+                        dst[pos..pos + n].copy_from_slice(&b[..n]);
+                        pos = (pos + n) % dst.len();
+                        got += n;
+                        n
+                    }) {
+                        Ok(_) => {}
+                        Err(_) => failed = true,
+                    }
+                    failed || got >= total
+                })?;
+                if failed {
+                    return Err(err("receive failed"));
+                }
+                send_all(t, conn, &[0, 0, 0, 1])?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Ping-pong on the bare transport, the floor under the RDMA engine's
+/// latency: side a sends `size` bytes, side b echoes them once all
+/// arrived; per size, `warmup + n` exchanges, half round trips in µs of
+/// the last `n` (as [`rdma::pingpong_a`](crate::rdma::pingpong_a)).
+pub fn pingpong(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    port: u16,
+    sizes: Vec<usize>,
+    warmup: usize,
+    n: usize,
+) -> io::Result<Vec<Vec<f64>>> {
+    let max = sizes.iter().copied().max().unwrap_or(1);
+    let sb = sizes.clone();
+    pair(
+        topo,
+        cpus,
+        port,
+        move |t, conn| {
+            let mut out_buf = vec![0x5a; max];
+            let mut in_buf = vec![0; max];
+            let mut out = Vec::new();
+            for &size in &sizes {
+                let mut v = Vec::with_capacity(n);
+                for i in 0..warmup + n {
+                    out_buf[size - 1] = crate::rdma::tag(i);
+                    let t0 = Instant::now();
+                    send_all(t, conn, &out_buf[..size])?;
+                    recv_exact(t, conn, &mut in_buf[..size])?;
+                    let dt = t0.elapsed();
+                    if in_buf[size - 1] != out_buf[size - 1] {
+                        return Err(err("the echo differs"));
+                    }
+                    if i >= warmup {
+                        v.push(dt.as_secs_f64() * 1e6 / 2.0);
+                    }
+                }
+                out.push(v);
+            }
+            Ok(out)
+        },
+        move |t, conn| {
+            let mut buf = vec![0; max];
+            for &size in &sb {
+                for _ in 0..warmup + n {
+                    recv_exact(t, conn, &mut buf[..size])?;
+                    send_all(t, conn, &buf[..size])?;
+                }
+            }
+            Ok(())
+        },
+    )
 }

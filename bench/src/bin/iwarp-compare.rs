@@ -1,5 +1,7 @@
 //! The one-run side-by-side: 4 B RDMA Write latency over AF_XDP against
-//! kernel TCP (busy-poll and blocking), 64 KiB RDMA Write bandwidth with
+//! kernel TCP (busy-poll and blocking) and against a bare smoltcp
+//! ping-pong on the same AF_XDP path (the floor the RDMA layers sit on),
+//! 64 KiB RDMA Write bandwidth with
 //! CRC on and off against a bare smoltcp stream on the same AF_XDP path
 //! and a kernel TCP stream, and the ratios against their targets
 //! (medians of one run). Needs root.
@@ -61,6 +63,7 @@ fn main() -> std::process::ExitCode {
         for cfg in [
             Config::AfxdpCrcOff,
             Config::AfxdpCrcOn,
+            Config::SmoltcpRaw,
             Config::TcpBusypoll,
             Config::TcpBlocking,
         ] {
@@ -108,6 +111,20 @@ fn main() -> std::process::ExitCode {
         ),
     ];
     let info = vec![
+        Ratio::new(
+            "4 B half RTT smoltcp-raw / tcp-busypoll (the transport's floor)",
+            med(Config::SmoltcpRaw, "half_rtt"),
+            med(Config::TcpBusypoll, "half_rtt"),
+            "<=",
+            0.6,
+        ),
+        Ratio::new(
+            "4 B half RTT afxdp-crc-off / smoltcp-raw (the RDMA layers' cost)",
+            med(Config::AfxdpCrcOff, "half_rtt"),
+            med(Config::SmoltcpRaw, "half_rtt"),
+            "<=",
+            1.0,
+        ),
         Ratio::new(
             "4 B half RTT afxdp-crc-on / tcp-busypoll",
             med(Config::AfxdpCrcOn, "half_rtt"),
