@@ -13,6 +13,7 @@ use iwarp_engine::xdp::{AttachMode, RawTcp};
 use iwarp_engine::XdpConfig;
 use iwarp_tcp::ConnId;
 
+use crate::echo::{echo_each, time_echoes};
 use crate::rdma::{retry_open, WAIT};
 use crate::topo::{spawn_in, Topology, IF_A, IF_B, PREFIX, XDP_A, XDP_B};
 
@@ -212,44 +213,22 @@ pub fn pingpong(
     warmup: usize,
     n: usize,
 ) -> io::Result<Vec<Vec<f64>>> {
-    let max = sizes.iter().copied().max().unwrap_or(1);
     let sb = sizes.clone();
     pair(
         topo,
         cpus,
         port,
         move |t, conn| {
-            let mut out_buf = vec![0x5a; max];
-            let mut in_buf = vec![0; max];
-            let mut out = Vec::new();
-            for &size in &sizes {
-                let mut v = Vec::with_capacity(n);
-                for i in 0..warmup + n {
-                    out_buf[size - 1] = crate::rdma::tag(i);
-                    let t0 = Instant::now();
-                    send_all(t, conn, &out_buf[..size])?;
-                    recv_exact(t, conn, &mut in_buf[..size])?;
-                    let dt = t0.elapsed();
-                    if in_buf[size - 1] != out_buf[size - 1] {
-                        return Err(err("the echo differs"));
-                    }
-                    if i >= warmup {
-                        v.push(dt.as_secs_f64() * 1e6 / 2.0);
-                    }
-                }
-                out.push(v);
-            }
-            Ok(out)
+            time_echoes(&sizes, warmup, n, |out, echo| {
+                send_all(t, conn, out)?;
+                recv_exact(t, conn, echo)
+            })
         },
         move |t, conn| {
-            let mut buf = vec![0; max];
-            for &size in &sb {
-                for _ in 0..warmup + n {
-                    recv_exact(t, conn, &mut buf[..size])?;
-                    send_all(t, conn, &buf[..size])?;
-                }
-            }
-            Ok(())
+            echo_each(&sb, warmup + n, |buf| {
+                recv_exact(t, conn, buf)?;
+                send_all(t, conn, buf)
+            })
         },
     )
 }

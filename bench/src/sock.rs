@@ -8,6 +8,7 @@ use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use crate::echo::{echo_each, time_echoes};
 use crate::rdma::WAIT;
 use crate::topo::{spawn_in, Topology, KERNEL_B};
 
@@ -121,7 +122,6 @@ pub fn pingpong(
     warmup: usize,
     n: usize,
 ) -> io::Result<Vec<Vec<f64>>> {
-    let max = sizes.iter().copied().max().unwrap_or(1);
     let sb = sizes.clone();
     pair(
         topo,
@@ -129,35 +129,17 @@ pub fn pingpong(
         port,
         move |mut s| {
             prepare(&s, spin)?;
-            let mut out_buf = vec![0x5a; max];
-            let mut in_buf = vec![0; max];
-            let mut out = Vec::new();
-            for &size in &sizes {
-                let mut v = Vec::with_capacity(n);
-                for i in 0..warmup + n {
-                    out_buf[size - 1] = crate::rdma::tag(i);
-                    let t0 = Instant::now();
-                    write_full(&mut s, &out_buf[..size], spin)?;
-                    read_full(&mut s, &mut in_buf[..size], spin)?;
-                    let dt = t0.elapsed();
-                    if i >= warmup {
-                        v.push(dt.as_secs_f64() * 1e6 / 2.0);
-                    }
-                }
-                out.push(v);
-            }
-            Ok(out)
+            time_echoes(&sizes, warmup, n, |out, echo| {
+                write_full(&mut s, out, spin)?;
+                read_full(&mut s, echo, spin)
+            })
         },
         move |mut s| {
             prepare(&s, spin)?;
-            let mut buf = vec![0; max];
-            for &size in &sb {
-                for _ in 0..warmup + n {
-                    read_full(&mut s, &mut buf[..size], spin)?;
-                    write_full(&mut s, &buf[..size], spin)?;
-                }
-            }
-            Ok(())
+            echo_each(&sb, warmup + n, |buf| {
+                read_full(&mut s, buf, spin)?;
+                write_full(&mut s, buf, spin)
+            })
         },
     )
 }
