@@ -53,7 +53,9 @@ pub fn component(sym: &str, kernel: bool) -> &'static str {
         } else {
             COMPONENTS[0]
         }
-    } else if has(&["xsk", "iwarp_engine::xdp", "umem", "libxdp", "libbpf"]) {
+    } else if has(&["xsk", "xdp::umem", "libxdp", "libbpf"]) {
+        // The rings and the frame pool; the rest of the engine's `xdp`
+        // module (worker, device tokens) is its poll loop.
         COMPONENTS[1]
     } else if has(&["crc32c", "crc::"]) {
         COMPONENTS[2]
@@ -172,7 +174,8 @@ mod tests {
      9.50%  libc.so.6          [.] __memmove_avx512_unaligned_erms
      8.00%  iwarp-lat          [.] iwarp_engine::device::Device::progress
      7.00%  iwarp-lat          [.] iwarp::qp::Qp::handle_input
-     5.00%  iwarp-lat          [.] iwarp_engine::xdp::ring::Rx::poll
+     5.00%  iwarp-lat          [.] iwarp_engine::xdp::umem::Frames::rx_burst
+     3.00%  iwarp-lat          [.] iwarp_engine::xdp::worker::XdpIo::drive
      4.00%  iwarp-lat          [.] iwarp_bench::rdma::pingpong_a
      1.00%  iwarp-lat          [.] 0x00000000000abcd
      0.50%  iwarp-lat          [.] std::time::Instant::now
@@ -184,7 +187,7 @@ mod tests {
     #[test]
     fn perf_text_parses_and_groups() {
         let e = parse(SAMPLE);
-        assert_eq!(e.len(), 14);
+        assert_eq!(e.len(), 15);
         assert!(e[0].kernel && e[0].symbol == "veth_xmit");
         assert_eq!(e[4].dso, "iwarp-lat");
         let g = by_component(&e);
@@ -202,7 +205,7 @@ mod tests {
         );
         assert_eq!(get("crc32c"), Some(10.0));
         assert_eq!(get("libc memcpy/memmove"), Some(9.5));
-        assert_eq!(get("engine poll loop (iwarp-engine)"), Some(8.0));
+        assert_eq!(get("engine poll loop (iwarp-engine)"), Some(11.0));
         assert_eq!(get("iwarp core framing/placement"), Some(7.0));
         assert_eq!(get("AF_XDP rings (xsk, UMEM)"), Some(5.0));
         assert_eq!(get("benchmark loop (iwarp-bench)"), Some(4.0));
