@@ -8,9 +8,9 @@
 //! * [`HandleHash`]: socket handles are small slot indices we allocate;
 //!   a multiplicative hash spreads them.
 //! * [`FlowHash`]: flows carry the peer's address and port, which a peer
-//!   chooses, so the multiply-and-fold hash is keyed with a random seed
-//!   per table: without the seed a peer cannot aim its connections at one
-//!   bucket. (The table is capped as well.)
+//!   chooses, so the multiply-and-fold hash is keyed per table (random
+//!   initial state and multiplier): without the key a peer cannot aim its
+//!   connections at one bucket. (The table is capped as well.)
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
@@ -42,19 +42,23 @@ impl Hasher for IndexHasher {
 }
 
 /// Keyed hashing for flows (see the module documentation): each table
-/// draws its own seed.
+/// draws its own initial state and multiplier.
 #[derive(Clone, Debug)]
 pub(crate) struct FlowHash {
     seed: u64,
+    key: u64,
 }
 
 impl Default for FlowHash {
     fn default() -> Self {
         // std seeds every RandomState from the OS once per thread and
-        // varies it per instance; hashing a constant with it yields a
-        // fresh random word.
+        // varies it per instance; hashing constants with it yields fresh
+        // random words.
+        let r = RandomState::new();
         Self {
-            seed: RandomState::new().hash_one(GOLDEN),
+            seed: r.hash_one(GOLDEN),
+            // Odd, and never a small number.
+            key: r.hash_one(!GOLDEN) | (1 << 63) | 1,
         }
     }
 }
@@ -63,25 +67,31 @@ impl BuildHasher for FlowHash {
     type Hasher = FoldHasher;
 
     fn build_hasher(&self) -> FoldHasher {
-        FoldHasher(self.seed)
+        FoldHasher {
+            state: self.seed,
+            key: self.key,
+        }
     }
 }
 
-/// Each word written is mixed in by a folded 64×64→128-bit multiply
-/// (the high and low halves XORed), which spreads every input bit over
-/// the whole result.
-pub(crate) struct FoldHasher(u64);
+/// Each word written is mixed in by a folded 64×64→128-bit multiply by
+/// the table's key (the high and low halves XORed), which spreads every
+/// input bit over the whole result.
+pub(crate) struct FoldHasher {
+    state: u64,
+    key: u64,
+}
 
 impl FoldHasher {
     fn mix(&mut self, word: u64) {
-        let p = u128::from(self.0 ^ word) * u128::from(GOLDEN);
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
+        let p = u128::from(self.state ^ word) * u128::from(self.key);
+        self.state = (p as u64) ^ ((p >> 64) as u64);
     }
 }
 
 impl Hasher for FoldHasher {
     fn finish(&self) -> u64 {
-        self.0
+        self.state
     }
 
     fn write(&mut self, bytes: &[u8]) {
