@@ -133,6 +133,11 @@ pub struct Ratio {
     pub target: f64,
     /// Whether the target is met.
     pub met: Option<bool>,
+    /// The same ratio within each pass of a run that interleaves its
+    /// configurations (empty otherwise): how far it moves with the
+    /// machine's load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_pass: Vec<f64>,
 }
 
 impl Ratio {
@@ -149,6 +154,7 @@ impl Ratio {
             op: op.into(),
             target,
             met,
+            per_pass: Vec::new(),
         }
     }
 }

@@ -30,6 +30,36 @@ struct Cli {
     depth: usize,
 }
 
+/// One ratio of medians: `num / den` of `metric`, against `op target`;
+/// `judged`: one of the targets (otherwise printed for
+/// information).
+struct Spec {
+    name: &'static str,
+    metric: &'static str,
+    num: Config,
+    den: Config,
+    op: &'static str,
+    target: f64,
+    judged: bool,
+}
+
+const LAT: &str = "half_rtt";
+const BW: &str = "bandwidth";
+
+/// The targets first, then ratios printed for information.
+#[rustfmt::skip]
+const SPECS: [Spec; 9] = [
+    Spec { name: "4 B half RTT afxdp-crc-off / tcp-busypoll", metric: LAT, num: Config::AfxdpCrcOff, den: Config::TcpBusypoll, op: "<=", target: 0.6, judged: true },
+    Spec { name: "64 KiB write bw afxdp-crc-on / smoltcp-raw", metric: BW, num: Config::AfxdpCrcOn, den: Config::SmoltcpRaw, op: ">=", target: 0.9, judged: true },
+    Spec { name: "64 KiB write bw afxdp-crc-on / afxdp-crc-off", metric: BW, num: Config::AfxdpCrcOn, den: Config::AfxdpCrcOff, op: ">=", target: 0.95, judged: true },
+    Spec { name: "4 B half RTT smoltcp-raw / tcp-busypoll (the transport's floor)", metric: LAT, num: Config::SmoltcpRaw, den: Config::TcpBusypoll, op: "<=", target: 0.6, judged: false },
+    Spec { name: "4 B half RTT afxdp-crc-off / smoltcp-raw (the RDMA layers' cost)", metric: LAT, num: Config::AfxdpCrcOff, den: Config::SmoltcpRaw, op: "<=", target: 1.0, judged: false },
+    Spec { name: "4 B half RTT afxdp-crc-on / tcp-busypoll", metric: LAT, num: Config::AfxdpCrcOn, den: Config::TcpBusypoll, op: "<=", target: 0.6, judged: false },
+    Spec { name: "4 B half RTT afxdp-crc-off / tcp-blocking", metric: LAT, num: Config::AfxdpCrcOff, den: Config::TcpBlocking, op: "<=", target: 0.6, judged: false },
+    Spec { name: "64 KiB write bw afxdp-crc-on / afxdp-crc-on-stream (FPDU alignment)", metric: BW, num: Config::AfxdpCrcOn, den: Config::AfxdpCrcOnStream, op: ">=", target: 0.95, judged: false },
+    Spec { name: "64 KiB write bw afxdp-crc-on / tcp-stream", metric: BW, num: Config::AfxdpCrcOn, den: Config::TcpStream, op: ">=", target: 0.9, judged: false },
+];
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
@@ -59,7 +89,9 @@ fn main() -> std::process::ExitCode {
         bw.depth
     );
     let mut recs: Vec<Record> = Vec::new();
+    let mut passes_recs: Vec<Vec<Record>> = Vec::new();
     for pass in 1..=passes {
+        let mut this: Vec<Record> = Vec::new();
         for cfg in [
             Config::AfxdpCrcOff,
             Config::AfxdpCrcOn,
@@ -68,7 +100,7 @@ fn main() -> std::process::ExitCode {
             Config::TcpBlocking,
         ] {
             eprintln!("pass {pass}/{passes}: latency 4 B: {}", cfg.name());
-            report::merge(&mut recs, latency(&topo, cpus, cfg, &[4], warmup, n));
+            report::merge(&mut this, latency(&topo, cpus, cfg, &[4], warmup, n));
         }
         for cfg in [
             Config::AfxdpCrcOn,
@@ -78,82 +110,39 @@ fn main() -> std::process::ExitCode {
             Config::TcpStream,
         ] {
             eprintln!("pass {pass}/{passes}: bandwidth 64 KiB: {}", cfg.name());
-            report::merge(&mut recs, bandwidth(&topo, cpus, cfg, &[64 << 10], bw));
+            report::merge(&mut this, bandwidth(&topo, cpus, cfg, &[64 << 10], bw));
         }
+        report::merge(&mut recs, this.clone());
+        passes_recs.push(this);
     }
     drop(topo);
-    let med = |cfg: Config, metric: &str| {
-        recs.iter()
-            .find(|r| r.config == cfg.name() && r.metric == metric)
-            .and_then(Record::p50)
+    let ratio = |spec: &Spec, recs: &[Record]| {
+        let med = |cfg: Config| {
+            recs.iter()
+                .find(|r| r.config == cfg.name() && r.metric == spec.metric)
+                .and_then(Record::p50)
+        };
+        Ratio::new(
+            spec.name,
+            med(spec.num),
+            med(spec.den),
+            spec.op,
+            spec.target,
+        )
     };
-    let ratios = vec![
-        Ratio::new(
-            "4 B half RTT afxdp-crc-off / tcp-busypoll",
-            med(Config::AfxdpCrcOff, "half_rtt"),
-            med(Config::TcpBusypoll, "half_rtt"),
-            "<=",
-            0.6,
-        ),
-        Ratio::new(
-            "64 KiB write bw afxdp-crc-on / smoltcp-raw",
-            med(Config::AfxdpCrcOn, "bandwidth"),
-            med(Config::SmoltcpRaw, "bandwidth"),
-            ">=",
-            0.9,
-        ),
-        Ratio::new(
-            "64 KiB write bw afxdp-crc-on / afxdp-crc-off",
-            med(Config::AfxdpCrcOn, "bandwidth"),
-            med(Config::AfxdpCrcOff, "bandwidth"),
-            ">=",
-            0.95,
-        ),
-    ];
-    let info = vec![
-        Ratio::new(
-            "4 B half RTT smoltcp-raw / tcp-busypoll (the transport's floor)",
-            med(Config::SmoltcpRaw, "half_rtt"),
-            med(Config::TcpBusypoll, "half_rtt"),
-            "<=",
-            0.6,
-        ),
-        Ratio::new(
-            "4 B half RTT afxdp-crc-off / smoltcp-raw (the RDMA layers' cost)",
-            med(Config::AfxdpCrcOff, "half_rtt"),
-            med(Config::SmoltcpRaw, "half_rtt"),
-            "<=",
-            1.0,
-        ),
-        Ratio::new(
-            "4 B half RTT afxdp-crc-on / tcp-busypoll",
-            med(Config::AfxdpCrcOn, "half_rtt"),
-            med(Config::TcpBusypoll, "half_rtt"),
-            "<=",
-            0.6,
-        ),
-        Ratio::new(
-            "4 B half RTT afxdp-crc-off / tcp-blocking",
-            med(Config::AfxdpCrcOff, "half_rtt"),
-            med(Config::TcpBlocking, "half_rtt"),
-            "<=",
-            0.6,
-        ),
-        Ratio::new(
-            "64 KiB write bw afxdp-crc-on / afxdp-crc-on-stream (FPDU alignment)",
-            med(Config::AfxdpCrcOn, "bandwidth"),
-            med(Config::AfxdpCrcOnStream, "bandwidth"),
-            ">=",
-            0.95,
-        ),
-        Ratio::new(
-            "64 KiB write bw afxdp-crc-on / tcp-stream",
-            med(Config::AfxdpCrcOn, "bandwidth"),
-            med(Config::TcpStream, "bandwidth"),
-            ">=",
-            0.9,
-        ),
-    ];
+    let ratios: Vec<(Ratio, bool)> = SPECS
+        .iter()
+        .map(|spec| {
+            let mut r = ratio(spec, &recs);
+            if passes > 1 {
+                r.per_pass = passes_recs
+                    .iter()
+                    .filter_map(|p| ratio(spec, p).value)
+                    .collect();
+            }
+            (r, spec.judged)
+        })
+        .collect();
     println!();
     print!("{}", report::table(&recs));
     println!();
@@ -162,16 +151,13 @@ fn main() -> std::process::ExitCode {
         "value".into(),
         "target".into(),
         "".into(),
+        "per pass".into(),
     ]];
-    for (r, judged) in ratios
-        .iter()
-        .map(|r| (r, true))
-        .chain(info.iter().map(|r| (r, false)))
-    {
+    for (r, judged) in &ratios {
         rows.push(vec![
             r.name.clone(),
             r.value.map_or("-".into(), |v| format!("{v:.3}")),
-            if judged {
+            if *judged {
                 format!("{} {}", r.op, r.target)
             } else {
                 "(info)".into()
@@ -182,12 +168,17 @@ fn main() -> std::process::ExitCode {
                 (true, Some(false)) => "MISSED".into(),
                 (true, None) => "n/a".into(),
             },
+            r.per_pass
+                .iter()
+                .map(|v| format!("{v:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
         ]);
     }
     print!("{}", report::render(&rows));
     println!("\ncommand: {}", report::command_line());
     let rep = Report {
-        ratios: ratios.into_iter().chain(info).collect(),
+        ratios: ratios.into_iter().map(|(r, _)| r).collect(),
         ..Report::new("iwarp-compare", c.mtu.into(), cpus, recs)
     };
     report::finish(c.json.as_deref(), &rep)
@@ -197,6 +188,18 @@ fn main() -> std::process::ExitCode {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn the_targets_lead_and_every_ratio_compares_two_configurations() {
+        let judged: Vec<_> = SPECS.iter().map(|s| s.judged).collect();
+        assert_eq!(judged.iter().filter(|&&j| j).count(), 3);
+        assert!(judged.windows(2).all(|w| w[0] || !w[1]), "targets first");
+        for s in &SPECS {
+            assert_ne!(s.num, s.den, "{}", s.name);
+            assert!(s.name.contains(&s.num.name()) && s.name.contains(&s.den.name()));
+            assert!(s.metric == LAT || s.metric == BW);
+        }
+    }
 
     #[test]
     fn cli_parses() {
