@@ -987,8 +987,6 @@ impl XdpIo {
     }
 }
 
-/// Release `conn` and, if it was accepted, forget it in the device's
-/// flow table.
 /// FPDU alignment: `qp`'s next whole segments into its TCP connection.
 fn send_segments(
     stack: &mut Stack<XskDevice>,
@@ -999,6 +997,8 @@ fn send_segments(
     stack.send_segment(conn, |b, limit| ctx.poll_transmit_within(qp, b, limit))
 }
 
+/// Release `conn` and, if it was accepted, forget it in the device's
+/// flow table.
 fn release(stack: &mut Stack<XskDevice>, passive: &mut HashMap<ConnId, FlowKey>, conn: ConnId) {
     if let Some(key) = passive.remove(&conn) {
         stack.device_mut().forget(key);
