@@ -15,6 +15,7 @@ use smoltcp::phy::{self, Device, DeviceCapabilities};
 use smoltcp::time::Instant;
 use smoltcp::wire::{
     EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Address, Ipv4Packet, TcpPacket,
+    IPV4_HEADER_LEN, TCP_HEADER_LEN,
 };
 
 use crate::hash::FlowHash;
@@ -419,17 +420,17 @@ impl<D: Device> Device for Port<D> {
     fn capabilities(&self) -> DeviceCapabilities {
         let mut caps = self.inner.capabilities();
         if caps.medium == phy::Medium::Ethernet {
-            let mss = caps
-                .max_transmission_unit
-                .saturating_sub(TCP_IP_ETH_HEADERS);
-            caps.max_transmission_unit -= mss % 4;
+            caps.max_transmission_unit -= tcp_mss(caps.max_transmission_unit) % 4;
         }
         caps
     }
 }
 
-/// Ethernet, IPv4 and TCP headers without options.
-const TCP_IP_ETH_HEADERS: usize = 14 + 20 + 20;
+/// The TCP MSS of an Ethernet `mtu`: the frame without Ethernet, IPv4 and
+/// TCP headers (no options).
+pub(crate) fn tcp_mss(mtu: usize) -> usize {
+    mtu.saturating_sub(EthernetFrame::<&[u8]>::header_len() + IPV4_HEADER_LEN + TCP_HEADER_LEN)
+}
 
 #[cfg(test)]
 mod tests {

@@ -15,12 +15,11 @@ use smoltcp::socket::AnySocket;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol,
-    EthernetRepr, HardwareAddress, IpAddress, IpCidr, IpEndpoint, Ipv4Address, IPV4_HEADER_LEN,
-    TCP_HEADER_LEN,
+    EthernetRepr, HardwareAddress, IpAddress, IpCidr, IpEndpoint, Ipv4Address,
 };
 
 use crate::config::Config;
-use crate::port::{Flow, Port};
+use crate::port::{tcp_mss, Flow, Port};
 
 /// How long a static neighbour entry lives in smoltcp's cache before it is
 /// refreshed (smoltcp's entries expire after 60 s).
@@ -213,10 +212,7 @@ impl<D: Device> fmt::Debug for Stack<D> {
 
 /// The MSS the device's MTU allows (a multiple of 4, see `Port`).
 fn local_mss<D: Device>(port: &Port<D>) -> usize {
-    let caps = port.capabilities();
-    caps.max_transmission_unit
-        .saturating_sub(EthernetFrame::<&[u8]>::header_len())
-        .saturating_sub(IPV4_HEADER_LEN + TCP_HEADER_LEN)
+    tcp_mss(port.capabilities().max_transmission_unit)
 }
 
 /// See [`Stack::segment_room`].
