@@ -125,9 +125,9 @@ impl Device {
         });
         let threaded = matches!(cfg.progress, Progress::Thread { .. });
         let mut shared = Shared::new(seed, threaded, cfg.busy_poll)?;
-        // Engines 1.. of a multi-core AF_XDP device: their sockets and
-        // the cores their threads are pinned to.
-        let mut extra: Vec<(XdpRef, i32, Option<usize>)> = Vec::new();
+        // Engines 1.. of a multi-core AF_XDP device and the cores their
+        // threads are pinned to.
+        let mut extra: Vec<(XdpRef, Option<usize>)> = Vec::new();
         // Engine 0 of a multi-core device (a single engine runs its whole
         // pass under the device lock, as the kernel backend).
         let mut first: Option<XdpRef> = None;
@@ -146,7 +146,7 @@ impl Device {
                 .iter()
                 .enumerate()
                 .skip(1)
-                .map(|(k, x)| (x.clone(), lock(x).fd(), xcfg.cpus.get(k).copied()))
+                .map(|(k, x)| (x.clone(), xcfg.cpus.get(k).copied()))
                 .collect();
             if engines.len() > 1 {
                 first = engines.first().cloned();
@@ -173,9 +173,8 @@ impl Device {
         }
         let mut sleepers = Vec::new();
         let mut polls = Vec::new();
-        for (_, fd, _) in &extra {
-            let fd = *fd;
-            let (s, p) = Sleeper::new(fd)?;
+        for _ in &extra {
+            let (s, p) = Sleeper::new()?;
             sleepers.push(s);
             polls.push(p);
         }
@@ -190,7 +189,7 @@ impl Device {
                 s.run(first);
             })?;
         lock(&dev.inner.threads).push(t);
-        for (k, ((x, _, cpu), (sleeper, poll))) in extra
+        for (k, ((x, cpu), (sleeper, poll))) in extra
             .into_iter()
             .zip(sleepers.into_iter().zip(polls))
             .enumerate()

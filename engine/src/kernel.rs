@@ -896,15 +896,23 @@ impl Engine {
         self.xdp = engines;
     }
 
-    /// The AF_XDP sockets a sleeping thread waits on, with their tokens:
-    /// engine `k`'s alone, or every engine's (`None`).
-    fn xsk_fds(&self, which: Option<usize>) -> Vec<(Token, i32)> {
-        self.xdp
+    /// What a thread about to sleep for AF_XDP engine `which` (every
+    /// engine: `None`) waits for: the earliest timer ([`Self::sleep_for`]
+    /// with `cap`) and the engines' sockets with their tokens, for
+    /// [`sleep_armed`].
+    fn sleep_plan(
+        &mut self,
+        which: Option<usize>,
+        cap: Option<Duration>,
+    ) -> (Option<Duration>, Vec<(Token, i32)>) {
+        let fds = self
+            .xdp
             .iter()
             .enumerate()
             .filter(|&(k, _)| which.is_none_or(|w| w == k))
             .map(|(k, x)| (Token(XSK.0 - k), lock(x).fd()))
-            .collect()
+            .collect();
+        (self.sleep_for(which, cap), fds)
     }
 
     /// Listen on every AF_XDP engine (one queue of requests).
@@ -1115,20 +1123,18 @@ fn sleep_armed(
 #[derive(Debug)]
 pub(crate) struct Sleeper {
     waker: Waker,
-    /// The engine's AF_XDP socket.
-    fd: i32,
     sleeping: AtomicBool,
     dirty: AtomicBool,
 }
 
 impl Sleeper {
-    /// A poller woken by AF_XDP socket `fd` and by [`Shared::kick`].
-    pub(crate) fn new(fd: i32) -> io::Result<(Arc<Self>, Poll)> {
+    /// A poller woken by [`Shared::kick`] and, while the thread sleeps,
+    /// by its engine's AF_XDP socket ([`sleep_armed`]).
+    pub(crate) fn new() -> io::Result<(Arc<Self>, Poll)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let s = Arc::new(Self {
             waker,
-            fd,
             sleeping: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
         });
@@ -1256,8 +1262,8 @@ impl Shared {
             }
             sleeper.sleeping.store(true, Ordering::SeqCst);
             if !sleeper.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
-                let timeout = self.engine().sleep_for(Some(k), None);
-                sleep_armed(&mut poll, &mut events, timeout, &[(XSK, sleeper.fd)]);
+                let (timeout, fds) = self.engine().sleep_plan(Some(k), None);
+                sleep_armed(&mut poll, &mut events, timeout, &fds);
             }
             sleeper.sleeping.store(false, Ordering::SeqCst);
         }
@@ -1328,10 +1334,7 @@ impl Shared {
             }
             self.sleeping.store(true, Ordering::SeqCst);
             if !self.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
-                let (timeout, fds) = {
-                    let mut e = self.engine();
-                    (e.sleep_for(Some(0), None), e.xsk_fds(Some(0)))
-                };
+                let (timeout, fds) = self.engine().sleep_plan(Some(0), None);
                 sleep_armed(&mut poll, &mut events, timeout, &fds);
             }
             self.sleeping.store(false, Ordering::SeqCst);
@@ -1344,10 +1347,8 @@ impl Shared {
     /// another thread creates are seen).
     fn idle_wait(&self, max: Duration) {
         let cap = max.min(MANUAL_SLICE);
-        let (timeout, fds) = {
-            let mut e = self.engine();
-            (e.sleep_for(None, Some(cap)).unwrap_or(cap), e.xsk_fds(None))
-        };
+        let (timeout, fds) = self.engine().sleep_plan(None, Some(cap));
+        let timeout = timeout.unwrap_or(cap);
         match self.poll.try_lock() {
             Ok(mut g) => match g.as_mut() {
                 Some((poll, events)) => sleep_armed(poll, events, Some(timeout), &fds),
