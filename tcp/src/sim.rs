@@ -298,6 +298,7 @@ pub struct Sim {
     rng: u64,
     seq: u64,
     pcap: Option<(Box<dyn Write>, Capture)>,
+    gated: bool,
 }
 
 impl fmt::Debug for Sim {
@@ -353,7 +354,16 @@ impl Sim {
             rng: link.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
             seq: 0,
             pcap: None,
+            gated: false,
         }
+    }
+
+    /// Poll a stack only when a frame waits for it or
+    /// [`Stack::needs_poll`] says so, as the AF_XDP engine does (off: every
+    /// round polls both). A stack that stays quiet while it has something
+    /// to say then shows up as a stall or a timer-driven recovery.
+    pub fn gate_polls(&mut self, on: bool) {
+        self.gated = on;
     }
 
     /// Write every frame into `sink` as a classic pcap (Ethernet), seen
@@ -407,8 +417,15 @@ impl Sim {
     /// happened.
     pub fn poll(&mut self) -> bool {
         let now = self.now;
-        let mut did = self.a.poll(now);
-        did |= self.b.poll(now);
+        let gated = self.gated;
+        let wants = |s: &Stack<SimPort>| !gated || !s.device().rx.is_empty() || s.needs_poll(now);
+        let mut did = false;
+        if wants(&self.a) {
+            did |= self.a.poll(now);
+        }
+        if wants(&self.b) {
+            did |= self.b.poll(now);
+        }
         for dir in 0..2 {
             loop {
                 let port = if dir == 0 {

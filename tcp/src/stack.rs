@@ -466,6 +466,12 @@ impl<D: Device> Stack<D> {
         ) {
             return Ok(0);
         }
+        // smoltcp announces a grown window once it is twice the one the
+        // peer last heard of (less what arrived since), which is never
+        // more than the free space before this read. With half the ring
+        // or more free, the peer's window is still open: an ACK for its
+        // next segment carries the new one, and no poll is owed.
+        let tight = s.recv_capacity() - s.recv_queue() < s.recv_capacity() / 2;
         let mut total = 0;
         for _ in 0..2 {
             if !s.can_recv() {
@@ -492,7 +498,7 @@ impl<D: Device> Stack<D> {
                 Error::InvalidState
             });
         }
-        if total > 0 {
+        if total > 0 && tight {
             // A window update may be due.
             self.stir();
         }
@@ -898,7 +904,7 @@ impl<D: Device> Stack<D> {
         }
         self.iface.poll_maintenance(now);
         did |= self.update_conns();
-        if !did && !budget_hit && !self.egress_due {
+        if !budget_hit && !self.egress_due {
             let at = self.poll_at(now);
             if at.is_none_or(|t| t > now) {
                 self.quiet = Some(at);
@@ -921,10 +927,11 @@ impl<D: Device> Stack<D> {
     }
 
     /// Whether [`Stack::poll`] may have work at `now` although no frame
-    /// arrived: false after a poll that found nothing to do, until a timer
-    /// of smoltcp's is due or a call changed a socket. A caller that
-    /// checked its device for frames skips the poll (and its walk over
-    /// every socket) otherwise.
+    /// arrived: false after a poll that processed what had arrived and
+    /// left nothing to send, until a timer of smoltcp's is due or a call
+    /// changed a socket (queued data, a close, a read that may have
+    /// reopened a closing window). A caller that checked its device for
+    /// frames skips the poll (and its walk over every socket) otherwise.
     pub fn needs_poll(&self, now: Instant) -> bool {
         match self.quiet {
             None => true,
