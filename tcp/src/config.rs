@@ -59,7 +59,9 @@ pub struct Config {
     pub congestion: CongestionControl,
     /// Most frames handled per [`Stack::poll`](crate::Stack::poll) on
     /// ingress (smoltcp's "DoS warning": unbounded ingress starves the
-    /// rest of the loop).
+    /// rest of the loop). The default, 256, bounds a poll to a few hundred
+    /// microseconds of ingress while a poll's walks over every socket stay
+    /// small beside the frames it handles with a thousand connections.
     pub ingress_budget: usize,
     /// Most egress rounds per poll (each round lets every socket emit at
     /// most one segment).
@@ -86,7 +88,7 @@ impl Default for Config {
             nagle: false,
             ack_delay: Some(Duration::from_millis(1)),
             congestion: CongestionControl::Reno,
-            ingress_budget: 64,
+            ingress_budget: 256,
             egress_budget: 64,
             backlog: 8,
             timeout: None,
