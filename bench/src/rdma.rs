@@ -372,13 +372,19 @@ impl Side {
         while t.elapsed() < Duration::from_millis(20) {
             self.dev.progress();
         }
-        if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
-            eprintln!(
-                "{}: {:#?}",
-                std::thread::current().name().unwrap_or("?"),
-                self.dev.stats()
-            );
-        }
+        debug_stats(&self.dev);
+    }
+}
+
+/// With `IWARP_BENCH_DEBUG` set: print `dev`'s counters, named after the
+/// calling thread (the side).
+pub fn debug_stats(dev: &Device) {
+    if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
+        eprintln!(
+            "{}: {:#?}",
+            std::thread::current().name().unwrap_or("?"),
+            dev.stats()
+        );
     }
 }
 

@@ -206,6 +206,7 @@ pub fn run(
             WAIT + Duration::from_secs_f64(p.secs + p.warmup),
         )?;
         let rss_traffic = rss()?;
+        crate::rdma::debug_stats(&dev);
         let st = dev.stats();
         if qps.iter().any(|q| q.state() != iwarp_engine::QpState::Rts) {
             return Err(err(format!("a QP left RTS ({st:?})")));
@@ -299,6 +300,7 @@ pub fn run(
             }
         }
         let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
+        crate::rdma::debug_stats(&dev);
         to_b.send(()).map_err(|_| err("side b is gone"))?;
         spin_recv(&dev, &b_says, WAIT)?;
         drop(qps);
