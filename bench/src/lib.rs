@@ -79,6 +79,13 @@ pub enum Config {
     /// smoltcp over the engine's AF_XDP socket: a stream (bandwidth
     /// ceiling) or a ping-pong (latency floor).
     SmoltcpRaw,
+    /// Bandwidth only: `afxdp-crc-on` as one of two QPs of one engine
+    /// pair, the other `afxdp-crc-off-paired`; the rounds alternate
+    /// between them, so load changes of the machine fall on both alike
+    /// (either name measures both).
+    AfxdpCrcOnPaired,
+    /// Bandwidth only: the CRC-off QP of `afxdp-crc-on-paired`.
+    AfxdpCrcOffPaired,
 }
 
 impl Config {
@@ -97,6 +104,7 @@ impl Config {
                 crc,
                 markers,
                 align: true,
+                paired: false,
             })
         };
         match self {
@@ -340,6 +348,7 @@ pub fn bandwidth(
             one(p.stream_chunk, count, r.and_then(|v| off.map(|()| v)))
         }
         Config::SmoltcpRaw => one(0, 1, raw::stream(topo, cpus, port, p.bytes, p.rounds)),
+        Config::AfxdpCrcOnPaired | Config::AfxdpCrcOffPaired => paired(topo, cpus, sizes, p),
         Config::TcpBlocking | Config::TcpBusypoll => sizes
             .iter()
             .flat_map(|&size| {
@@ -385,6 +394,50 @@ pub fn bandwidth(
             }
         }
     }
+}
+
+/// `afxdp-crc-on-paired` and `afxdp-crc-off-paired`: per size one run of
+/// [`rdma::spray_paired_a`] (the CRC-on QP first, the CRC-off QP added
+/// to the same engines).
+fn paired(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    sizes: &[usize],
+    p: BwParams,
+) -> Vec<Record> {
+    let e = Engine {
+        paired: true,
+        ..Config::AfxdpCrcOn.engine().expect("an RDMA configuration")
+    };
+    let names = [Config::AfxdpCrcOnPaired, Config::AfxdpCrcOffPaired].map(Config::name);
+    let mut out = Vec::new();
+    for &size in sizes {
+        let (depth, rounds, bytes, msgs) = (p.depth, p.rounds, p.bytes, p.max_msgs);
+        let r = rdma::run_pair(
+            topo,
+            cpus,
+            e,
+            next_port(),
+            size.max(4),
+            2 * size.max(4),
+            depth + 8,
+            move |s| rdma::spray_paired_a(s, size, depth, rounds, bytes, msgs),
+            move |s| rdma::spray_paired_b(s, size, rounds),
+        );
+        match r {
+            Ok(results) => out.extend(names.iter().zip(results).map(|(name, b)| {
+                let mut rec = Record::new(name, size, "bandwidth", "Gb/s", b.gbps);
+                rec.messages = b.count;
+                rec
+            })),
+            Err(e) => out.extend(
+                names
+                    .iter()
+                    .map(|name| Record::failed(name, size, "bandwidth", "Gb/s", &e)),
+            ),
+        }
+    }
+    out
 }
 
 /// What every report says about how the run was made.

@@ -31,6 +31,9 @@ pub struct Engine {
     pub markers: bool,
     /// AF_XDP: keep FPDUs inside TCP segments (`XdpConfig::align_fpdus`).
     pub align: bool,
+    /// A second QP on the same two devices, with the MPA CRC the other
+    /// way ([`spray_paired_a`] alternates between the two).
+    pub paired: bool,
 }
 
 fn err(msg: impl Into<String>) -> io::Error {
@@ -50,9 +53,9 @@ fn backend(e: Engine, side_b: bool, mtu: usize) -> Backend {
     Backend::AfXdp(c)
 }
 
-fn params(e: Engine) -> ConnParams {
+fn params(e: Engine, crc: bool) -> ConnParams {
     ConnParams {
-        crc: e.crc,
+        crc,
         markers: e.markers,
         timeout: Duration::from_secs(10),
         ..ConnParams::default()
@@ -85,6 +88,9 @@ pub struct Side {
     dev: Device,
     cq: Cq,
     qp: Qp,
+    /// With [`Engine::paired`]: the QP with the CRC the other way, to the
+    /// same buffers.
+    alt: Option<Qp>,
     /// Remotely writable; the peer's writes land here.
     buf: Mr,
     /// Source of our writes.
@@ -205,6 +211,7 @@ impl Side {
         };
         let qi = init(pd, &cq, sq_depth);
         let mut listener = None;
+        let mut dialled = None;
         let (qp, peer) = if side_b {
             let ip = if e.xdp { XDP_B } else { KERNEL_B };
             let lis = dev
@@ -222,7 +229,7 @@ impl Side {
                 .get_request(Some(WAIT))
                 .map_err(|x| err(format!("get_request: {x}")))?;
             let qp = req
-                .accept(qi, params(e))
+                .accept(qi.clone(), params(e, e.crc))
                 .map_err(|x| err(format!("accept: {x}")))?;
             // Drive the engine while waiting: the reply and what follows
             // only leave in a pass (manual progress).
@@ -250,23 +257,46 @@ impl Side {
                 .recv_timeout(WAIT)
                 .map_err(|_| err("side b did not listen"))?;
             let qp = dev
-                .connect(offer.addr, qi, params(e))
+                .connect(offer.addr, qi.clone(), params(e, e.crc))
                 .map_err(|x| err(format!("connect: {x}")))?;
             l.back_tx
                 .as_ref()
                 .ok_or_else(|| err("link"))?
                 .send(mine)
                 .map_err(|_| err("side b is gone"))?;
+            dialled = Some(offer.addr);
             (qp, offer.remote)
         };
-        let n = qp.negotiated();
-        if n.crc != e.crc || n.markers_tx != e.markers || n.markers_rx != e.markers {
-            return Err(err(format!("negotiated {n:?}, wanted {e:?}")));
+        // The second QP goes to the same listener and buffers: a connects
+        // again once b has its buffer (the exchange above), b accepts.
+        let alt = match (e.paired, listener.as_ref(), dialled) {
+            (false, _, _) => None,
+            (true, Some(lis), _) => {
+                let req = lis
+                    .get_request(Some(WAIT))
+                    .map_err(|x| err(format!("get_request: {x}")))?;
+                let qp = req
+                    .accept(qi, params(e, !e.crc))
+                    .map_err(|x| err(format!("accept: {x}")))?;
+                Some(qp)
+            }
+            (true, None, Some(addr)) => Some(
+                dev.connect(addr, qi, params(e, !e.crc))
+                    .map_err(|x| err(format!("connect: {x}")))?,
+            ),
+            (true, None, None) => return Err(err("no address to connect to")),
+        };
+        for (q, crc) in std::iter::once((&qp, e.crc)).chain(alt.iter().map(|q| (q, !e.crc))) {
+            let n = q.negotiated();
+            if n.crc != crc || n.markers_tx != e.markers || n.markers_rx != e.markers {
+                return Err(err(format!("negotiated {n:?}, wanted {e:?} (crc {crc})")));
+            }
         }
         Ok(Self {
             dev,
             cq,
             qp,
+            alt,
             buf,
             src,
             peer,
@@ -337,7 +367,28 @@ impl Side {
     }
 
     fn write(&self, src_off: usize, dst_off: usize, len: usize, signaled: bool) -> io::Result<()> {
-        self.qp
+        self.write_on(false, src_off, dst_off, len, signaled)
+    }
+
+    /// The QP, or with `alt` the paired one ([`Engine::paired`]).
+    fn lane(&self, alt: bool) -> io::Result<&Qp> {
+        match (alt, &self.alt) {
+            (false, _) => Ok(&self.qp),
+            (true, Some(q)) => Ok(q),
+            (true, None) => Err(err("no paired QP")),
+        }
+    }
+
+    /// [`Side::write`] on the QP of [`Side::lane`].
+    fn write_on(
+        &self,
+        alt: bool,
+        src_off: usize,
+        dst_off: usize,
+        len: usize,
+        signaled: bool,
+    ) -> io::Result<()> {
+        self.lane(alt)?
             .post_send(&SendWr {
                 wr_id: src_off as u64,
                 op: SendOp::Write {
@@ -368,6 +419,9 @@ impl Side {
     /// Disconnect and let the engine finish for a moment.
     pub fn close(self) {
         self.qp.disconnect();
+        if let Some(q) = &self.alt {
+            q.disconnect();
+        }
         let t = Instant::now();
         while t.elapsed() < Duration::from_millis(20) {
             self.dev.progress();
@@ -473,32 +527,8 @@ pub fn spray_a(
         let count = count_for(size, bytes, max_msgs);
         let mut gbps = Vec::with_capacity(rounds);
         for _ in 0..rounds {
-            let t = tag(r);
+            gbps.push(spray_round_a(s, false, size, count, depth, tag(r))?);
             r += 1;
-            s.meet()?;
-            s.buf.write(3, &[0]);
-            s.src.write(size - 1, &[0]);
-            s.src.write(2 * size - 1, &[t]);
-            s.meet()?;
-            let t0 = Instant::now();
-            let (mut posted, mut done) = (0usize, 0usize);
-            let mut spins = 0u32;
-            while done < count {
-                while posted < count && posted - done < depth {
-                    let src = if posted + 1 == count { size } else { 0 };
-                    s.write(src, 0, size, true)?;
-                    posted += 1;
-                }
-                s.dev.progress();
-                done += s.check_cq()?;
-                spins = spins.wrapping_add(1);
-                if spins % 4096 == 0 && t0.elapsed() > WAIT {
-                    return Err(err("spray stalled"));
-                }
-            }
-            s.spin_byte(3, t)?;
-            let dt = t0.elapsed().as_secs_f64();
-            gbps.push((count * size) as f64 * 8.0 / dt / 1e9);
         }
         out.push(BwResult { count, gbps });
     }
@@ -512,17 +542,103 @@ pub fn spray_b(s: &Side, sizes: &[usize], rounds: usize) -> io::Result<()> {
     let mut r = 0usize;
     for &size in sizes {
         for _ in 0..rounds {
-            let t = tag(r);
+            spray_round_b(s, false, size, tag(r))?;
             r += 1;
-            s.meet()?;
-            s.buf.write(size - 1, &[0]);
-            s.src.write(0, &[0, 0, 0, t]);
-            s.meet()?;
-            s.spin_byte(size - 1, t)?;
-            s.write(0, 0, 4, false)?;
         }
     }
     s.meet()
+}
+
+/// Which QP goes first in round `r` of a paired spray: the two take
+/// turns, so neither always follows the other.
+pub fn paired_order(r: usize) -> [bool; 2] {
+    if r % 2 == 0 {
+        [false, true]
+    } else {
+        [true, false]
+    }
+}
+
+/// [`spray_a`] of one size over both QPs of an [`Engine::paired`] side:
+/// every round sprays on each QP once, in [`paired_order`]. Returns the
+/// results of the QP with the engine's CRC setting, then of the other.
+pub fn spray_paired_a(
+    s: &Side,
+    size: usize,
+    depth: usize,
+    rounds: usize,
+    bytes: usize,
+    max_msgs: usize,
+) -> io::Result<[BwResult; 2]> {
+    let count = count_for(size, bytes, max_msgs);
+    let mut gbps = [Vec::with_capacity(rounds), Vec::with_capacity(rounds)];
+    let mut t = 0usize;
+    for r in 0..rounds {
+        for alt in paired_order(r) {
+            gbps[usize::from(alt)].push(spray_round_a(s, alt, size, count, depth, tag(t))?);
+            t += 1;
+        }
+    }
+    s.meet()?;
+    let [a, b] = gbps;
+    Ok([BwResult { count, gbps: a }, BwResult { count, gbps: b }])
+}
+
+/// [`spray_b`] for [`spray_paired_a`].
+pub fn spray_paired_b(s: &Side, size: usize, rounds: usize) -> io::Result<()> {
+    let mut t = 0usize;
+    for r in 0..rounds {
+        for alt in paired_order(r) {
+            spray_round_b(s, alt, size, tag(t))?;
+            t += 1;
+        }
+    }
+    s.meet()
+}
+
+/// One spray round on the QP of `s.lane(alt)`, side a; returns Gb/s.
+fn spray_round_a(
+    s: &Side,
+    alt: bool,
+    size: usize,
+    count: usize,
+    depth: usize,
+    t: u8,
+) -> io::Result<f64> {
+    s.meet()?;
+    s.buf.write(3, &[0]);
+    s.src.write(size - 1, &[0]);
+    s.src.write(2 * size - 1, &[t]);
+    s.meet()?;
+    let t0 = Instant::now();
+    let (mut posted, mut done) = (0usize, 0usize);
+    let mut spins = 0u32;
+    while done < count {
+        while posted < count && posted - done < depth {
+            let src = if posted + 1 == count { size } else { 0 };
+            s.write_on(alt, src, 0, size, true)?;
+            posted += 1;
+        }
+        s.dev.progress();
+        done += s.check_cq()?;
+        spins = spins.wrapping_add(1);
+        if spins % 4096 == 0 && t0.elapsed() > WAIT {
+            return Err(err("spray stalled"));
+        }
+    }
+    s.spin_byte(3, t)?;
+    let dt = t0.elapsed().as_secs_f64();
+    Ok((count * size) as f64 * 8.0 / dt / 1e9)
+}
+
+/// One spray round, side b: the answer goes back on the same QP.
+fn spray_round_b(s: &Side, alt: bool, size: usize, t: u8) -> io::Result<()> {
+    s.meet()?;
+    s.buf.write(size - 1, &[0]);
+    s.src.write(0, &[0, 0, 0, t]);
+    s.meet()?;
+    s.spin_byte(size - 1, t)?;
+    s.write_on(alt, 0, 0, 4, false)
 }
 
 /// What a timed stream moved.
@@ -671,6 +787,16 @@ pub fn run_pair_with<A: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paired_rounds_take_turns() {
+        let firsts: Vec<bool> = (0..6).map(|r| paired_order(r)[0]).collect();
+        assert_eq!(firsts, [false, true, false, true, false, true]);
+        for r in 0..6 {
+            let o = paired_order(r);
+            assert_ne!(o[0], o[1], "each QP once per round");
+        }
+    }
 
     #[test]
     fn tags_never_zero_and_always_change() {
