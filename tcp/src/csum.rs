@@ -43,16 +43,20 @@ pub fn complete_partial(frame: &mut [u8]) -> bool {
     let Ok(mut tcp) = TcpPacket::new_checked(ip.payload_mut()) else {
         return false;
     };
-    let (s, d) = (IpAddress::Ipv4(src), IpAddress::Ipv4(dst));
-    if tcp.verify_checksum(&s, &d) {
-        return false;
-    }
+    // The field first: a segment whose field is not the bare
+    // pseudo-header sum (every segment of a peer without the offload) is
+    // left to smoltcp's own verification, without a second pass over it
+    // here.
     let len = tcp.as_ref().len();
     let Ok(len32) = u32::try_from(len) else {
         return false;
     };
     let pseudo = checksum::pseudo_header_v4(&src, &dst, IpProtocol::Tcp, len32);
     if tcp.checksum() != pseudo {
+        return false;
+    }
+    let (s, d) = (IpAddress::Ipv4(src), IpAddress::Ipv4(dst));
+    if tcp.verify_checksum(&s, &d) {
         return false;
     }
     tcp.fill_checksum(&s, &d);
