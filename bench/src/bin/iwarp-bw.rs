@@ -69,6 +69,7 @@ fn main() -> std::process::ExitCode {
     let configs: Vec<Config> = cli.config.clone().unwrap_or_else(|| {
         let mut v = Config::MESSAGE.to_vec();
         v.extend([
+            Config::AfxdpCrcOnPaired,
             Config::TcpStream,
             Config::TcpStreamOffload,
             Config::SmoltcpRaw,
