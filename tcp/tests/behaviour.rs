@@ -421,13 +421,24 @@ fn needs_poll_after_an_idle_poll() {
     })
     .unwrap();
     assert_eq!(got, b"ping");
-    // Processing the segment and the delayed ACK's timer: after each poll
-    // the stack is quiet until the next thing is due.
-    while sim.b.poll(sim.now) {}
+    // A poll that processes a segment and leaves nothing to send (its ACK
+    // waits for the delayed-ACK timer) leaves the stack quiet at once.
+    sim.a.send_slice(a, b"pong").unwrap();
+    let limit = sim.now + Duration::from_secs(1);
+    sim.run(limit, |s| {
+        if s.b.device().rx.is_empty() {
+            Step::Idle
+        } else {
+            Step::Done
+        }
+    })
+    .unwrap();
+    assert!(sim.b.poll(sim.now), "the segment was processed");
     assert!(
         !sim.b.needs_poll(sim.now),
         "quiet after a poll that did work"
     );
+    assert!(sim.b.poll_at(sim.now).is_some_and(|t| t > sim.now));
 }
 
 /// The reader side of a zero window, with polls gated as the engine gates
