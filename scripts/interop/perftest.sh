@@ -51,23 +51,15 @@ run() {
         ours_crc="--crc"
     fi
     out="$TMP/$name.log"
-    local start=$SECONDS attempt
-    for attempt in 1 2; do
-        if [[ "$role" == client ]]; then
-            scripts/siw-interop -q -T 90 "${siw[@]}" vm-server "$PORT" \
-                "ib_$t -R -d siw0 $common" "$BIN $t @VM@ -p $PORT $common $ours_crc" >"$out" 2>&1
-        else
-            scripts/siw-interop -q -T 90 "${siw[@]}" vm-client "$PORT" \
-                "$BIN $t -p $PORT $common $ours_crc" "ib_$t -R -d siw0 $common @HOST@" >"$out" 2>&1
-        fi
-        rc=$?
-        # The VM's perftest failed itself: run the scenario once more.
-        if ((rc != 0 && attempt == 1)) && perftest_clock_failed "$out"; then
-            echo "  note $name: the VM's perftest could not measure its clock (r^2 < 0.9); running it again"
-            continue
-        fi
-        break
-    done
+    local start=$SECONDS
+    if [[ "$role" == client ]]; then
+        perftest_run "$name" "$out" scripts/siw-interop -q -T 90 "${siw[@]}" vm-server "$PORT" \
+            "ib_$t -R -d siw0 $common" "$BIN $t @VM@ -p $PORT $common $ours_crc"
+    else
+        perftest_run "$name" "$out" scripts/siw-interop -q -T 90 "${siw[@]}" vm-client "$PORT" \
+            "$BIN $t -p $PORT $common $ours_crc" "ib_$t -R -d siw0 $common @HOST@"
+    fi
+    rc=$?
     [[ -n "$LOGS" ]] && mkdir -p "$LOGS" && cp "$out" "$LOGS/"
     why=""
     if ((rc != 0)); then

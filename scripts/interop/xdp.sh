@@ -46,21 +46,12 @@ run() {
         siw=(--siw tunable --siw-param mpa_crc_required=1)
     fi
     out="$TMP/$name.log"
-    local attempt
-    for attempt in 1 2; do
-        if [[ "$role" == client ]]; then
-            scripts/siw-interop -q -T 90 "${siw[@]}" vm-server "$PORT" "$VMC" "$HOST" >"$out" 2>&1
-        else
-            scripts/siw-interop -q -T 90 "${siw[@]}" vm-client "$PORT" "$HOST" "$VMC" >"$out" 2>&1
-        fi
-        rc=$?
-        # The VM's perftest failed itself: run the scenario once more.
-        if ((rc != 0 && attempt == 1)) && perftest_clock_failed "$out"; then
-            echo "  note $name: the VM's perftest could not measure its clock (r^2 < 0.9); running it again"
-            continue
-        fi
-        break
-    done
+    if [[ "$role" == client ]]; then
+        perftest_run "$name" "$out" scripts/siw-interop -q -T 90 "${siw[@]}" vm-server "$PORT" "$VMC" "$HOST"
+    else
+        perftest_run "$name" "$out" scripts/siw-interop -q -T 90 "${siw[@]}" vm-client "$PORT" "$HOST" "$VMC"
+    fi
+    rc=$?
     [[ -n "${XDP_LOGS:-}" ]] && mkdir -p "$XDP_LOGS" && cp "$out" "$XDP_LOGS/"
     why="$("$JUDGE" "$out" "$rc")"
     if [[ -z "$why" ]]; then

@@ -8,3 +8,20 @@
 perftest_clock_failed() {
     grep -q 'Correlation coefficient r^2' "$1" && grep -q "Can't produce a report" "$1"
 }
+
+# perftest_run NAME LOG CMD...: run CMD with its output in LOG; when it
+# failed because the VM's perftest could not measure its clock
+# (perftest_clock_failed), say so and run it once more. Every other
+# failure stands at once. Returns CMD's exit status.
+perftest_run() {
+    local name="$1" log="$2" rc
+    shift 2
+    "$@" >"$log" 2>&1
+    rc=$?
+    if ((rc != 0)) && perftest_clock_failed "$log"; then
+        echo "  note $name: the VM's perftest could not measure its clock (r^2 < 0.9); running it again"
+        "$@" >"$log" 2>&1
+        rc=$?
+    fi
+    return "$rc"
+}
