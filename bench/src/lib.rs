@@ -381,18 +381,27 @@ pub fn bandwidth(
                 Ok(v) => sizes
                     .iter()
                     .zip(v)
-                    .map(|(&s, b)| {
-                        let mut rec = Record::new(&name, s, "bandwidth", "Gb/s", b.gbps);
-                        rec.messages = b.count;
-                        rec
-                    })
+                    .map(|(&s, b)| bw_record(&name, s, Ok(b)))
                     .collect(),
                 Err(e) => sizes
                     .iter()
-                    .map(|&s| Record::failed(&name, s, "bandwidth", "Gb/s", &e))
+                    .map(|&s| bw_record(&name, s, Err(&e)))
                     .collect(),
             }
         }
+    }
+}
+
+/// The bandwidth record of `name` at `size`: the rounds of an RDMA spray,
+/// or the error that ended its run.
+fn bw_record(name: &str, size: usize, r: Result<rdma::BwResult, &io::Error>) -> Record {
+    match r {
+        Ok(b) => {
+            let mut rec = Record::new(name, size, "bandwidth", "Gb/s", b.gbps);
+            rec.messages = b.count;
+            rec
+        }
+        Err(e) => Record::failed(name, size, "bandwidth", "Gb/s", e),
     }
 }
 
@@ -425,16 +434,13 @@ fn paired(
             move |s| rdma::spray_paired_b(s, size, rounds),
         );
         match r {
-            Ok(results) => out.extend(names.iter().zip(results).map(|(name, b)| {
-                let mut rec = Record::new(name, size, "bandwidth", "Gb/s", b.gbps);
-                rec.messages = b.count;
-                rec
-            })),
-            Err(e) => out.extend(
+            Ok(results) => out.extend(
                 names
                     .iter()
-                    .map(|name| Record::failed(name, size, "bandwidth", "Gb/s", &e)),
+                    .zip(results)
+                    .map(|(name, b)| bw_record(name, size, Ok(b))),
             ),
+            Err(e) => out.extend(names.iter().map(|name| bw_record(name, size, Err(&e)))),
         }
     }
     out
