@@ -35,12 +35,9 @@ enum Kind {
     Kernel,
 }
 
-fn open(kind: Kind, dev: &str, ip: Ipv4Addr) -> Device {
-    open_on(kind, dev, ip, None)
-}
-
-/// `open`, with the progress thread (engine 0's) pinned to `cpu`.
-fn open_on(kind: Kind, dev: &str, ip: Ipv4Addr, cpu: Option<usize>) -> Device {
+/// A device of `kind` on veth `dev`, its progress thread (engine 0's)
+/// pinned to `cpu` and, with `pin_engines`, AF_XDP engine i to core i.
+fn open_on(kind: Kind, dev: &str, ip: Ipv4Addr, cpu: Option<usize>, pin_engines: bool) -> Device {
     let backend = match kind {
         Kind::Kernel => Backend::Kernel,
         Kind::Xdp(n) => {
@@ -59,6 +56,9 @@ fn open_on(kind: Kind, dev: &str, ip: Ipv4Addr, cpu: Option<usize>) -> Device {
                     (_, true, "cross") => (0..n as usize).rev().collect(),
                     _ => (0..n as usize).collect(),
                 };
+            }
+            if pin_engines {
+                c.cpus = (0..n as usize).collect();
             }
             c.frames = 2048;
             // Up to 16 SYNs in one burst may land on one engine.
@@ -136,8 +136,9 @@ fn serve(
     streams: usize,
     ready: Arc<Ready>,
     done: Arc<Ready>,
+    pin_engines: bool,
 ) -> Stats {
-    let dev = open(kind, "xb", IP_B);
+    let dev = open_on(kind, "xb", IP_B, None, pin_engines);
     let listen_ip = match kind {
         Kind::Xdp(_) => Ipv4Addr::UNSPECIFIED,
         Kind::Kernel => IP_B,
@@ -367,7 +368,9 @@ fn run(server: Kind, client: Kind, n: usize, stream_bytes: usize) -> (Stats, Sta
 /// the tx queue numbered like the sending core (XPS: tx-0 ← CPU 0, tx-1 ←
 /// CPU 1), its connections are opened on CPU 0 and its progress thread,
 /// which writes their data, runs on CPU 1: every connection moves from
-/// queue 0 to queue 1 after its handshake.
+/// queue 0 to queue 1 after its handshake. The server's engine i runs on
+/// core i, so the client's answers to it (ACK-clocked data sent from the
+/// softirq of the core its segment arrived on) keep to that rule too.
 fn run_with(
     server: Kind,
     client: Kind,
@@ -397,16 +400,40 @@ fn run_with(
                 .expect("xps");
             assert!(st.success(), "setting XPS failed");
         }
+        // A SYN sent before the server's address is resolved waits in the
+        // neighbour queue and leaves from the core that receives the ARP
+        // reply, not the connecting one: resolve it statically first.
+        let mac = Command::new("ip")
+            .args(["netns", "exec", &topo.b, "cat", "/sys/class/net/xb/address"])
+            .output()
+            .expect("server MAC");
+        let mac = String::from_utf8_lossy(&mac.stdout).trim().to_string();
+        let st = Command::new("ip")
+            .args(["netns", "exec", &topo.a, "ip", "neigh", "replace"])
+            .args([
+                &IP_B.to_string(),
+                "lladdr",
+                &mac,
+                "dev",
+                "xa",
+                "nud",
+                "permanent",
+            ])
+            .status()
+            .expect("ip neigh");
+        assert!(st.success(), "static neighbour for {IP_B} ({mac:?}) failed");
     }
     let (up_tx, up_rx) = mpsc::channel();
     let streams = usize::from(stream_bytes > 0);
     let ready = Arc::new(Ready::default());
     let done = Arc::new(Ready::default());
     let (r, d) = (ready.clone(), done.clone());
-    let srv = spawn_in(&topo.b, move || serve(server, n, up_tx, streams, r, d));
+    let srv = spawn_in(&topo.b, move || {
+        serve(server, n, up_tx, streams, r, d, move_queue)
+    });
     let addr = up_rx.recv_timeout(WAIT).expect("server up");
     let cli = spawn_in(&topo.a, move || {
-        let dev = open_on(client, "xa", IP_A, move_queue.then_some(1));
+        let dev = open_on(client, "xa", IP_A, move_queue.then_some(1), false);
         let go = Arc::new(Barrier::new(n));
         let start = Instant::now();
         let conns: Vec<_> = (0..n)
