@@ -223,6 +223,43 @@ fn framing(c: &mut Criterion) {
     g.finish();
 }
 
+/// One small RDMA Write through both protocol cores, as on the latency
+/// path: A posts it, frames it (`poll_transmit`), B parses and places it
+/// (`handle_input`). Per message, not per byte.
+fn message(c: &mut Criterion) {
+    let mut g = c.benchmark_group("message");
+    for size in [4, 64] {
+        for crc in [false, true] {
+            let case = Case {
+                size,
+                crc,
+                emss: 1460,
+            };
+            let mut s = setup(case, 16);
+            let mut buf = vec![0u8; 4096];
+            let mut hop = |s: &mut Setup| {
+                assert_eq!(post_writes(s, 1), 1);
+                let n = s.pair.a.ctx.poll_transmit(s.pair.a.qp, &mut buf);
+                let b = &mut s.pair.b;
+                b.ctx
+                    .handle_input(b.qp, black_box(&buf[..n]), Instant::ZERO);
+                n
+            };
+            let before = s.pair.b.ctx.qp_stats(s.pair.b.qp).expect("qp").rx_payload;
+            assert!(hop(&mut s) > size);
+            let stats = s.pair.b.ctx.qp_stats(s.pair.b.qp).expect("qp");
+            assert_eq!(stats.rx_payload - before, size as u64);
+            assert!(s.pair.b.bytes(&s.dst) == &s.pattern[..]);
+            let id = format!("{size}B/crc-{}", if crc { "on" } else { "off" });
+            g.bench_function(BenchmarkId::from_parameter(id), |bch| {
+                bch.iter(|| hop(&mut s));
+            });
+            assert_eq!(s.pair.b.state(), QpState::Rts, "{:?}", s.pair.b.events);
+        }
+    }
+    g.finish();
+}
+
 /// Ceilings for comparison, over the cold and the warm stream cut in 8960-byte pieces
 /// like FPDUs: a plain copy of each piece (minus a 20-byte "header") into
 /// a 64 KiB destination, and CRC32c alone.
@@ -259,5 +296,5 @@ fn reference(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, placement, framing, reference);
+criterion_group!(benches, placement, framing, message, reference);
 criterion_main!(benches);
