@@ -46,10 +46,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use clap::{Args, ValueEnum};
+use iwarp_engine::xdp::AttachMode;
 
 use crate::rdma::Engine;
 use crate::report::Record;
-use crate::topo::Topology;
+use crate::topo::{Topology, Veth};
 
 /// A configuration to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -152,6 +153,41 @@ pub struct Common {
     /// CPUs of side a and side b, e.g. 0,1 (default: the first two available).
     #[arg(long, value_parser = parse_cpus)]
     pub cpus: Option<CpuPair>,
+    /// How the AF_XDP engines' XDP programs attach to the veth pair.
+    #[arg(long, value_enum, default_value_t = XdpMode::Generic)]
+    pub xdp_mode: XdpMode,
+}
+
+/// XDP attach mode of the engines in a benchmark run.
+///
+/// On veth, generic mode is the faster one: the peer's transmit hands its
+/// skb to the receiving stack directly, while native mode queues it for
+/// the receiving veth's NAPI poll, which copies it into a page-pool page
+/// before the program runs (README, "XDP mode").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum XdpMode {
+    /// Skb mode (`XDP_FLAGS_SKB_MODE`).
+    Generic,
+    /// Driver mode (`XDP_FLAGS_DRV_MODE`).
+    Native,
+}
+
+impl XdpMode {
+    /// The engine's attach mode.
+    pub fn attach(self) -> AttachMode {
+        match self {
+            Self::Generic => AttachMode::Generic,
+            Self::Native => AttachMode::Native,
+        }
+    }
+
+    /// As on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Generic => "generic",
+            Self::Native => "native",
+        }
+    }
 }
 
 /// The CPUs of side a and side b.
@@ -168,6 +204,14 @@ pub fn parse_cpus(s: &str) -> Result<CpuPair, String> {
 }
 
 impl Common {
+    /// The veth pair as `--mtu` and `--xdp-mode` set it up.
+    pub fn veth(&self) -> Veth {
+        Veth {
+            mtu: self.mtu.into(),
+            attach: self.xdp_mode.attach(),
+        }
+    }
+
     /// The CPUs of side a and b.
     pub fn cpus(&self) -> (Option<usize>, Option<usize>) {
         match self.cpus {
@@ -450,7 +494,7 @@ fn paired(
 pub fn notes() -> Vec<String> {
     vec![
         "each side: one thread in its own namespace, pinned to its own CPU; RDMA engines in manual progress, driven by that thread (spinning)".into(),
-        "AF_XDP: native XDP on veth, copy mode; kernel ends: tx checksum, TSO and GSO off (scripts/lib/topology.sh), except during tcp-stream-offload".into(),
+        "AF_XDP: copy mode on veth, XDP attached as the run's xdp_mode says (--xdp-mode); kernel ends: tx checksum, TSO and GSO off (scripts/lib/topology.sh), except during tcp-stream-offload".into(),
         "tcp-busypoll: nonblocking socket, read() retried in a spin loop (SO_BUSY_POLL not set); tcp-blocking: blocking read()".into(),
         "latency: half round trip of a ping-pong, each side polls the last byte of its buffer".into(),
         "bandwidth: per round, the sender's clock stops when the receiver's 4-byte answer (RDMA Write / TCP bytes) arrives".into(),
@@ -462,13 +506,13 @@ pub fn notes() -> Vec<String> {
 /// How every bench binary begins: without root it says why and the run
 /// ends successfully (`Err(SUCCESS)`); it installs the teardown of its
 /// namespaces on SIGINT/SIGTERM/SIGHUP and creates the two-namespace
-/// topology at `mtu` (`Err(FAILURE)` after printing the error).
-pub fn start(tool: &str, mtu: usize) -> Result<Topology, std::process::ExitCode> {
+/// topology for `veth` (`Err(FAILURE)` after printing the error).
+pub fn start(tool: &str, veth: Veth) -> Result<Topology, std::process::ExitCode> {
     if !require_root(tool) {
         return Err(std::process::ExitCode::SUCCESS);
     }
     topo::install_teardown()
-        .and_then(|()| Topology::up(mtu))
+        .and_then(|()| Topology::up(veth))
         .map_err(|e| {
             eprintln!("{tool}: {e}");
             std::process::ExitCode::FAILURE

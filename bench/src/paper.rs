@@ -271,10 +271,11 @@ fn table(head: &[&str], rows: &[Vec<String>]) -> String {
 fn method(out: &mut String, rep: &Report) {
     let _ = writeln!(
         out,
-        "*Method:* `{}` — {} (MTU {}, CPUs {}).\n",
+        "*Method:* `{}` — {} (MTU {}, XDP {} mode, CPUs {}).\n",
         rep.command.trim(),
         rep.tool,
         rep.mtu,
+        rep.xdp_mode,
         match rep.cpus {
             (Some(a), Some(b)) => format!("{a} and {b}"),
             _ => "unpinned".into(),
@@ -952,6 +953,7 @@ mod tests {
             tool: tool.into(),
             command: format!("{tool} --quick"),
             mtu: 1500,
+            xdp_mode: "generic".into(),
             cpus: (Some(0), Some(1)),
             notes: vec!["a note".into()],
             records,

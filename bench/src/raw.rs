@@ -9,24 +9,15 @@
 use std::io;
 use std::time::Instant;
 
-use iwarp_engine::xdp::{AttachMode, RawTcp};
-use iwarp_engine::XdpConfig;
+use iwarp_engine::xdp::RawTcp;
 use iwarp_tcp::ConnId;
 
 use crate::echo::{echo_each, time_echoes};
 use crate::rdma::{retry_open, WAIT};
-use crate::topo::{spawn_in, Topology, IF_A, IF_B, PREFIX, XDP_A, XDP_B};
+use crate::topo::{spawn_in, Topology, XDP_B};
 
 fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
-}
-
-fn config(side_b: bool, mtu: usize) -> XdpConfig {
-    let (ifname, ip) = if side_b { (IF_B, XDP_B) } else { (IF_A, XDP_A) };
-    let mut c = XdpConfig::new(ifname, ip, PREFIX);
-    c.attach = AttachMode::Native;
-    c.mtu = mtu;
-    c
 }
 
 fn spin_until(
@@ -56,10 +47,10 @@ fn pair<A: Send + 'static>(
     fa: impl FnOnce(&mut RawTcp, ConnId) -> io::Result<A> + Send + 'static,
     fb: impl FnOnce(&mut RawTcp, ConnId) -> io::Result<()> + Send + 'static,
 ) -> io::Result<A> {
-    let mtu = topo.mtu;
+    let veth = topo.veth;
     let (tx, rx) = std::sync::mpsc::channel();
     let hb = spawn_in(&topo.ns_b, cpus.1, "raw-b", move || -> io::Result<()> {
-        let mut t = retry_open(|| RawTcp::open(&config(true, mtu), &[port]))?;
+        let mut t = retry_open(|| RawTcp::open(&veth.xdp(true), &[port]))?;
         t.stack()
             .listen(port)
             .map_err(|e| err(format!("listen: {e:?}")))?;
@@ -84,7 +75,7 @@ fn pair<A: Send + 'static>(
     rx.recv_timeout(WAIT)
         .map_err(|_| err("smoltcp side b did not start"))?;
     let ha = spawn_in(&topo.ns_a, cpus.0, "raw-a", move || -> io::Result<A> {
-        let mut t = retry_open(|| RawTcp::open(&config(false, mtu), &[]))?;
+        let mut t = retry_open(|| RawTcp::open(&veth.xdp(false), &[]))?;
         let conn = t
             .stack()
             .connect((XDP_B, port), 50_000)

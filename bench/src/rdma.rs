@@ -9,13 +9,12 @@ use std::net::SocketAddr;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
-use iwarp_engine::xdp::AttachMode;
 use iwarp_engine::{
     Access, Backend, ConnParams, Cq, Device, DeviceConfig, Listener, Mr, Pd, Progress, Qp, QpInit,
-    SendOp, SendWr, WcStatus, XdpConfig, EMPTY_WC,
+    SendOp, SendWr, WcStatus, EMPTY_WC,
 };
 
-use crate::topo::{Topology, IF_A, IF_B, KERNEL_B, PREFIX, XDP_A, XDP_B};
+use crate::topo::{Topology, Veth, KERNEL_B, XDP_B};
 
 /// How long any single wait may take before the run fails.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -40,15 +39,11 @@ fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
 }
 
-fn backend(e: Engine, side_b: bool, mtu: usize) -> Backend {
+fn backend(e: Engine, side_b: bool, veth: Veth) -> Backend {
     if !e.xdp {
         return Backend::Kernel;
     }
-    let (ifname, ip) = if side_b { (IF_B, XDP_B) } else { (IF_A, XDP_A) };
-    let mut c = XdpConfig::new(ifname, ip, PREFIX);
-    c.attach = AttachMode::Native;
-    c.busy_poll = false;
-    c.mtu = mtu;
+    let mut c = veth.xdp(side_b);
     c.align_fpdus = e.align;
     Backend::AfXdp(c)
 }
@@ -166,14 +161,14 @@ impl Side {
     pub fn connect(
         e: Engine,
         side_b: bool,
-        mtu: usize,
+        veth: Veth,
         port: u16,
         len: usize,
         src_len: usize,
         sq_depth: usize,
         l: Link,
     ) -> io::Result<Self> {
-        Self::connect_with(e, side_b, mtu, port, len, src_len, sq_depth, l, None)
+        Self::connect_with(e, side_b, veth, port, len, src_len, sq_depth, l, None)
     }
 
     /// [`Side::connect`] with a choice of progress: `None` is manual
@@ -184,7 +179,7 @@ impl Side {
     pub fn connect_with(
         e: Engine,
         side_b: bool,
-        mtu: usize,
+        veth: Veth,
         port: u16,
         len: usize,
         src_len: usize,
@@ -200,7 +195,7 @@ impl Side {
             seed: Some(if side_b { 2 } else { 1 }),
             busy_poll: false,
         };
-        let dev = retry_open(|| Device::open(backend(e, side_b, mtu), cfg))?;
+        let dev = retry_open(|| Device::open(backend(e, side_b, veth), cfg))?;
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(2 * sq_depth + 64);
         let buf = dev.reg_mr(&pd, len.max(8), Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
@@ -757,20 +752,20 @@ pub fn run_pair_with<A: Send + 'static>(
     fb: impl FnOnce(&Side) -> io::Result<()> + Send + 'static,
 ) -> io::Result<A> {
     let (la, lb) = link();
-    let mtu = topo.mtu;
+    let veth = topo.veth;
     let (ta, tb) = if threads {
         (Some(cpus.0), Some(cpus.1))
     } else {
         (None, None)
     };
     let hb = crate::topo::spawn_in(&topo.ns_b, cpus.1, "side-b", move || {
-        let s = Side::connect_with(e, true, mtu, port, len, src_len, sq_depth, lb, tb)?;
+        let s = Side::connect_with(e, true, veth, port, len, src_len, sq_depth, lb, tb)?;
         let r = fb(&s);
         s.close();
         r
     })?;
     let ha = crate::topo::spawn_in(&topo.ns_a, cpus.0, "side-a", move || {
-        let s = Side::connect_with(e, false, mtu, port, len, src_len, sq_depth, la, ta)?;
+        let s = Side::connect_with(e, false, veth, port, len, src_len, sq_depth, la, ta)?;
         let r = fa(&s);
         s.close();
         r

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::stats::{summarize, Summary};
+use crate::topo::Veth;
 
 /// One measured series.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -89,6 +90,10 @@ pub struct Report {
     pub command: String,
     /// MTU of the veth pair.
     pub mtu: usize,
+    /// How the engines' XDP programs attached (`generic`, `native`);
+    /// reports from before the choice existed were native.
+    #[serde(default = "native")]
+    pub xdp_mode: String,
     /// CPUs of side a and side b.
     pub cpus: (Option<usize>, Option<usize>),
     /// How the engines are driven and what the baselines do.
@@ -104,20 +109,25 @@ impl Report {
     /// bench binary shares; no ratios.
     pub fn new(
         tool: &str,
-        mtu: usize,
+        veth: Veth,
         cpus: (Option<usize>, Option<usize>),
         records: Vec<Record>,
     ) -> Self {
         Self {
             tool: tool.into(),
             command: command_line(),
-            mtu,
+            mtu: veth.mtu,
+            xdp_mode: format!("{:?}", veth.attach).to_lowercase(),
             cpus,
             notes: crate::notes(),
             records,
             ratios: Vec::new(),
         }
     }
+}
+
+fn native() -> String {
+    "native".into()
 }
 
 /// A ratio of two medians against a target.
@@ -331,6 +341,7 @@ mod tests {
             tool: "t".into(),
             command: "t -n 1".into(),
             mtu: 1500,
+            xdp_mode: "generic".into(),
             cpus: (Some(0), Some(1)),
             notes: vec![],
             records: recs,
@@ -339,5 +350,23 @@ mod tests {
         let v: serde_json::Value = serde_json::to_value(&rep).unwrap();
         assert_eq!(v["records"][0]["samples"].as_array().unwrap().len(), 3);
         assert_eq!(v["records"][0]["summary"]["p50"], 2.0);
+        assert_eq!(v["xdp_mode"], "generic");
+        // A report written before the mode was recorded ran native.
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("xdp_mode");
+        let back: Report = serde_json::from_value(old).unwrap();
+        assert_eq!((back.xdp_mode.as_str(), back.mtu), ("native", 1500));
+    }
+
+    #[test]
+    fn new_records_the_veth() {
+        use iwarp_engine::xdp::AttachMode;
+        let veth = Veth {
+            mtu: 3506,
+            attach: AttachMode::Native,
+        };
+        let rep = Report::new("t", veth, (None, None), vec![]);
+        assert_eq!((rep.mtu, rep.xdp_mode.as_str()), (3506, "native"));
+        assert_eq!(veth.to_string(), "MTU 3506, XDP native mode");
     }
 }

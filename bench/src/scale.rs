@@ -13,14 +13,13 @@ use std::net::SocketAddr;
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use iwarp_engine::xdp::AttachMode;
 use iwarp_engine::{
     Access, Backend, ConnParams, Device, DeviceConfig, Progress, Qp, QpInit, SendOp, SendWr,
     WcStatus, XdpConfig, EMPTY_WC,
 };
 
 use crate::rdma::{retry_open, WAIT};
-use crate::topo::{spawn_in, Topology, IF_A, IF_B, PREFIX, XDP_A, XDP_B};
+use crate::topo::{spawn_in, Topology, Veth, XDP_B};
 
 fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
@@ -95,12 +94,8 @@ pub fn per_qp(before: u64, after: u64, n: usize) -> f64 {
     after.saturating_sub(before) as f64 / n.max(1) as f64
 }
 
-fn xdp(side_b: bool, mtu: usize, frames: u32) -> XdpConfig {
-    let (ifname, ip) = if side_b { (IF_B, XDP_B) } else { (IF_A, XDP_A) };
-    let mut c = XdpConfig::new(ifname, ip, PREFIX);
-    c.attach = AttachMode::Native;
-    c.busy_poll = false;
-    c.mtu = mtu;
+fn xdp(veth: Veth, side_b: bool, frames: u32) -> XdpConfig {
+    let mut c = veth.xdp(side_b);
     c.frames = frames;
     c
 }
@@ -146,12 +141,12 @@ pub fn run(
     port: u16,
     p: ScaleParams,
 ) -> io::Result<ScaleResult> {
-    let mtu = topo.mtu;
+    let (veth, mtu) = (topo.veth, topo.veth.mtu);
     let (to_a, from_b) = mpsc::channel::<Target>();
     let (to_b, from_a) = mpsc::channel::<()>();
     let (back_a, b_says) = mpsc::channel::<()>();
     let hb = spawn_in(&topo.ns_b, cpus.1, "scale-b", move || -> io::Result<_> {
-        let mut cfg = xdp(true, mtu, p.frames);
+        let mut cfg = xdp(veth, true, p.frames);
         if p.fit {
             let mss = mtu.saturating_sub(40);
             cfg.tcp = cfg.tcp.fit_rx_frames(p.frames as usize / 2, mss, n);
@@ -223,7 +218,7 @@ pub fn run(
     let ha = spawn_in(&topo.ns_a, cpus.0, "scale-a", move || -> io::Result<f64> {
         let backend = match p.sender {
             Sender::Kernel => Backend::Kernel,
-            Sender::Afxdp => Backend::AfXdp(xdp(false, mtu, p.frames)),
+            Sender::Afxdp => Backend::AfXdp(xdp(veth, false, p.frames)),
         };
         let dev = retry_open(|| Device::open(backend.clone(), manual(1)))?;
         let pd = dev.alloc_pd();

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 
+use iwarp_engine::xdp::{AttachMode, XdpConfig};
 use nix::sched::{setns, CloneFlags};
 
 /// Kernel address of side a (veth `xa`).
@@ -65,14 +66,47 @@ pub struct Topology {
     pub ns_a: String,
     /// Namespace of side b.
     pub ns_b: String,
+    /// The veth pair as the AF_XDP engines use it.
+    pub veth: Veth,
+}
+
+/// The veth pair as the AF_XDP engines use it: its MTU and how their XDP
+/// programs attach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Veth {
     /// MTU of the veth pair.
     pub mtu: usize,
+    /// How the steering programs attach (`--xdp-mode`).
+    pub attach: AttachMode,
+}
+
+impl std::fmt::Display for Veth {
+    /// `MTU 1500, XDP generic mode`: how run headers describe the pair.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = format!("{:?}", self.attach).to_lowercase();
+        write!(f, "MTU {}, XDP {mode} mode", self.mtu)
+    }
+}
+
+impl Veth {
+    /// The AF_XDP configuration of side a or b on this pair: its end of
+    /// the veth, its address, the MTU and attach mode, no busy polling
+    /// (the benchmarks choose their progress mode per configuration).
+    pub fn xdp(&self, side_b: bool) -> XdpConfig {
+        let (ifname, ip) = if side_b { (IF_B, XDP_B) } else { (IF_A, XDP_A) };
+        let mut c = XdpConfig::new(ifname, ip, PREFIX);
+        c.attach = self.attach;
+        c.busy_poll = false;
+        c.mtu = self.mtu;
+        c
+    }
 }
 
 impl Topology {
     /// Create the namespaces with kernel addresses [`KERNEL_A`] and
-    /// [`KERNEL_B`] at `mtu` (68..=3506).
-    pub fn up(mtu: usize) -> io::Result<Self> {
+    /// [`KERNEL_B`] at `veth.mtu` (68..=3506).
+    pub fn up(veth: Veth) -> io::Result<Self> {
+        let mtu = veth.mtu;
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let tag = format!(
             "b{}-{}",
@@ -84,7 +118,7 @@ impl Topology {
             ns_a: format!("iwx-{tag}-a"),
             ns_b: format!("iwx-{tag}-b"),
             tag,
-            mtu,
+            veth,
         };
         let cidr = |a: Ipv4Addr| format!("{a}/{PREFIX}");
         let out = run_script(&[

@@ -44,7 +44,7 @@ struct Cli {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
-    let topo = match iwarp_bench::start("iwarp-bw", c.mtu.into()) {
+    let topo = match iwarp_bench::start("iwarp-bw", c.veth()) {
         Ok(t) => t,
         Err(code) => return code,
     };
@@ -79,8 +79,8 @@ fn main() -> std::process::ExitCode {
     let cpus = c.cpus();
     println!("command: {}", report::command_line());
     println!(
-        "MTU {}, CPUs {cpus:?}, {} rounds per size of {} B (at most {} messages), depth {}; payload Gb/s",
-        topo.mtu, p.rounds, p.bytes, p.max_msgs, p.depth
+        "{}, CPUs {cpus:?}, {} rounds per size of {} B (at most {} messages), depth {}; payload Gb/s",
+        topo.veth, p.rounds, p.bytes, p.max_msgs, p.depth
     );
     let mut recs: Vec<Record> = Vec::new();
     let bar = Progress::new(configs.len() * sizes.len(), cli.quiet);
@@ -94,7 +94,7 @@ fn main() -> std::process::ExitCode {
     println!();
     print!("{}", report::table(&recs));
     println!("(smoltcp-raw: a byte stream without messages; tcp-stream: size = write size)");
-    let rep = Report::new("iwarp-bw", c.mtu.into(), cpus, recs);
+    let rep = Report::new("iwarp-bw", c.veth(), cpus, recs);
     report::finish(c.json.as_deref(), &rep)
 }
 

@@ -67,7 +67,7 @@ const SPECS: [Spec; 10] = [
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
-    let topo = match iwarp_bench::start("iwarp-compare", c.mtu.into()) {
+    let topo = match iwarp_bench::start("iwarp-compare", c.veth()) {
         Ok(t) => t,
         Err(code) => return code,
     };
@@ -86,8 +86,8 @@ fn main() -> std::process::ExitCode {
     let cpus = c.cpus();
     println!("command: {}", report::command_line());
     println!(
-        "MTU {}, CPUs {:?}, {passes} passes of: latency n={n} (+{warmup} warm-up), bandwidth {rounds} rounds of {} B, depth {}",
-        topo.mtu,
+        "{}, CPUs {:?}, {passes} passes of: latency n={n} (+{warmup} warm-up), bandwidth {rounds} rounds of {} B, depth {}",
+        topo.veth,
         cpus,
         bw.bytes,
         bw.depth
@@ -184,7 +184,7 @@ fn main() -> std::process::ExitCode {
     println!("\ncommand: {}", report::command_line());
     let rep = Report {
         ratios: ratios.into_iter().map(|(r, _)| r).collect(),
-        ..Report::new("iwarp-compare", c.mtu.into(), cpus, recs)
+        ..Report::new("iwarp-compare", c.veth(), cpus, recs)
     };
     report::finish(c.json.as_deref(), &rep)
 }
@@ -193,6 +193,7 @@ fn main() -> std::process::ExitCode {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+    use iwarp_engine::xdp::AttachMode;
 
     #[test]
     fn the_targets_lead_and_every_ratio_compares_two_configurations() {
@@ -214,7 +215,11 @@ mod tests {
             (c.common.quick, c.common.mtu, c.bytes),
             (true, 3506, Some(1 << 20))
         );
-        let c = Cli::try_parse_from(["x", "--cpus", "0,1", "-n", "5"]).unwrap();
+        assert_eq!(c.common.veth().attach, AttachMode::Generic);
+        let c =
+            Cli::try_parse_from(["x", "--cpus", "0,1", "-n", "5", "--xdp-mode", "native"]).unwrap();
         assert_eq!(c.common.cpus(), (Some(0), Some(1)));
+        assert_eq!(c.common.veth().attach, AttachMode::Native);
+        assert_eq!(c.common.veth().mtu, 1500);
     }
 }

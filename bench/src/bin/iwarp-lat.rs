@@ -34,7 +34,7 @@ struct Cli {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
-    let topo = match iwarp_bench::start("iwarp-lat", c.mtu.into()) {
+    let topo = match iwarp_bench::start("iwarp-lat", c.veth()) {
         Ok(t) => t,
         Err(code) => return code,
     };
@@ -52,8 +52,8 @@ fn main() -> std::process::ExitCode {
     let cpus = c.cpus();
     println!("command: {}", report::command_line());
     println!(
-        "MTU {}, CPUs {cpus:?}, n={n} (+{warmup} warm-up), half round trips in µs",
-        topo.mtu
+        "{}, CPUs {cpus:?}, n={n} (+{warmup} warm-up), half round trips in µs",
+        topo.veth
     );
     let mut recs: Vec<Record> = Vec::new();
     let bar = Progress::new(configs.len() * sizes.len(), cli.quiet);
@@ -66,7 +66,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::table(&recs));
-    let rep = Report::new("iwarp-lat", c.mtu.into(), cpus, recs);
+    let rep = Report::new("iwarp-lat", c.veth(), cpus, recs);
     report::finish(c.json.as_deref(), &rep)
 }
 

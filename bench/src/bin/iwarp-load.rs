@@ -95,7 +95,7 @@ fn summary(recs: &[Record]) -> String {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
-    let topo = match iwarp_bench::start("iwarp-load", c.mtu.into()) {
+    let topo = match iwarp_bench::start("iwarp-load", c.veth()) {
         Ok(t) => t,
         Err(code) => return code,
     };
@@ -135,8 +135,8 @@ fn main() -> std::process::ExitCode {
     };
     println!("command: {}", report::command_line());
     println!(
-        "MTU {}, CPUs {cpus:?}, {} s of traffic per run after {} s of idle rate, depth {}, {reps} run(s) each",
-        topo.mtu, p.secs, p.idle_secs, p.depth
+        "{}, CPUs {cpus:?}, {} s of traffic per run after {} s of idle rate, depth {}, {reps} run(s) each",
+        topo.veth, p.secs, p.idle_secs, p.depth
     );
     let mut recs: Vec<Record> = Vec::new();
     for _ in 0..reps {
@@ -171,7 +171,7 @@ fn main() -> std::process::ExitCode {
         notes.push("load: NAME = manual progress, the side's thread spins; NAME-sleep = the engine's own progress thread (busy_poll off, epoll when idle), the application blocks in Cq::wait; tcp-stream = blocking writes and reads of the message size".into());
         Report {
             notes,
-            ..Report::new("iwarp-load", c.mtu.into(), cpus, recs)
+            ..Report::new("iwarp-load", c.veth(), cpus, recs)
         }
     };
     report::finish(c.json.as_deref(), &rep)

@@ -65,7 +65,7 @@ fn series(s: Sender, fit: bool, budget: bool) -> String {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
-    let topo = match iwarp_bench::start("iwarp-scale", c.mtu.into()) {
+    let topo = match iwarp_bench::start("iwarp-scale", c.veth()) {
         Ok(t) => t,
         Err(code) => return code,
     };
@@ -90,8 +90,8 @@ fn main() -> std::process::ExitCode {
     let cpus = c.cpus();
     println!("command: {}", report::command_line());
     println!(
-        "MTU {}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames, receiver TCP buffers {}",
-        topo.mtu, p.size, p.window, p.secs, p.warmup, p.sender, p.frames,
+        "{}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames, receiver TCP buffers {}",
+        topo.veth, p.size, p.window, p.secs, p.warmup, p.sender, p.frames,
         if p.fit {
             "fitted to the fill ring"
         } else if p.budget {
@@ -225,7 +225,7 @@ fn main() -> std::process::ExitCode {
         Report {
             notes,
             ratios,
-            ..Report::new("iwarp-scale", c.mtu.into(), cpus, recs)
+            ..Report::new("iwarp-scale", c.veth(), cpus, recs)
         }
     };
     report::finish(c.json.as_deref(), &rep)
