@@ -5,7 +5,8 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
+use iwarp_engine::xdp::AttachMode;
 use iwarp_engine::{Backend, XdpConfig};
 
 /// Flags that select and configure the backend.
@@ -25,6 +26,33 @@ pub struct BackendArgs {
     /// AF_XDP: write every frame of the engine to this pcap file.
     #[arg(long, value_name = "FILE", requires = "xdp")]
     pub xdp_pcap: Option<PathBuf>,
+    /// AF_XDP: how the steering program attaches. `generic` is the faster
+    /// mode on veth when the kernel peer sends no TSO/GSO packets larger
+    /// than a frame; `auto` tries native first.
+    #[arg(long, value_enum, default_value_t = XdpMode::Auto, requires = "xdp")]
+    pub xdp_mode: XdpMode,
+}
+
+/// `--xdp-mode`: the engine's [`AttachMode`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum XdpMode {
+    /// Native, falling back to generic when the driver refuses.
+    #[default]
+    Auto,
+    /// Driver mode only.
+    Native,
+    /// Skb mode.
+    Generic,
+}
+
+impl From<XdpMode> for AttachMode {
+    fn from(m: XdpMode) -> Self {
+        match m {
+            XdpMode::Auto => Self::Auto,
+            XdpMode::Native => Self::Native,
+            XdpMode::Generic => Self::Generic,
+        }
+    }
 }
 
 impl BackendArgs {
@@ -37,6 +65,7 @@ impl BackendArgs {
         let mut cfg = XdpConfig::new(ifname.clone(), ip, prefix);
         cfg.queue = self.xdp_queue;
         cfg.pcap = self.xdp_pcap.clone();
+        cfg.attach = self.xdp_mode.into();
         let path = format!("/sys/class/net/{ifname}/mtu");
         let mtu = std::fs::read_to_string(&path)
             .map_err(|e| format!("{path}: {e}"))?
@@ -79,6 +108,28 @@ mod tests {
         assert!(parse_cidr("198.18.0.1").is_err());
         assert!(parse_cidr("198.18.0.1/33").is_err());
         assert!(parse_cidr("x/24").is_err());
+    }
+
+    #[test]
+    fn xdp_mode_reaches_the_config() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            b: BackendArgs,
+        }
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["x", "--xdp", "lo", "--xdp-ip", "198.18.0.1/24"];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).unwrap().b.backend() {
+                Ok(Backend::AfXdp(c)) => c.attach,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(parse(&[]), AttachMode::Auto);
+        assert_eq!(parse(&["--xdp-mode", "generic"]), AttachMode::Generic);
+        assert_eq!(parse(&["--xdp-mode", "native"]), AttachMode::Native);
+        assert!(Cli::try_parse_from(["x", "--xdp-mode", "generic"]).is_err());
     }
 
     #[test]
