@@ -180,14 +180,6 @@ impl XdpMode {
             Self::Native => AttachMode::Native,
         }
     }
-
-    /// As on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Generic => "generic",
-            Self::Native => "native",
-        }
-    }
 }
 
 /// The CPUs of side a and side b.

@@ -117,7 +117,7 @@ impl Report {
             tool: tool.into(),
             command: command_line(),
             mtu: veth.mtu,
-            xdp_mode: format!("{:?}", veth.attach).to_lowercase(),
+            xdp_mode: veth.mode(),
             cpus,
             notes: crate::notes(),
             records,

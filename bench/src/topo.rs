@@ -83,12 +83,16 @@ pub struct Veth {
 impl std::fmt::Display for Veth {
     /// `MTU 1500, XDP generic mode`: how run headers describe the pair.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mode = format!("{:?}", self.attach).to_lowercase();
-        write!(f, "MTU {}, XDP {mode} mode", self.mtu)
+        write!(f, "MTU {}, XDP {} mode", self.mtu, self.mode())
     }
 }
 
 impl Veth {
+    /// The attach mode as reports name it: `generic`, `native`, `auto`.
+    pub fn mode(&self) -> String {
+        format!("{:?}", self.attach).to_lowercase()
+    }
+
     /// The AF_XDP configuration of side a or b on this pair: its end of
     /// the veth, its address, the MTU and attach mode, no busy polling
     /// (the benchmarks choose their progress mode per configuration).
