@@ -372,10 +372,7 @@ fn pair(server: Kind, client_kind: Kind, o: Opts) {
         assert_eq!(generic, attach == AttachMode::Generic, "{attach:?}: {show}");
     }
     drop(dev);
-    for (ns, link) in [(&topo.a, "xa"), (&topo.b, "xb")] {
-        let show = topo.link(ns, link);
-        assert!(!show.contains("xdp"), "an XDP program is left: {show}");
-    }
+    topo.assert_no_program();
 }
 
 #[test]
