@@ -409,7 +409,7 @@ fn run_with(
             .expect("server MAC");
         let mac = String::from_utf8_lossy(&mac.stdout).trim().to_string();
         let st = Command::new("ip")
-            .args(["netns", "exec", &topo.a, "ip", "neigh", "replace"])
+            .args(["-n", &topo.a, "neigh", "replace"])
             .args([
                 &IP_B.to_string(),
                 "lladdr",
