@@ -755,23 +755,46 @@ impl Qp {
     }
 
     /// Post a send-queue work request. Errors are synchronous; the request
-    /// reaches the engine through the QP's lock-free queue (see the crate
-    /// documentation).
+    /// reaches the engine through the QP's lock-free queue, or with manual
+    /// progress and the engine lock free straight into the core (see the
+    /// crate documentation).
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), PostError> {
-        self.post(|q| q.push_send(wr))
+        self.post(|q| q.push_send(wr), |q, ctx| q.post_send_now(wr, ctx))
     }
 
     /// Post a receive work request. Errors are synchronous.
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
-        self.post(|q| q.push_recv(wr))
+        self.post(|q| q.push_recv(wr), |q, ctx| q.post_recv_now(wr, ctx))
     }
 
     /// Queue with `push`; when the queue is full as far as it knows, learn
     /// what the core retired (under the lock) and try once more.
+    ///
+    /// With manual progress the application's threads run the engine
+    /// themselves, so a post that finds the device lock free hands the
+    /// request to the core at once (`now`, behind anything queued before
+    /// it) instead of queuing it for the next pass to move; one that finds
+    /// the lock taken queues it.
     fn post(
         &self,
         push: impl Fn(&WorkQueues) -> Result<(), Option<PostError>>,
+        now: impl Fn(&WorkQueues, &mut Context) -> Result<(), Option<PostError>>,
     ) -> Result<(), PostError> {
+        if !self.shared.threaded {
+            if let Ok(mut e) = self.shared.engine.try_lock() {
+                let r = match now(&self.wq, &mut e.ctx) {
+                    Err(None) => {
+                        self.wq.settle(&e.ctx);
+                        now(&self.wq, &mut e.ctx)
+                    }
+                    r => r,
+                };
+                drop(e);
+                r.map_err(|e| e.unwrap_or(PostError::QueueFull))?;
+                self.shared.kick();
+                return Ok(());
+            }
+        }
         match push(&self.wq) {
             Ok(()) => {}
             Err(Some(e)) => return Err(e),

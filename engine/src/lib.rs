@@ -32,7 +32,11 @@
 //!   pushes it onto the QP's crossbeam `ArrayQueue`; each pass first
 //!   moves every listed QP's requests into the core. Post errors stay
 //!   synchronous (`QueueFull` is exact: a post that finds the queue at its
-//!   depth settles under the lock against what the core retired). Each
+//!   depth settles under the lock against what the core retired). With
+//!   [`Progress::Manual`] no other thread runs passes, so a post that finds
+//!   the engine lock free hands its request to the core itself (behind
+//!   anything queued), and the next pass sends it without first moving it
+//!   through the queues; a post that finds the lock taken queues. Each
 //!   pass moves completions from the core's CQ into the [`Cq`]'s own
 //!   `ArrayQueue`, so [`Cq::poll`] takes no lock and [`Cq::wait`] sleeps
 //!   on a condition variable; connection requests come through a

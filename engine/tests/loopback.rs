@@ -953,14 +953,22 @@ fn queue_full_is_exact_and_frees_as_work_retires() {
 /// exactly once, in order per thread, and the last writes are in place.
 #[test]
 fn concurrent_posters_on_one_qp() {
+    concurrent_posters(Mode::Thread);
+}
+
+/// [`concurrent_posters_on_one_qp`] with manual progress, driven by the
+/// thread that waits for the completions: a post that finds the device
+/// lock free hands its request to the core at once, one that finds it
+/// taken queues it, and the two kinds keep each thread's order.
+#[test]
+fn concurrent_posters_on_one_qp_manual_progress() {
+    concurrent_posters(Mode::Manual);
+}
+
+fn concurrent_posters(mode: Mode) {
     const THREADS: u64 = 4;
     const PER: u64 = 500;
-    let c = connect_sized(
-        Mode::Thread,
-        ConnParams::default(),
-        ConnParams::default(),
-        8,
-    );
+    let c = connect_sized(mode, ConnParams::default(), ConnParams::default(), 8);
     let (cli, srv) = (&c.client, &c.server);
     let src = cli.mr((THREADS * PER * 8) as usize);
     for t in 0..THREADS {
