@@ -356,6 +356,44 @@ impl TxFramer {
         (r, w)
     }
 
+    /// The whole FPDU started with [`start`](Self::start) in one call, its
+    /// ULPDU being `head` followed by `payload`: length field, ULPDU, pad
+    /// and CRC, with the CRC taken over the written bytes at once. The
+    /// same bytes as [`put`](Self::put) and [`finish`](Self::finish)
+    /// would write, for the common case of a small FPDU: `None` (nothing
+    /// written, state unchanged) unless markers are off, none of the FPDU
+    /// is written yet, `head` and `payload` are exactly the ULPDU
+    /// announced and `out` holds the whole FPDU.
+    pub fn write_whole(&mut self, head: &[u8], payload: &[u8], out: &mut [u8]) -> Option<usize> {
+        let ulpdu = head.len() + payload.len();
+        if self.markers || self.phase != TxPhase::Header || self.off != 0 || ulpdu != self.remaining
+        {
+            return None;
+        }
+        let covered = LEN_FIELD + ulpdu + pad_len(ulpdu);
+        let total = covered + CRC_LEN;
+        let out = out.get_mut(..total)?;
+        out[..LEN_FIELD].copy_from_slice(&self.ulpdu_len.to_be_bytes());
+        let (h, rest) = out[LEN_FIELD..].split_at_mut(head.len());
+        h.copy_from_slice(head);
+        let (p, rest) = rest.split_at_mut(payload.len());
+        p.copy_from_slice(payload);
+        rest[..covered - LEN_FIELD - ulpdu].fill(0);
+        let crc = if self.crc_on {
+            let mut c = Crc32c::new();
+            c.update(&out[..covered]);
+            c.to_wire()
+        } else {
+            [0; CRC_LEN]
+        };
+        out[covered..].copy_from_slice(&crc);
+        self.len_pos = self.pos;
+        self.pos += total as u64;
+        self.remaining = 0;
+        self.phase = TxPhase::Idle;
+        Some(total)
+    }
+
     /// After all ULPDU bytes were put: emit the pad, the CRC (zeros if CRC
     /// is off) and any markers falling among them. Returns `(written,
     /// done)`; call again with more room until done, then the framer is
@@ -574,6 +612,39 @@ impl RxDeframer {
     fn fail(&mut self, e: FramingError) -> Result<(usize, Option<RxItem<'static>>), FramingError> {
         self.error = Some(e);
         Err(e)
+    }
+
+    /// A whole FPDU at the start of `input`, in one step: `Some((consumed,
+    /// ULPDU, crc_ok))`, what [`next`](Self::next) would return in its
+    /// `Start`, `Data` and `End` items, with the CRC taken over the FPDU at
+    /// once. `None` (nothing consumed) unless markers are off, the
+    /// deframer is between FPDUs and `input` holds an FPDU of acceptable
+    /// length completely; `next` handles every other case, errors
+    /// included.
+    pub fn next_whole<'a>(&mut self, input: &'a [u8]) -> Option<(usize, &'a [u8], bool)> {
+        if self.markers || self.error.is_some() || self.phase != RxPhase::Header || self.off != 0 {
+            return None;
+        }
+        let len = usize::from(u16::from_be_bytes([*input.first()?, *input.get(1)?]));
+        if len > self.max_ulpdu {
+            return None;
+        }
+        let covered = LEN_FIELD + len + pad_len(len);
+        let total = covered + CRC_LEN;
+        let fpdu = input.get(..total)?;
+        let crc_ok = !self.crc_on || {
+            let mut c = Crc32c::new();
+            c.update(&fpdu[..covered]);
+            c.matches([
+                fpdu[covered],
+                fpdu[covered + 1],
+                fpdu[covered + 2],
+                fpdu[covered + 3],
+            ])
+        };
+        self.len_pos = self.pos;
+        self.pos += total as u64;
+        Some((total, &fpdu[LEN_FIELD..LEN_FIELD + len], crc_ok))
     }
 
     /// Consume bytes from `input`. Returns how many were consumed and at
@@ -1178,6 +1249,100 @@ mod tests {
         assert_eq!(tx.finish(&mut out), (0, true));
     }
 
+    /// Deframe `bytes` cut into pieces of `sizes` (cycled); with `whole`,
+    /// each step first tries [`RxDeframer::next_whole`]. Returns every
+    /// ULPDU with its CRC verdict, and the error that ended the stream.
+    #[allow(clippy::type_complexity)]
+    fn items(
+        crc: bool,
+        markers: bool,
+        max: usize,
+        bytes: &[u8],
+        sizes: &[usize],
+        whole: bool,
+    ) -> (Vec<(Vec<u8>, bool)>, Option<FramingError>) {
+        let mut rx = RxDeframer::new(crc, markers, max);
+        let (mut out, mut cur) = (Vec::new(), Vec::new());
+        let mut rest = bytes;
+        for &k in sizes.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let k = k.clamp(1, rest.len());
+            let mut chunk = &rest[..k];
+            rest = &rest[k..];
+            while !chunk.is_empty() {
+                if whole {
+                    if let Some((n, u, ok)) = rx.next_whole(chunk) {
+                        assert!(cur.is_empty(), "next_whole inside an FPDU");
+                        out.push((u.to_vec(), ok));
+                        chunk = &chunk[n..];
+                        continue;
+                    }
+                }
+                match rx.next(chunk) {
+                    Ok((n, item)) => {
+                        match item {
+                            Some(RxItem::Data(d)) => cur.extend_from_slice(d),
+                            Some(RxItem::End { crc_ok }) => {
+                                out.push((std::mem::take(&mut cur), crc_ok));
+                            }
+                            _ => {}
+                        }
+                        chunk = &chunk[n..];
+                    }
+                    Err(e) => return (out, Some(e)),
+                }
+            }
+        }
+        (out, None)
+    }
+
+    #[test]
+    fn next_whole_needs_a_whole_fpdu_without_markers() {
+        let u = [payload(100, 1)];
+        let s = frame(true, false, &u, || 1000, || 1000);
+        let mut rx = RxDeframer::new(true, false, MAX_ULPDU);
+        // One byte short: nothing consumed, and `next` still starts there.
+        assert_eq!(rx.next_whole(&s[..s.len() - 1]), None);
+        assert_eq!(rx.next_whole(&s[..1]), None);
+        let (n, got, ok) = rx.next_whole(&s).unwrap();
+        assert_eq!((n, got, ok), (s.len(), &u[0][..], true));
+        assert_eq!(rx.position(), s.len() as u64);
+        // Too long for this deframer: left to `next`, which reports it.
+        let mut small = RxDeframer::new(true, false, 99);
+        assert_eq!(small.next_whole(&s), None);
+        assert!(small.next(&s).is_err());
+        // Markers: never.
+        let m = frame(true, true, &u, || 1000, || 1000);
+        assert_eq!(RxDeframer::new(true, true, MAX_ULPDU).next_whole(&m), None);
+        // Inside an FPDU: never.
+        let mut mid = RxDeframer::new(true, false, MAX_ULPDU);
+        mid.next(&s[..2]).unwrap();
+        assert_eq!(mid.next_whole(&s[2..]), None);
+    }
+
+    #[test]
+    fn write_whole_needs_room_and_no_markers() {
+        let u = payload(37, 3);
+        let want = reference(true, false, std::slice::from_ref(&u));
+        let mut tx = TxFramer::new(true, false);
+        tx.start(37);
+        let mut out = vec![0u8; want.len() - 1];
+        assert_eq!(tx.write_whole(&u[..5], &u[5..], &mut out), None);
+        // Not the announced ULPDU.
+        let mut out = vec![0u8; 100];
+        assert_eq!(tx.write_whole(&u[..5], &u[5..36], &mut out), None);
+        assert_eq!(tx.write_whole(&u[..5], &u[5..], &mut out), Some(want.len()));
+        assert_eq!(&out[..want.len()], &want[..]);
+        assert!(tx.idle());
+        assert_eq!(tx.position(), want.len() as u64);
+        let mut m = TxFramer::new(true, true);
+        m.start(37);
+        assert_eq!(m.write_whole(&u, &[], &mut out), None);
+        assert_eq!(m.unwritten_len(), Some(wire_len(37, 0, true)));
+    }
+
     fn ulpdu_sizes() -> impl Strategy<Value = Vec<usize>> {
         prop::collection::vec(
             prop_oneof![0usize..8, 0usize..=1442, 500usize..=530, 1000usize..=1100],
@@ -1222,6 +1387,79 @@ mod tests {
             let got = deframe(true, markers, MAX_ULPDU, &s, || sizes_iter.next().unwrap_or(usize::MAX)).unwrap();
             let want: Vec<(Vec<u8>, bool)> = ulpdus.into_iter().map(|u| (u, true)).collect();
             prop_assert_eq!(got, want);
+        }
+
+        /// `write_whole` writes what `put` and `finish` write, and leaves
+        /// the framer where they leave it; FPDUs it cannot write whole
+        /// (markers on, too little room) go the long way on the same
+        /// framer.
+        #[test]
+        fn prop_write_whole_is_put_and_finish(
+            sizes in ulpdu_sizes(),
+            crc in any::<bool>(),
+            markers in any::<bool>(),
+            head in 0usize..40,
+            room in prop_oneof![Just(usize::MAX), 8usize..2000],
+        ) {
+            let ulpdus: Vec<Vec<u8>> =
+                sizes.iter().enumerate().map(|(i, &n)| payload(n, i as u8)).collect();
+            let mut tx = TxFramer::new(crc, markers);
+            let mut s = Vec::new();
+            for u in &ulpdus {
+                tx.start(u.len() as u16);
+                let h = head.min(u.len());
+                let mut out = vec![0u8; room.min(8000)];
+                match tx.write_whole(&u[..h], &u[h..], &mut out) {
+                    Some(w) => {
+                        prop_assert!(!markers);
+                        s.extend_from_slice(&out[..w]);
+                    }
+                    None => {
+                        let mut piece = [0u8; 64];
+                        let mut src = &u[..];
+                        while !src.is_empty() {
+                            let (c, w) = tx.put(src, &mut piece);
+                            s.extend_from_slice(&piece[..w]);
+                            src = &src[c..];
+                        }
+                        loop {
+                            let (w, done) = tx.finish(&mut piece);
+                            s.extend_from_slice(&piece[..w]);
+                            if done { break; }
+                        }
+                    }
+                }
+                prop_assert!(tx.idle());
+                prop_assert_eq!(tx.position(), s.len() as u64);
+            }
+            prop_assert_eq!(s, reference(crc, markers, &ulpdus));
+        }
+
+        /// For any bytes cut anywhere, trying `next_whole` before each
+        /// `next` yields the same ULPDUs, CRC verdicts and error as `next`
+        /// alone.
+        #[test]
+        fn prop_next_whole_is_next(
+            sizes in ulpdu_sizes(),
+            crc in any::<bool>(),
+            markers in any::<bool>(),
+            flips in prop::collection::vec(any::<prop::sample::Index>(), 0..3),
+            junk in prop::collection::vec(any::<u8>(), 0..40),
+            cuts in prop::collection::vec(1usize..3000, 1..6),
+            max in prop_oneof![Just(MAX_ULPDU), 0usize..1500],
+        ) {
+            let ulpdus: Vec<Vec<u8>> =
+                sizes.iter().enumerate().map(|(i, &n)| payload(n, i as u8)).collect();
+            let mut s = reference(crc, markers, &ulpdus);
+            for f in &flips {
+                let i = f.index(s.len());
+                s[i] ^= 0x10;
+            }
+            s.extend_from_slice(&junk);
+            prop_assert_eq!(
+                items(crc, markers, max, &s, &cuts, true),
+                items(crc, markers, max, &s, &cuts, false)
+            );
         }
 
         #[test]

@@ -151,6 +151,18 @@ impl Qp {
             let Some(deframer) = self.rx.deframer.as_mut() else {
                 break;
             };
+            // A whole FPDU in the input (the usual case: FPDUs aligned
+            // with segments) in one step; the same items as below.
+            if let Some((n, ulpdu, crc_ok)) = deframer.next_whole(&input[off..]) {
+                off += n;
+                self.rx_start(ulpdu.len() as u16);
+                self.rx_data(ulpdu, env);
+                if !matches!(self.state, QpState::Rts | QpState::Closing) {
+                    break;
+                }
+                self.rx_end(crc_ok, env);
+                continue;
+            }
             match deframer.next(&input[off..]) {
                 Err(e) => {
                     self.local_violation(Violation::plain(e.term_code()), env);

@@ -585,6 +585,27 @@ impl Qp {
         ) else {
             return (0, false);
         };
+        // The whole FPDU at once when its payload is one span and it fits.
+        if f.hoff == 0 && out.len() >= framer.wire_len(f.hlen + f.payload_left) {
+            let span = match f.payload_left {
+                0 => Some(None),
+                left => next_span(&msg.payload, msg.sent, left, self.pd, env)
+                    .filter(|s| s.len() == left)
+                    .map(Some),
+            };
+            if let Some(span) = span {
+                let src = span.map_or(&[][..], |s| env.mem.read(s));
+                if let Some(w) = framer.write_whole(&f.hbuf[..f.hlen], src, out) {
+                    let c = f.payload_left;
+                    advance(&mut msg.payload, c);
+                    msg.sent += c as u64;
+                    self.stats.tx_payload += c as u64;
+                    f.hoff = f.hlen;
+                    f.payload_left = 0;
+                    return (w, true);
+                }
+            }
+        }
         let mut n = 0;
         // Header (DDP/RDMAP header and any body).
         while f.hoff < f.hlen {
