@@ -184,15 +184,9 @@ impl WorkQueues {
         ctx: &mut Context,
     ) -> Result<(), Option<PostError>> {
         wr.check().map_err(Some)?;
-        if !self.sq.reserve() {
-            return Err(None);
-        }
-        self.drain_queued(ctx);
-        if !self.closed.load(Ordering::SeqCst) {
+        self.post_now(&self.sq, ctx, |ctx| {
             let _ = ctx.post_send(self.qp, wr);
-        }
-        self.sq.in_core.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        })
     }
 
     /// [`Self::post_send_now`] for a receive.
@@ -202,14 +196,28 @@ impl WorkQueues {
         ctx: &mut Context,
     ) -> Result<(), Option<PostError>> {
         wr.check().map_err(Some)?;
-        if !self.rq.reserve() {
+        self.post_now(&self.rq, ctx, |ctx| {
+            let _ = ctx.post_recv(self.qp, wr);
+        })
+    }
+
+    /// Take a place in `q`, move what is queued into the core, then hand
+    /// the checked request to it with `post` (device lock). As in
+    /// [`Self::drain`], the core accepts it (or the QP is gone already).
+    fn post_now<T>(
+        &self,
+        q: &Queue<T>,
+        ctx: &mut Context,
+        post: impl FnOnce(&mut Context),
+    ) -> Result<(), Option<PostError>> {
+        if !q.reserve() {
             return Err(None);
         }
         self.drain_queued(ctx);
         if !self.closed.load(Ordering::SeqCst) {
-            let _ = ctx.post_recv(self.qp, wr);
+            post(ctx);
         }
-        self.rq.in_core.fetch_add(1, Ordering::SeqCst);
+        q.in_core.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
