@@ -360,7 +360,8 @@ impl TxFramer {
     /// ULPDU being `head` followed by `payload`: length field, ULPDU, pad
     /// and CRC, with the CRC taken over the written bytes at once. The
     /// same bytes as [`put`](Self::put) and [`finish`](Self::finish)
-    /// would write, for the common case of a small FPDU: `None` (nothing
+    /// would write, for the common case of an FPDU that goes into one
+    /// buffer: `None` (nothing
     /// written, state unchanged) unless markers are off, none of the FPDU
     /// is written yet, `head` and `payload` are exactly the ULPDU
     /// announced and `out` holds the whole FPDU.
