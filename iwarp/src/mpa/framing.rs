@@ -367,8 +367,7 @@ impl TxFramer {
     /// announced and `out` holds the whole FPDU.
     pub fn write_whole(&mut self, head: &[u8], payload: &[u8], out: &mut [u8]) -> Option<usize> {
         let ulpdu = head.len() + payload.len();
-        if self.markers || self.phase != TxPhase::Header || self.off != 0 || ulpdu != self.remaining
-        {
+        if !self.can_write_whole() || ulpdu != self.remaining {
             return None;
         }
         let covered = LEN_FIELD + ulpdu + pad_len(ulpdu);
@@ -393,6 +392,13 @@ impl TxFramer {
         self.remaining = 0;
         self.phase = TxPhase::Idle;
         Some(total)
+    }
+
+    /// Whether [`write_whole`](Self::write_whole) can write the FPDU
+    /// started (markers off, none of it written yet).
+    #[inline]
+    pub fn can_write_whole(&self) -> bool {
+        !self.markers && self.phase == TxPhase::Header && self.off == 0
     }
 
     /// After all ULPDU bytes were put: emit the pad, the CRC (zeros if CRC
@@ -1329,6 +1335,7 @@ mod tests {
         let want = reference(true, false, std::slice::from_ref(&u));
         let mut tx = TxFramer::new(true, false);
         tx.start(37);
+        assert!(tx.can_write_whole());
         let mut out = vec![0u8; want.len() - 1];
         assert_eq!(tx.write_whole(&u[..5], &u[5..], &mut out), None);
         // Not the announced ULPDU.
@@ -1340,6 +1347,7 @@ mod tests {
         assert_eq!(tx.position(), want.len() as u64);
         let mut m = TxFramer::new(true, true);
         m.start(37);
+        assert!(!m.can_write_whole());
         assert_eq!(m.write_whole(&u, &[], &mut out), None);
         assert_eq!(m.unwritten_len(), Some(wire_len(37, 0, true)));
     }

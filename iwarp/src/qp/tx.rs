@@ -586,7 +586,10 @@ impl Qp {
             return (0, false);
         };
         // The whole FPDU at once when its payload is one span and it fits.
-        if f.hoff == 0 && out.len() >= framer.wire_len(f.hlen + f.payload_left) {
+        if f.hoff == 0
+            && framer.can_write_whole()
+            && out.len() >= framer.wire_len(f.hlen + f.payload_left)
+        {
             let span = match f.payload_left {
                 0 => Some(None),
                 left => next_span(&msg.payload, msg.sent, left, self.pd, env)
