@@ -9,10 +9,63 @@
 
 use crate::cq::{CqId, QpId, WorkCompletion};
 use crate::mem::{Access, MrInfo, PdId};
+use crate::mpa::framing::{FramingError, RxDeframer, RxItem};
 use crate::mpa::handshake::Config as MpaConfig;
 use crate::qp::{QpConfig, QpEvent, QpState};
 use crate::time::{Duration, Instant};
 use crate::verbs::Context;
+
+/// Every ULPDU of an MPA stream with its CRC verdict, and the error that
+/// ended the stream if one did.
+pub type Deframed = (Vec<(Vec<u8>, bool)>, Option<FramingError>);
+
+/// Deframe `stream` with `rx`, cut into pieces of the sizes `cut` returns
+/// (at least 1, at most what is left); with `whole`,
+/// [`RxDeframer::next_whole`] is tried before each [`RxDeframer::next`].
+/// The same stream must deframe to the same result either way (the
+/// framing proptests and the `mpa_frame` fuzz target check that).
+///
+/// # Panics
+/// If `next_whole` returns an FPDU while one is partly received (a
+/// deframer bug).
+pub fn deframe_all(
+    rx: &mut RxDeframer,
+    stream: &[u8],
+    mut cut: impl FnMut() -> usize,
+    whole: bool,
+) -> Deframed {
+    let (mut out, mut cur) = (Vec::new(), Vec::new());
+    let mut rest = stream;
+    while !rest.is_empty() {
+        let k = cut().clamp(1, rest.len());
+        let mut chunk = &rest[..k];
+        rest = &rest[k..];
+        while !chunk.is_empty() {
+            if whole {
+                if let Some((n, u, ok)) = rx.next_whole(chunk) {
+                    assert!(cur.is_empty(), "next_whole inside an FPDU");
+                    out.push((u.to_vec(), ok));
+                    chunk = &chunk[n..];
+                    continue;
+                }
+            }
+            match rx.next(chunk) {
+                Ok((n, item)) => {
+                    match item {
+                        Some(RxItem::Data(d)) => cur.extend_from_slice(d),
+                        Some(RxItem::End { crc_ok }) => {
+                            out.push((std::mem::take(&mut cur), crc_ok));
+                        }
+                        _ => {}
+                    }
+                    chunk = &chunk[n..];
+                }
+                Err(e) => return (out, Some(e)),
+            }
+        }
+    }
+    (out, None)
+}
 
 /// How the pipes cut the stream.
 #[derive(Clone, Copy, Debug)]

@@ -774,6 +774,7 @@ impl RxDeframer {
 mod tests {
     use super::*;
     use crate::crc::crc32c;
+    use crate::testing::{deframe_all, Deframed};
     use proptest::prelude::*;
 
     /// Deterministic xorshift for the exhaustive tests.
@@ -1256,10 +1257,7 @@ mod tests {
         assert_eq!(tx.finish(&mut out), (0, true));
     }
 
-    /// Deframe `bytes` cut into pieces of `sizes` (cycled); with `whole`,
-    /// each step first tries [`RxDeframer::next_whole`]. Returns every
-    /// ULPDU with its CRC verdict, and the error that ended the stream.
-    #[allow(clippy::type_complexity)]
+    /// [`deframe_all`] of `bytes` cut into pieces of `sizes` (cycled).
     fn items(
         crc: bool,
         markers: bool,
@@ -1267,42 +1265,10 @@ mod tests {
         bytes: &[u8],
         sizes: &[usize],
         whole: bool,
-    ) -> (Vec<(Vec<u8>, bool)>, Option<FramingError>) {
+    ) -> Deframed {
         let mut rx = RxDeframer::new(crc, markers, max);
-        let (mut out, mut cur) = (Vec::new(), Vec::new());
-        let mut rest = bytes;
-        for &k in sizes.iter().cycle() {
-            if rest.is_empty() {
-                break;
-            }
-            let k = k.clamp(1, rest.len());
-            let mut chunk = &rest[..k];
-            rest = &rest[k..];
-            while !chunk.is_empty() {
-                if whole {
-                    if let Some((n, u, ok)) = rx.next_whole(chunk) {
-                        assert!(cur.is_empty(), "next_whole inside an FPDU");
-                        out.push((u.to_vec(), ok));
-                        chunk = &chunk[n..];
-                        continue;
-                    }
-                }
-                match rx.next(chunk) {
-                    Ok((n, item)) => {
-                        match item {
-                            Some(RxItem::Data(d)) => cur.extend_from_slice(d),
-                            Some(RxItem::End { crc_ok }) => {
-                                out.push((std::mem::take(&mut cur), crc_ok));
-                            }
-                            _ => {}
-                        }
-                        chunk = &chunk[n..];
-                    }
-                    Err(e) => return (out, Some(e)),
-                }
-            }
-        }
-        (out, None)
+        let mut next = sizes.iter().copied().cycle();
+        deframe_all(&mut rx, bytes, || next.next().unwrap_or(1), whole)
     }
 
     #[test]
