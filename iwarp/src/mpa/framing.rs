@@ -361,10 +361,9 @@ impl TxFramer {
     /// and CRC, with the CRC taken over the written bytes at once. The
     /// same bytes as [`put`](Self::put) and [`finish`](Self::finish)
     /// would write, for the common case of an FPDU that goes into one
-    /// buffer: `None` (nothing
-    /// written, state unchanged) unless markers are off, none of the FPDU
-    /// is written yet, `head` and `payload` are exactly the ULPDU
-    /// announced and `out` holds the whole FPDU.
+    /// buffer: `None` (nothing written, state unchanged) unless
+    /// [`can_write_whole`](Self::can_write_whole), `head` and `payload`
+    /// are exactly the ULPDU announced and `out` holds the whole FPDU.
     pub fn write_whole(&mut self, head: &[u8], payload: &[u8], out: &mut [u8]) -> Option<usize> {
         let ulpdu = head.len() + payload.len();
         if !self.can_write_whole() || ulpdu != self.remaining {
@@ -629,7 +628,7 @@ impl RxDeframer {
     /// length completely; `next` handles every other case, errors
     /// included.
     pub fn next_whole<'a>(&mut self, input: &'a [u8]) -> Option<(usize, &'a [u8], bool)> {
-        if self.markers || self.error.is_some() || self.phase != RxPhase::Header || self.off != 0 {
+        if self.markers || !self.at_boundary() {
             return None;
         }
         let len = usize::from(u16::from_be_bytes([*input.first()?, *input.get(1)?]));
