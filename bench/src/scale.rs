@@ -141,18 +141,17 @@ pub fn run(
     port: u16,
     p: ScaleParams,
 ) -> io::Result<ScaleResult> {
-    let (veth, mtu) = (topo.veth, topo.veth.mtu);
+    let veth = topo.veth;
     let (to_a, from_b) = mpsc::channel::<Target>();
     let (to_b, from_a) = mpsc::channel::<()>();
     let (back_a, b_says) = mpsc::channel::<()>();
     let hb = spawn_in(&topo.ns_b, cpus.1, "scale-b", move || -> io::Result<_> {
         let mut cfg = xdp(veth, true, p.frames);
+        let mss = veth.mtu.saturating_sub(40);
         if p.fit {
-            let mss = mtu.saturating_sub(40);
             cfg.tcp = cfg.tcp.fit_rx_frames(p.frames as usize / 2, mss, n);
         }
         if p.budget {
-            let mss = mtu.saturating_sub(40);
             cfg.tcp.rx_budget = Some(p.frames as usize / 2 * mss);
         }
         let tcp_buffers = (cfg.tcp.rx_buffer + cfg.tcp.tx_buffer) as f64 / 1024.0;
