@@ -89,6 +89,15 @@ struct Fpdu {
     last: bool,
 }
 
+impl Fpdu {
+    /// `c` more payload bytes of `msg` went into this FPDU.
+    fn put(&mut self, msg: &mut Msg, c: usize) {
+        advance(&mut msg.payload, c);
+        msg.sent += c as u64;
+        self.payload_left -= c;
+    }
+}
+
 /// Transmit state of a QP.
 #[derive(Debug, Default)]
 pub(super) struct Tx {
@@ -599,12 +608,9 @@ impl Qp {
             if let Some(span) = span {
                 let src = span.map_or(&[][..], |s| env.mem.read(s));
                 if let Some(w) = framer.write_whole(&f.hbuf[..f.hlen], src, out) {
-                    let c = f.payload_left;
-                    advance(&mut msg.payload, c);
-                    msg.sent += c as u64;
-                    self.stats.tx_payload += c as u64;
+                    self.stats.tx_payload += f.payload_left as u64;
                     f.hoff = f.hlen;
-                    f.payload_left = 0;
+                    f.put(msg, f.payload_left);
                     return (w, true);
                 }
             }
@@ -630,9 +636,7 @@ impl Qp {
                     let k = f.payload_left.min(zeros.len());
                     let (c, w) = framer.put(&zeros[..k], &mut out[n..]);
                     n += w;
-                    advance(&mut msg.payload, c);
-                    msg.sent += c as u64;
-                    f.payload_left -= c;
+                    f.put(msg, c);
                     if c == 0 && w == 0 {
                         return (n, false);
                     }
@@ -642,9 +646,7 @@ impl Qp {
             let src = env.mem.read(span);
             let (c, w) = framer.put(src, &mut out[n..]);
             n += w;
-            advance(&mut msg.payload, c);
-            msg.sent += c as u64;
-            f.payload_left -= c;
+            f.put(msg, c);
             self.stats.tx_payload += c as u64;
             if c < src.len() || (c == 0 && w == 0) {
                 return (n, false);
