@@ -578,7 +578,14 @@ impl Qp {
     }
 
     pub(super) fn set_inflight_status(&mut self, seq: u64, status: WcStatus) {
-        if let Some(f) = self.inflight.iter_mut().find(|f| f.seq == seq) {
+        // Requests enter at the back in sequence order and leave at the
+        // front, so their sequence numbers are contiguous.
+        let Some(front) = self.inflight.front() else {
+            return;
+        };
+        let at = usize::try_from(seq.wrapping_sub(front.seq)).unwrap_or(usize::MAX);
+        if let Some(f) = self.inflight.get_mut(at) {
+            debug_assert_eq!(f.seq, seq);
             if f.status.is_none() {
                 f.status = Some(status);
             }
