@@ -479,10 +479,10 @@ fn xdp_to_xdp_markers_crc_capture_decodes_in_tshark() {
 /// Write/Read/Send round, 1 B to 1 MiB, CRC on, tshark decodes the FPDUs
 /// also with TCP reassembly off, segment by segment, because each segment
 /// starts with an FPDU and holds whole ones, both directions. Congestion
-/// control is off (smoltcp's congestion window, which it does not expose,
-/// may otherwise cut segments in slow start) and the transmit rings do not
-/// wrap (smoltcp cuts a segment at the ring's end); what may still split
-/// an FPDU is a retransmission (smoltcp re-cuts at the MSS). Markers are off here:
+/// control is the default, Reno (segments are queued within its window,
+/// slow start included), and the transmit rings do not wrap (smoltcp cuts
+/// a segment at the ring's end); what may still split an FPDU is a
+/// retransmission (smoltcp re-cuts at the MSS). Markers are off here:
 /// tshark miscounts the markers of an FPDU that ends right where a marker
 /// is due, which aligned segments meet all the time (the markers test
 /// above keeps to messages of one FPDU).
@@ -495,7 +495,6 @@ fn xdp_to_xdp_segments_hold_whole_fpdus() {
     // A transmit ring larger than the run sends, so that it never wraps:
     // tshark's reassembly can lose an FPDU split at the wrap.
     let tcp = iwarp_tcp::Config {
-        congestion: iwarp_tcp::CongestionControl::None,
         tx_buffer: 4 << 20,
         ..iwarp_tcp::Config::default()
     };

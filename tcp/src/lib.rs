@@ -24,10 +24,12 @@
 //! [`Stack::send`] (and `Context::poll_transmit_within` in the closure),
 //! the writer queues whole segments of whole FPDUs, one at a time or full
 //! ones back to back; [`Stack::poll_egress`] sends a round of segments,
-//! after which the connections queue the next. smoltcp exposes neither
-//! what it has sent nor the peer's window, so the device wrapper reads
-//! both from the segments passing through it; it also cuts the MTU so the
-//! MSS is a multiple of 4, the length of every FPDU.
+//! after which the connections queue the next, within smoltcp's
+//! congestion window. smoltcp exposes neither what it has sent, nor the
+//! peer's window, nor its congestion window, so the device wrapper reads
+//! the first two from the segments passing through it and replays Reno's
+//! window from them; it also cuts the MTU so the MSS is a multiple of 4,
+//! the length of every FPDU.
 //!
 //! ```
 //! use iwarp_tcp::sim::{LinkConfig, Sim, Step};
@@ -60,6 +62,7 @@
 
 mod config;
 pub mod csum;
+mod cwnd;
 mod hash;
 mod port;
 pub mod sim;

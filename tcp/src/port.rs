@@ -6,7 +6,8 @@
 //! effective MSS to size its FPDUs. It also reads the sequence numbers of
 //! the segments smoltcp sends ([`SentTable`]), for the same reason: a
 //! writer that keeps records inside segments must know when everything it
-//! queued has left, which smoltcp does not say.
+//! queued has left, which smoltcp does not say, and how much smoltcp's
+//! congestion window takes (mirrored from the same segments, `cwnd.rs`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -18,6 +19,7 @@ use smoltcp::wire::{
     IPV4_HEADER_LEN, TCP_HEADER_LEN,
 };
 
+use crate::cwnd::{self, Received, Reno};
 use crate::hash::FlowHash;
 
 /// How many peer MSS values are remembered (oldest evicted first): one
@@ -129,6 +131,15 @@ pub(crate) struct Sent {
     /// The window field of the segment that brought `una` (unscaled);
     /// `None` until the peer acknowledged anything.
     pub window: Option<u16>,
+    /// The shift of the peer's window field, once established.
+    window_shift: u8,
+    /// The window scale option of our SYN.
+    our_scale: Option<u8>,
+    /// The shift of our window field, once established (ours if the peer
+    /// offered scaling too, else 0).
+    our_shift: u8,
+    /// smoltcp's congestion window, mirrored when the socket runs Reno.
+    reno: Option<Reno>,
 }
 
 impl Sent {
@@ -141,6 +152,12 @@ impl Sent {
     pub(crate) fn in_flight(&self) -> u32 {
         self.next.wrapping_sub(self.una)
     }
+
+    /// smoltcp's congestion window, if it is mirrored; `None` when the
+    /// socket runs without congestion control.
+    pub(crate) fn congestion_window(&self) -> Option<usize> {
+        self.reno.map(|r| r.window())
+    }
 }
 
 /// What each connection has sent: (remote address, remote port, local
@@ -150,11 +167,28 @@ impl Sent {
 #[derive(Debug, Default)]
 pub(crate) struct SentTable {
     entries: RefCell<HashMap<Flow, Sent, FlowHash>>,
+    /// The sockets run smoltcp's Reno: mirror its congestion window.
+    pub mirror_reno: bool,
 }
 
 impl SentTable {
     pub(crate) fn get(&self, flow: Flow) -> Option<Sent> {
         self.entries.borrow().get(&flow).copied()
+    }
+
+    /// The connection is established: the peer's SYN told its MSS option
+    /// and window shift.
+    pub(crate) fn set_peer(&self, flow: Flow, syn: SynOptions) {
+        if let Some(s) = self.entries.borrow_mut().get_mut(&flow) {
+            s.window_shift = syn.window_shift();
+            s.our_shift = match syn.window_scale {
+                Some(_) => s.our_scale.unwrap_or(0).min(14),
+                None => 0,
+            };
+            if let Some(r) = &mut s.reno {
+                r.on_peer_syn(syn.mss);
+            }
+        }
     }
 
     fn forget(&self, flow: Flow) {
@@ -176,16 +210,31 @@ impl SentTable {
                     next: start,
                     una: start,
                     window: None,
+                    window_shift: 0,
+                    our_scale: tcp.options_summary().ok().and_then(|o| o.window_scale),
+                    our_shift: 0,
+                    reno: self.mirror_reno.then(Reno::default),
                 };
                 entries.insert(key, sent);
             }
             return;
         }
         let len = tcp.payload().len() as u32;
-        if len == 0 {
-            return;
-        }
         if let Some(s) = entries.get_mut(&key) {
+            if let Some(r) = &mut s.reno {
+                let seg = cwnd::Sent {
+                    seq,
+                    len,
+                    ack_window: tcp.ack().then(|| {
+                        let window = u32::from(tcp.window_len()) << s.our_shift;
+                        (tcp.ack_number().0 as u32, window)
+                    }),
+                };
+                r.on_sent(seg, s.una, s.next);
+            }
+            if len == 0 {
+                return;
+            }
             let end = seq.wrapping_add(len);
             if (end.wrapping_sub(s.next) as i32) > 0 {
                 s.next = end;
@@ -197,11 +246,13 @@ impl SentTable {
     /// connection that lies between what was acknowledged and what was
     /// sent moves `una` and takes the segment's window. The checksum is
     /// not verified (the stack drops a corrupt segment later): a wrong
-    /// window only costs alignment until the next acknowledgement.
+    /// window only costs alignment until the next acknowledgement. The
+    /// congestion window's mirror takes every acknowledgement, a segment
+    /// without data only with a good checksum (a corrupt one could count
+    /// as a duplicate acknowledgement).
     fn observe_received(&self, seg: &Segment<'_>) {
         let (key, tcp) = (seg.flow, &seg.tcp);
-        // A SYN's window is never scaled: leave it for the next segment.
-        if !tcp.ack() || tcp.rst() || tcp.syn() {
+        if !tcp.ack() || tcp.rst() {
             return;
         }
         let mut entries = self.entries.borrow_mut();
@@ -209,6 +260,25 @@ impl SentTable {
             return;
         };
         let ack = tcp.ack_number().0 as u32;
+        if let Some(r) = &mut s.reno {
+            let len = tcp.payload().len() as u32;
+            if len > 0 || tcp.verify_checksum(&IpAddress::Ipv4(seg.src), &IpAddress::Ipv4(seg.dst))
+            {
+                // smoltcp scales every window but a SYN's.
+                let shift = if tcp.syn() { 0 } else { s.window_shift };
+                let seg = Received {
+                    seq: tcp.seq_number().0 as u32,
+                    len,
+                    ack,
+                    window: usize::from(tcp.window_len()) << shift,
+                };
+                r.on_received(seg, s.una, s.next);
+            }
+        }
+        // A SYN's window is never scaled: leave it for the next segment.
+        if tcp.syn() {
+            return;
+        }
         if ack.wrapping_sub(s.una) <= s.next.wrapping_sub(s.una) {
             s.una = ack;
             s.window = Some(tcp.window_len());

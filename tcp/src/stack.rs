@@ -10,7 +10,7 @@ use crate::hash::HandleHash;
 use smoltcp::iface::{Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult};
 use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::phy::{Device, Medium};
-use smoltcp::socket::tcp::{self, State};
+use smoltcp::socket::tcp::{self, CongestionControl, State};
 use smoltcp::socket::AnySocket;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{
@@ -229,6 +229,10 @@ struct SegmentRoom {
     /// What the peer's last window leaves beyond them; `None` before its
     /// first acknowledgement.
     room: Option<usize>,
+    /// What smoltcp's congestion window leaves beyond the bytes in
+    /// flight (`usize::MAX` without congestion control); `None` when the
+    /// window is not known (a controller the wrapper does not mirror).
+    cwnd_room: Option<usize>,
 }
 
 impl SegmentRoom {
@@ -262,6 +266,7 @@ impl<D: Device> Stack<D> {
         now: Instant,
     ) -> Self {
         let mut port = Port::new(device);
+        port.sent.mirror_reno = config.congestion == CongestionControl::Reno;
         assert_eq!(
             port.inner.capabilities().medium,
             Medium::Ethernet,
@@ -528,16 +533,17 @@ impl<D: Device> Stack<D> {
     /// MSS, the bytes queued, the peer's window and the congestion window,
     /// and says nothing of either window or of what it sent. The device
     /// wrapper reads that from the segments going out and the
-    /// acknowledgements coming in. So this queues one segment's worth at a
-    /// time, as many as fill a whole segment each (smoltcp cuts exactly
+    /// acknowledgements coming in, and mirrors smoltcp's Reno congestion
+    /// window from them (`cwnd.rs`). So this queues one segment's worth at
+    /// a time, as many as fill a whole segment each (smoltcp cuts exactly
     /// between those), and none after a shorter one until that has left
-    /// (`Ok(0)` meanwhile); and no more than the peer's last window leaves
-    /// (unless nothing is in flight or queued: then one segment goes
-    /// regardless, which smoltcp may send as a window probe). A segment
-    /// then holds exactly what one writer call queued, unless the
-    /// congestion window is smaller (slow start, loss recovery): then the
-    /// rest follows in a segment of its own and the next call starts
-    /// aligned again. Retransmissions are smoltcp's and cut at the MSS.
+    /// (`Ok(0)` meanwhile); no more than the congestion window and the
+    /// peer's last window leave (the latter unless nothing is in flight or
+    /// queued: then one segment goes regardless, which smoltcp may send as
+    /// a window probe), so the last segment of a call may be short. A
+    /// segment then holds exactly what one writer call queued, slow start
+    /// and loss recovery included. Retransmissions are smoltcp's and cut
+    /// at the MSS; so is a segment across the end of the transmit ring.
     ///
     /// Call again after [`Stack::poll_egress`] to queue more after a short
     /// segment. A connection the wrapper does not follow gets
@@ -553,9 +559,10 @@ impl<D: Device> Stack<D> {
         let Some(emss) = r.emss else {
             return Ok(0);
         };
-        // Full segments back to back only while Nagle's rule can keep the
-        // congestion window from cutting them (see `hold_full`).
-        let batch = r.in_flight >= 2 * emss;
+        // Full segments back to back while the congestion window is known
+        // (nothing is queued beyond it), or else while Nagle's rule can
+        // keep it from cutting them (see `hold_full`).
+        let batch = r.cwnd_room.is_some() || r.in_flight >= 2 * emss;
         if r.unsent > 0 && (r.short_tail || r.unsent % emss != 0 || !batch) {
             return Ok(0);
         }
@@ -569,6 +576,12 @@ impl<D: Device> Stack<D> {
                 Some(room) if !free => segment.min(room.saturating_sub(r.unsent + total)),
                 _ => segment,
             };
+            // Within the congestion window, so that smoltcp sends all of
+            // it: a segment it cuts there shifts the cuts behind it.
+            let limit = limit.min(
+                r.cwnd_room
+                    .map_or(usize::MAX, |c| c.saturating_sub(r.unsent + total)),
+            );
             if limit == 0 {
                 break;
             }
@@ -596,12 +609,15 @@ impl<D: Device> Stack<D> {
         Ok(total)
     }
 
-    /// smoltcp cuts a segment at its congestion window, which it does not
-    /// expose, and a cut shifts the cuts of every full segment queued
-    /// after it. Nagle's rule stops that: with it, smoltcp sends a segment
-    /// shorter than the MSS only when nothing is in flight. So it is on
-    /// while a full segment waits at the head of the queue, and off for a
-    /// short last one (which would otherwise wait for every acknowledgement)
+    /// smoltcp cuts a segment at its congestion window, and a cut shifts
+    /// the cuts of every full segment queued after it. Nothing is queued
+    /// beyond the mirrored window; Nagle's rule is the net for a window
+    /// that is not mirrored, or that the mirror got wrong (from a corrupt
+    /// segment with data, whose checksum it does not check): with it,
+    /// smoltcp sends a segment shorter than the MSS only when nothing is in
+    /// flight. So it is on while a full segment waits at the head of the
+    /// queue, and off for a short last one (which would otherwise wait for
+    /// every acknowledgement)
     /// and while less than two segments are in flight (the peer may hold
     /// its acknowledgement of a lone one for its delayed-ACK time); then a
     /// cut is left to happen and the next segments start aligned again.
@@ -656,12 +672,19 @@ impl<D: Device> Stack<D> {
         let room = sent
             .window
             .map(|w| (usize::from(w) << shift).saturating_sub(in_flight));
+        let cwnd_room = match self.config.congestion {
+            CongestionControl::None => Some(usize::MAX),
+            _ => sent
+                .congestion_window()
+                .map(|w| w.saturating_sub(in_flight)),
+        };
         Some(SegmentRoom {
             emss: c.emss(),
             short_tail: c.short_tail,
             unsent,
             in_flight,
             room,
+            cwnd_room,
         })
     }
 
@@ -1056,7 +1079,11 @@ impl<D: Device> Stack<D> {
                 _ => {}
             }
             if c.established && c.peer.is_none() {
-                c.peer = c.flow().map(|flow| Peer::of(&self.port, flow));
+                if let Some(flow) = c.flow() {
+                    c.peer = Some(Peer::of(&self.port, flow));
+                    let syn = self.port.mss.get(flow).unwrap_or_default();
+                    self.port.sent.set_peer(flow, syn);
+                }
             }
             c.last = state;
         }
@@ -1127,4 +1154,53 @@ fn arm(sockets: &mut SocketSet<'static>, config: &Config, l: &mut Listener) -> R
     })?;
     l.socket = Some(sockets.add(s));
     Ok(())
+}
+
+#[cfg(test)]
+impl<D: Device> Stack<D> {
+    /// smoltcp's own congestion window of `conn` (Reno only), read from
+    /// the socket's `Debug` output: the judge of the mirror.
+    pub(crate) fn smoltcp_cwnd(&self, conn: ConnId) -> Option<usize> {
+        use std::fmt::Write;
+        /// Keeps what follows the controller's name; stops the formatting
+        /// once the number has come.
+        struct Find(Option<String>);
+        impl Write for Find {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                const KEY: &str = "Reno { cwnd: ";
+                match &mut self.0 {
+                    None if s.contains(KEY) || s == "Reno" => self.0 = Some(String::from(s)),
+                    None => {}
+                    Some(text) => text.push_str(s),
+                }
+                match self
+                    .0
+                    .as_deref()
+                    .and_then(|t| t.find(KEY).map(|i| &t[i + KEY.len()..]))
+                {
+                    Some(rest) if rest.contains(|c: char| !c.is_ascii_digit()) => Err(fmt::Error),
+                    _ => Ok(()),
+                }
+            }
+        }
+        let mut find = Find(None);
+        let _ = write!(
+            find,
+            "{:?}",
+            self.sockets.get::<tcp::Socket<'static>>(conn.0)
+        );
+        let text = find.0?;
+        let at = text.find("Reno { cwnd: ")? + "Reno { cwnd: ".len();
+        text[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// The device wrapper's mirror of it.
+    pub(crate) fn mirrored_cwnd(&self, conn: ConnId) -> Option<usize> {
+        let flow = self.conns.get(&conn.0)?.flow()?;
+        self.port.sent.get(flow)?.congestion_window()
+    }
 }

@@ -563,18 +563,26 @@ fn rx_budget_bounds_the_sum_of_receive_buffers() {
     );
 }
 
-/// `send_segment` queues whole segments: one at a time while less than two
-/// are in flight, then full ones back to back (smoltcp cuts exactly
-/// between them), nothing after a shorter one until it has left, and what
-/// `unsent` reports follows. (Without congestion control: smoltcp's
-/// initial congestion window of 2048 bytes would cut the second segment.)
+/// `send_segment` queues whole segments: full ones back to back (smoltcp
+/// cuts exactly between them) as far as the congestion window goes, none
+/// after a shorter one until it has left, and what `unsent` reports
+/// follows. Without congestion control a whole message goes in one call;
+/// with Reno the first call fills smoltcp's initial window of 2048 bytes
+/// exactly: a full segment and a short one, both sent whole.
 #[test]
 fn send_segment_queues_whole_segments() {
     let no_cc = Config {
         congestion: iwarp_tcp::CongestionControl::None,
         ..Config::default()
     };
-    let mut sim = Sim::new(no_cc, Config::default(), LinkConfig::default());
+    for config in [no_cc, Config::default()] {
+        queue_whole_segments(config);
+    }
+}
+
+fn queue_whole_segments(config: Config) {
+    let reno = config.congestion == iwarp_tcp::CongestionControl::Reno;
+    let mut sim = Sim::new(config, Config::default(), LinkConfig::default());
     let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
     let emss = sim.a.emss(a).unwrap();
     assert_eq!(emss % 4, 0, "the MSS is cut to a multiple of 4");
@@ -597,31 +605,45 @@ fn send_segment_queues_whole_segments() {
         off += n;
         n
     };
-    // One segment per call and none while it waits, until two are in
-    // flight; then a full one and a short one in one call.
     let first = 3 * emss + 100;
-    for _ in 0..2 {
+    // Reno's initial window takes a full segment and a short one; the
+    // rest waits for their acknowledgement.
+    let calls: &[usize] = if reno {
+        &[2048, 2 * emss + 100 - (2048 - emss)]
+    } else {
+        &[first]
+    };
+    // Until everything queued is acknowledged.
+    let drain = |sim: &mut Sim| {
+        let limit = sim.now + Duration::from_secs(1);
+        sim.run(limit, |s| {
+            if s.a.unsent(a) == Some(0) && s.a.send_queue(a) == 0 {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+    };
+    for &queued in calls {
+        drain(&mut sim);
         let n = sim
             .a
             .send_segment(a, |buf, limit| write(buf, limit, usize::MAX, first))
             .unwrap();
-        assert_eq!(n, emss);
-        assert_eq!(sim.a.unsent(a), Some(emss));
+        assert_eq!(n, queued);
+        assert_eq!(sim.a.unsent(a), Some(queued));
+        // Nothing behind the short last segment until it has left.
         assert_eq!(sim.a.send_segment(a, |_, _| unreachable!()).unwrap(), 0);
-        sim.a.poll_egress(sim.now);
+        // A round of egress sends a segment.
+        for _ in 0..queued.div_ceil(emss) {
+            sim.a.poll_egress(sim.now);
+        }
         assert_eq!(sim.a.unsent(a), Some(0));
     }
-    let n = sim
-        .a
-        .send_segment(a, |buf, limit| write(buf, limit, usize::MAX, first))
-        .unwrap();
-    assert_eq!(n, emss + 100);
-    assert_eq!(sim.a.send_segment(a, |_, _| unreachable!()).unwrap(), 0);
-    for left in [100, 0] {
-        sim.a.poll_egress(sim.now);
-        assert_eq!(sim.a.unsent(a), Some(left));
-    }
-    // Records of 1000 bytes: one per segment.
+    // Records of 1000 bytes: one per segment (with Reno, the window has
+    // grown past three of them).
+    drain(&mut sim);
     let (record, end) = (1000, payload.len());
     let mut got = Vec::new();
     let limit = sim.now + Duration::from_secs(5);
@@ -645,7 +667,9 @@ fn send_segment_queues_whole_segments() {
     .unwrap();
     assert!(got == payload);
     assert_eq!(sim.a.unsent(a), Some(0));
-    // A sent seven segments, one per chunk, and nothing else.
+    // A sent one segment per chunk, and nothing else: three full and a
+    // short one (with Reno two full and two short, the first cut at the
+    // initial window), then three records.
     let s = sim.a_to_b();
     assert_eq!(s.sent - frames_before, 7, "{s:?}");
 }
