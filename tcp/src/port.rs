@@ -16,7 +16,7 @@ use smoltcp::phy::{self, Device, DeviceCapabilities};
 use smoltcp::time::Instant;
 use smoltcp::wire::{
     EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Address, Ipv4Packet, TcpPacket,
-    IPV4_HEADER_LEN, TCP_HEADER_LEN,
+    TcpSeqNumber, IPV4_HEADER_LEN, TCP_HEADER_LEN,
 };
 
 use crate::cwnd::{self, Received, Reno};
@@ -33,6 +33,7 @@ pub(crate) struct PortCounters {
     pub rx_bytes: Cell<u64>,
     pub tx_frames: Cell<u64>,
     pub tx_bytes: Cell<u64>,
+    pub acks_renumbered: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>, n: u64) {
@@ -242,6 +243,32 @@ impl SentTable {
         }
     }
 
+    /// The sequence number a bare acknowledgement of ours should carry
+    /// instead of its own, if any.
+    ///
+    /// After a retransmission timeout smoltcp rewinds its send sequence to
+    /// the oldest unacknowledged byte and resends from there, and its bare
+    /// acknowledgements carry that rewound number meanwhile. A peer that
+    /// received more drops them as lying before its receive window (RFC
+    /// 9293 §3.10.7.4; Linux and smoltcp both do), acknowledgement
+    /// included. When both ends are in timeout recovery at once, each
+    /// drops the other's acknowledgements and resends forever. A bare
+    /// acknowledgement is sent with the highest sequence number sent
+    /// instead, as RFC 9293 asks (SND.NXT) and Linux does; not while the
+    /// peer's window is closed (a zero-window probe's byte may not have
+    /// been taken).
+    fn renumber_ack(&self, seg: &Segment<'_>) -> Option<u32> {
+        let tcp = &seg.tcp;
+        if !tcp.ack() || tcp.syn() || tcp.fin() || tcp.rst() || !tcp.payload().is_empty() {
+            return None;
+        }
+        let entries = self.entries.borrow();
+        let s = entries.get(&seg.flow)?;
+        let seq = tcp.seq_number().0 as u32;
+        let behind = (s.next.wrapping_sub(seq) as i32) > 0;
+        (behind && s.window != Some(0)).then_some(s.next)
+    }
+
     /// Look at one frame we receive: an acknowledgement of a followed
     /// connection that lies between what was acknowledged and what was
     /// sent moves `una` and takes the segment's window. The checksum is
@@ -335,11 +362,15 @@ pub(crate) struct Port<D> {
     pub mss: MssTable,
     pub sent: SentTable,
     pub counters: PortCounters,
+    /// smoltcp fills the TCP checksum of what it sends (the device's
+    /// capabilities say so).
+    pub tcp_checksum: bool,
 }
 
 impl<D> Port<D> {
     pub(crate) fn new(inner: D) -> Self {
         Self {
+            tcp_checksum: true,
             inner,
             inject: VecDeque::new(),
             mss: MssTable::default(),
@@ -398,16 +429,43 @@ impl<R: phy::RxToken> phy::RxToken for PortRx<'_, R> {
     }
 }
 
-/// Transmit token: counts what goes out and notes what each connection
-/// sent. An injected frame comes with a token that discards (smoltcp
-/// answers no ARP reply, so it stays unused).
+/// Transmit token: counts what goes out, notes what each connection
+/// sent and renumbers stale bare acknowledgements
+/// ([`SentTable::renumber_ack`]). An injected frame comes with a token
+/// that discards (smoltcp answers no ARP reply, so it stays unused).
 pub(crate) enum PortTx<'a, T> {
     Device {
         token: T,
         counters: &'a PortCounters,
         sent: &'a SentTable,
+        /// smoltcp fills the TCP checksum (the device does not).
+        tcp_checksum: bool,
     },
     Discard,
+}
+
+/// Give the TCP segment in `frame` sequence number `seq`, its checksum
+/// refilled if smoltcp fills checksums.
+fn renumber(frame: &mut [u8], seq: u32, checksum: bool) {
+    let ip_start = EthernetFrame::<&[u8]>::header_len();
+    let Some(ip_bytes) = frame.get_mut(ip_start..) else {
+        return;
+    };
+    let Ok(mut ip) = Ipv4Packet::new_checked(ip_bytes) else {
+        return;
+    };
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    let tcp_len = usize::from(ip.total_len()).saturating_sub(usize::from(ip.header_len()));
+    let Some(tcp_bytes) = ip.payload_mut().get_mut(..tcp_len) else {
+        return;
+    };
+    let Ok(mut tcp) = TcpPacket::new_checked(tcp_bytes) else {
+        return;
+    };
+    tcp.set_seq_number(TcpSeqNumber(seq as i32));
+    if checksum {
+        tcp.fill_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst));
+    }
 }
 
 impl<T: phy::TxToken> phy::TxToken for PortTx<'_, T> {
@@ -420,13 +478,19 @@ impl<T: phy::TxToken> phy::TxToken for PortTx<'_, T> {
                 token,
                 counters,
                 sent,
+                tcp_checksum,
             } => {
                 bump(&counters.tx_frames, 1);
                 bump(&counters.tx_bytes, len as u64);
                 token.consume(len, |buf| {
                     let r = f(buf);
-                    if let Some(seg) = Segment::parse(buf, true) {
+                    let renumber_to = Segment::parse(buf, true).and_then(|seg| {
                         sent.observe_sent(&seg);
+                        sent.renumber_ack(&seg)
+                    });
+                    if let Some(seq) = renumber_to {
+                        renumber(buf, seq, tcp_checksum);
+                        bump(&counters.acks_renumbered, 1);
                     }
                     r
                 })
@@ -469,16 +533,18 @@ impl<D: Device> Device for Port<D> {
                 token: tx,
                 counters,
                 sent: &self.sent,
+                tcp_checksum: self.tcp_checksum,
             },
         ))
     }
 
     fn transmit(&mut self, timestamp: Instant) -> Option<Self::TxToken<'_>> {
-        let (counters, sent) = (&self.counters, &self.sent);
+        let (counters, sent, tcp_checksum) = (&self.counters, &self.sent, self.tcp_checksum);
         self.inner.transmit(timestamp).map(|token| PortTx::Device {
             token,
             counters,
             sent,
+            tcp_checksum,
         })
     }
 
@@ -697,6 +763,48 @@ mod tests {
         rx_mss(&mut t, &syn(Some(1400), false));
         assert_eq!(shift(&t), 3);
         assert_eq!(mss_of(&t), Some(1400));
+    }
+
+    #[test]
+    fn a_stale_bare_acknowledgement_gets_the_highest_sequence_number_sent() {
+        let t = SentTable::default();
+        let renumber_to = |frame: &[u8]| t.renumber_ack(&Segment::parse(frame, true).unwrap());
+        tx(&t, &segment(true, true, 999, Some(1), 100, &[]));
+        tx(&t, &segment(true, false, 1000, Some(1), 100, &[0; 500]));
+        // Rewound after a timeout: the resending has got to 1200.
+        let mut ack = segment(true, false, 1200, Some(1), 100, &[]);
+        assert_eq!(renumber_to(&ack), Some(1500));
+        renumber(&mut ack, 1500, true);
+        let seg = Segment::parse(&ack, true).unwrap();
+        assert_eq!(seg.tcp.seq_number(), TcpSeqNumber(1500));
+        assert!(seg
+            .tcp
+            .verify_checksum(&IpAddress::Ipv4(US), &IpAddress::Ipv4(PEER)));
+        // Up to date, or carrying data, or a SYN: left alone.
+        assert_eq!(
+            renumber_to(&segment(true, false, 1500, Some(1), 100, &[])),
+            None
+        );
+        assert_eq!(
+            renumber_to(&segment(true, false, 1200, Some(1), 100, &[0; 100])),
+            None
+        );
+        assert_eq!(
+            renumber_to(&segment(true, true, 1200, Some(1), 100, &[])),
+            None
+        );
+        // Not while the peer's window is closed: a zero-window probe's byte
+        // may not have been taken.
+        rx(&t, &segment(false, false, 1, Some(1200), 0, &[]));
+        assert_eq!(
+            renumber_to(&segment(true, false, 1200, Some(1), 100, &[])),
+            None
+        );
+        rx(&t, &segment(false, false, 1, Some(1200), 50, &[]));
+        assert_eq!(
+            renumber_to(&segment(true, false, 1200, Some(1), 100, &[])),
+            Some(1500)
+        );
     }
 
     #[test]

@@ -95,6 +95,10 @@ pub struct Counters {
     pub backlog_full: u64,
     /// Synthetic ARP replies injected for static neighbours.
     pub neighbor_refreshes: u64,
+    /// Bare acknowledgements sent with the highest sequence number sent
+    /// instead of smoltcp's rewound one (during its resending after a
+    /// retransmission timeout), which the peer would drop.
+    pub acks_renumbered: u64,
 }
 
 /// What the stack knows about one connection beyond smoltcp's state.
@@ -267,6 +271,7 @@ impl<D: Device> Stack<D> {
     ) -> Self {
         let mut port = Port::new(device);
         port.sent.mirror_reno = config.congestion == CongestionControl::Reno;
+        port.tcp_checksum = port.inner.capabilities().checksum.tcp.tx();
         assert_eq!(
             port.inner.capabilities().medium,
             Medium::Ethernet,
@@ -334,6 +339,7 @@ impl<D: Device> Stack<D> {
             rx_bytes: c.rx_bytes.get(),
             tx_frames: c.tx_frames.get(),
             tx_bytes: c.tx_bytes.get(),
+            acks_renumbered: c.acks_renumbered.get(),
             ..self.counters
         }
     }
