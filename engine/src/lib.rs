@@ -77,11 +77,12 @@
 //! * **FPDU alignment** ([`XdpConfig::align_fpdus`], on by default): every
 //!   segment starts with an FPDU and holds only whole ones (RFC 5044 §8),
 //!   so a receiver can place each segment on its own; an FPDU that does
-//!   not fit the rest of a segment is cut to fill it. What still cuts a
-//!   segment short is outside the engine's sight: smoltcp's congestion
-//!   window in slow start and loss recovery, the end of its transmit ring
-//!   (once per ring's worth), and its retransmissions, which it re-cuts at
-//!   the MSS. The README's "FPDU alignment" has the design and the counts.
+//!   not fit the rest of a segment is cut to fill it, and segments are
+//!   queued within smoltcp's congestion window, which `iwarp_tcp` mirrors
+//!   (slow start and loss recovery included). What still cuts a segment
+//!   short is the end of smoltcp's transmit ring (once per ring's worth)
+//!   and its retransmissions, which it re-cuts at the MSS. The README's
+//!   "FPDU alignment" has the design and the counts.
 //!   The kernel backend cannot align: the kernel's TCP segments as it
 //!   likes.
 //! * **Sleeping.** [`XdpConfig::busy_poll`] (default on) spins; otherwise
