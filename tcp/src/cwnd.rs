@@ -613,13 +613,7 @@ mod against_smoltcp {
     fn follows_loss_recovery() {
         for seed in 1..=4 {
             let link = LinkConfig {
-                faults: Faults {
-                    drop: 0.01,
-                    duplicate: 0.01,
-                    reorder: 0.01,
-                    reorder_delay: Duration::from_micros(200),
-                    ..Faults::default()
-                },
+                faults: Faults::mixed(0.01),
                 seed,
                 ..LinkConfig::default()
             };

@@ -150,6 +150,18 @@ impl Faults {
             ..Self::default()
         }
     }
+
+    /// Drop, duplicate and reorder `p` of the frames each, holding a
+    /// reordered frame back by 200 µs.
+    pub fn mixed(p: f64) -> Self {
+        Self {
+            drop: p,
+            duplicate: p,
+            reorder: p,
+            reorder_delay: Duration::from_micros(200),
+            ..Self::default()
+        }
+    }
 }
 
 /// Where the pcap sees frames.

@@ -147,12 +147,8 @@ fn drive(
 fn lossy() -> LinkConfig {
     LinkConfig {
         faults: Faults {
-            drop: 0.01,
-            duplicate: 0.01,
-            reorder: 0.01,
-            reorder_delay: Duration::from_micros(200),
             corrupt: 0.005,
-            fix_checksum: false,
+            ..Faults::mixed(0.01)
         },
         seed: 2024,
         ..LinkConfig::default()

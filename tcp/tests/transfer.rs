@@ -37,12 +37,8 @@ fn ten_mb_each_way_clean() {
 fn ten_mb_each_way_1pct_loss_reorder_dup() {
     let link = LinkConfig {
         faults: Faults {
-            drop: 0.01,
-            duplicate: 0.01,
-            reorder: 0.01,
-            reorder_delay: Duration::from_micros(200),
             corrupt: 0.005,
-            fix_checksum: false,
+            ..Faults::mixed(0.01)
         },
         seed: 11,
         ..LinkConfig::default()
@@ -101,13 +97,7 @@ fn both_ends_recover_from_timeouts_at_once() {
         ..Config::default()
     };
     let link = LinkConfig {
-        faults: Faults {
-            drop: 0.01,
-            duplicate: 0.01,
-            reorder: 0.01,
-            reorder_delay: Duration::from_micros(200),
-            ..Faults::default()
-        },
+        faults: Faults::mixed(0.01),
         seed: 24,
         ..LinkConfig::default()
     };
