@@ -836,4 +836,59 @@ mod tests {
             rx(&sent, &junk);
         }
     }
+
+    /// Any sequence of segments of a followed connection, however wild
+    /// their numbers, windows and MSS: the congestion window's mirror
+    /// and the renumbering never panic (overflow checks on in tests), and
+    /// the window stays between an MSS and the largest peer window.
+    #[test]
+    fn the_mirror_never_panics_on_any_segments() {
+        let mut x = 0x9e37_79b9u32;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        for round in 0..50 {
+            let sent = SentTable {
+                mirror_reno: true,
+                ..SentTable::default()
+            };
+            let isn = next();
+            tx(&sent, &segment(true, true, isn, Some(1), 100, &[]));
+            let mss = [0, 1, 48, 536, 1460, u16::MAX][round % 6];
+            let syn = SynOptions {
+                mss: Some(mss),
+                window_scale: Some((next() % 16) as u8),
+            };
+            sent.set_peer((PEER, 40000, 7174), syn);
+            let near = |r: u32, base: u32| match r % 4 {
+                0 => base.wrapping_add(r % 3000),
+                1 => base.wrapping_sub(r % 3000),
+                _ => r,
+            };
+            for _ in 0..2000 {
+                let r = next();
+                let (outgoing, syn) = (r & 1 == 0, r & 0x30 == 0x30);
+                let payload = vec![0u8; (next() % 1500) as usize * usize::from(r & 2 == 0)];
+                let seq = near(next(), isn);
+                let ack = (r & 4 == 0).then(|| near(next(), isn));
+                let window = [0, 1, next() as u16][(next() % 3) as usize];
+                let mut frame = segment(outgoing, syn, seq, ack, window, &payload);
+                if outgoing {
+                    let seg = Segment::parse(&frame, true).unwrap();
+                    sent.observe_sent(&seg);
+                    if let Some(to) = sent.renumber_ack(&seg) {
+                        renumber(&mut frame, to, true);
+                    }
+                } else {
+                    rx(&sent, &frame);
+                }
+                let s = sent.get((PEER, 40000, 7174)).unwrap();
+                let w = s.congestion_window().unwrap();
+                assert!((48..=1 << 30).contains(&w), "{w}");
+            }
+        }
+    }
 }
