@@ -198,8 +198,11 @@ impl SentTable {
 
     /// Look at one frame we send. A SYN starts (or, sent again, restarts)
     /// its connection's entry; a data segment moves `next` forward (a
-    /// retransmission does not). Ignores everything else.
-    fn observe_sent(&self, seg: &Segment<'_>) {
+    /// retransmission does not); every segment of a followed connection
+    /// goes to the congestion window's mirror. Returns the sequence number
+    /// a stale bare acknowledgement should carry instead of its own (see
+    /// [`renumber_ack`]).
+    fn observe_sent(&self, seg: &Segment<'_>) -> Option<u32> {
         let (key, tcp) = (seg.flow, &seg.tcp);
         let seq = tcp.seq_number().0 as u32;
         let mut entries = self.entries.borrow_mut();
@@ -218,55 +221,29 @@ impl SentTable {
                 };
                 entries.insert(key, sent);
             }
-            return;
-        }
-        let len = tcp.payload().len() as u32;
-        if let Some(s) = entries.get_mut(&key) {
-            if let Some(r) = &mut s.reno {
-                let seg = cwnd::Sent {
-                    seq,
-                    len,
-                    ack_window: tcp.ack().then(|| {
-                        let window = u32::from(tcp.window_len()) << s.our_shift;
-                        (tcp.ack_number().0 as u32, window)
-                    }),
-                };
-                r.on_sent(seg, s.una, s.next);
-            }
-            if len == 0 {
-                return;
-            }
-            let end = seq.wrapping_add(len);
-            if (end.wrapping_sub(s.next) as i32) > 0 {
-                s.next = end;
-            }
-        }
-    }
-
-    /// The sequence number a bare acknowledgement of ours should carry
-    /// instead of its own, if any.
-    ///
-    /// After a retransmission timeout smoltcp rewinds its send sequence to
-    /// the oldest unacknowledged byte and resends from there, and its bare
-    /// acknowledgements carry that rewound number meanwhile. A peer that
-    /// received more drops them as lying before its receive window (RFC
-    /// 9293 §3.10.7.4; Linux and smoltcp both do), acknowledgement
-    /// included. When both ends are in timeout recovery at once, each
-    /// drops the other's acknowledgements and resends forever. A bare
-    /// acknowledgement is sent with the highest sequence number sent
-    /// instead, as RFC 9293 asks (SND.NXT) and Linux does; not while the
-    /// peer's window is closed (a zero-window probe's byte may not have
-    /// been taken).
-    fn renumber_ack(&self, seg: &Segment<'_>) -> Option<u32> {
-        let tcp = &seg.tcp;
-        if !tcp.ack() || tcp.syn() || tcp.fin() || tcp.rst() || !tcp.payload().is_empty() {
             return None;
         }
-        let entries = self.entries.borrow();
-        let s = entries.get(&seg.flow)?;
-        let seq = tcp.seq_number().0 as u32;
-        let behind = (s.next.wrapping_sub(seq) as i32) > 0;
-        (behind && s.window != Some(0)).then_some(s.next)
+        let len = tcp.payload().len() as u32;
+        let s = entries.get_mut(&key)?;
+        if let Some(r) = &mut s.reno {
+            let seg = cwnd::Sent {
+                seq,
+                len,
+                ack_window: tcp.ack().then(|| {
+                    let window = u32::from(tcp.window_len()) << s.our_shift;
+                    (tcp.ack_number().0 as u32, window)
+                }),
+            };
+            r.on_sent(seg, s.una, s.next);
+        }
+        if len == 0 {
+            return renumber_ack(tcp, s);
+        }
+        let end = seq.wrapping_add(len);
+        if (end.wrapping_sub(s.next) as i32) > 0 {
+            s.next = end;
+        }
+        None
     }
 
     /// Look at one frame we receive: an acknowledgement of a followed
@@ -311,6 +288,28 @@ impl SentTable {
             s.window = Some(tcp.window_len());
         }
     }
+}
+
+/// The sequence number a bare acknowledgement of ours (`tcp`, with no
+/// data) should carry instead of its own, if any; `s` is its connection's.
+///
+/// After a retransmission timeout smoltcp rewinds its send sequence to the
+/// oldest unacknowledged byte and resends from there, and its bare
+/// acknowledgements carry that rewound number meanwhile. A peer that
+/// received more drops them as lying before its receive window (RFC 9293
+/// §3.10.7.4; Linux and smoltcp both do), acknowledgement included. When
+/// both ends are in timeout recovery at once, each drops the other's
+/// acknowledgements and resends forever. A bare acknowledgement is sent
+/// with the highest sequence number sent instead, as RFC 9293 asks
+/// (SND.NXT) and Linux does; not while the peer's window is closed (a
+/// zero-window probe's byte may not have been taken).
+fn renumber_ack(tcp: &TcpPacket<&[u8]>, s: &Sent) -> Option<u32> {
+    if !tcp.ack() || tcp.fin() || tcp.rst() {
+        return None;
+    }
+    let seq = tcp.seq_number().0 as u32;
+    let behind = (s.next.wrapping_sub(seq) as i32) > 0;
+    (behind && s.window != Some(0)).then_some(s.next)
 }
 
 /// A TCP/IPv4 segment in an Ethernet frame the device sends or receives.
@@ -431,7 +430,7 @@ impl<R: phy::RxToken> phy::RxToken for PortRx<'_, R> {
 
 /// Transmit token: counts what goes out, notes what each connection
 /// sent and renumbers stale bare acknowledgements
-/// ([`SentTable::renumber_ack`]). An injected frame comes with a token
+/// ([`renumber_ack`]). An injected frame comes with a token
 /// that discards (smoltcp answers no ARP reply, so it stays unused).
 pub(crate) enum PortTx<'a, T> {
     Device {
@@ -484,10 +483,8 @@ impl<T: phy::TxToken> phy::TxToken for PortTx<'_, T> {
                 bump(&counters.tx_bytes, len as u64);
                 token.consume(len, |buf| {
                     let r = f(buf);
-                    let renumber_to = Segment::parse(buf, true).and_then(|seg| {
-                        sent.observe_sent(&seg);
-                        sent.renumber_ack(&seg)
-                    });
+                    let renumber_to =
+                        Segment::parse(buf, true).and_then(|seg| sent.observe_sent(&seg));
                     if let Some(seq) = renumber_to {
                         renumber(buf, seq, tcp_checksum);
                         bump(&counters.acks_renumbered, 1);
@@ -768,7 +765,7 @@ mod tests {
     #[test]
     fn a_stale_bare_acknowledgement_gets_the_highest_sequence_number_sent() {
         let t = SentTable::default();
-        let renumber_to = |frame: &[u8]| t.renumber_ack(&Segment::parse(frame, true).unwrap());
+        let renumber_to = |frame: &[u8]| t.observe_sent(&Segment::parse(frame, true).unwrap());
         tx(&t, &segment(true, true, 999, Some(1), 100, &[]));
         tx(&t, &segment(true, false, 1000, Some(1), 100, &[0; 500]));
         // Rewound after a timeout: the resending has got to 1200.
@@ -780,17 +777,13 @@ mod tests {
         assert!(seg
             .tcp
             .verify_checksum(&IpAddress::Ipv4(US), &IpAddress::Ipv4(PEER)));
-        // Up to date, or carrying data, or a SYN: left alone.
+        // Up to date, or carrying data: left alone.
         assert_eq!(
             renumber_to(&segment(true, false, 1500, Some(1), 100, &[])),
             None
         );
         assert_eq!(
             renumber_to(&segment(true, false, 1200, Some(1), 100, &[0; 100])),
-            None
-        );
-        assert_eq!(
-            renumber_to(&segment(true, true, 1200, Some(1), 100, &[])),
             None
         );
         // Not while the peer's window is closed: a zero-window probe's byte
@@ -878,8 +871,7 @@ mod tests {
                 let mut frame = segment(outgoing, syn, seq, ack, window, &payload);
                 if outgoing {
                     let seg = Segment::parse(&frame, true).unwrap();
-                    sent.observe_sent(&seg);
-                    if let Some(to) = sent.renumber_ack(&seg) {
+                    if let Some(to) = sent.observe_sent(&seg) {
                         renumber(&mut frame, to, true);
                     }
                 } else {
