@@ -133,7 +133,7 @@ pub(crate) struct Sent {
     /// `None` until the peer acknowledged anything.
     pub window: Option<u16>,
     /// The shift of the peer's window field, once established.
-    window_shift: u8,
+    pub window_shift: u8,
     /// The window scale option of our SYN.
     our_scale: Option<u8>,
     /// The shift of our window field, once established (ours if the peer

@@ -119,31 +119,15 @@ struct Conn {
     short_tail: bool,
     /// Nagle's rule is on for the socket (see [`Stack::hold_full`]).
     nagle: bool,
-    /// Learnt from the SYNs once established: the effective MSS and the
-    /// shift of the peer's window field.
-    peer: Option<Peer>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Peer {
-    emss: usize,
-    window_shift: u8,
-}
-
-impl Peer {
-    fn of<D: Device>(port: &Port<D>, flow: Flow) -> Self {
-        let syn = port.mss.get(flow).unwrap_or_default();
-        Self {
-            emss: local_mss(port).min(syn.mss.map_or(DEFAULT_REMOTE_MSS, usize::from)),
-            window_shift: syn.window_shift(),
-        }
-    }
+    /// The effective MSS, learnt from the SYNs once established (the
+    /// device wrapper keeps the shift of the peer's window field).
+    peer_emss: Option<usize>,
 }
 
 impl Conn {
     /// The effective MSS, once established.
     fn emss(&self) -> Option<usize> {
-        self.peer.filter(|_| self.established).map(|p| p.emss)
+        self.peer_emss.filter(|_| self.established)
     }
 
     /// The key of the device wrapper's tables, once the peer is known.
@@ -162,7 +146,7 @@ impl Conn {
             written: 0,
             short_tail: false,
             nagle: false,
-            peer: None,
+            peer_emss: None,
         }
     }
 }
@@ -623,10 +607,10 @@ impl<D: Device> Stack<D> {
     /// smoltcp sends a segment shorter than the MSS only when nothing is in
     /// flight. So it is on while a full segment waits at the head of the
     /// queue, and off for a short last one (which would otherwise wait for
-    /// every acknowledgement)
-    /// and while less than two segments are in flight (the peer may hold
-    /// its acknowledgement of a lone one for its delayed-ACK time); then a
-    /// cut is left to happen and the next segments start aligned again.
+    /// every acknowledgement) and while less than two segments are in
+    /// flight (the peer may hold its acknowledgement of a lone one for its
+    /// delayed-ACK time); then a cut is left to happen and the next
+    /// segments start aligned again.
     /// Checked after queueing and before every egress round.
     fn hold_full(&mut self, conn: ConnId) -> bool {
         let hold = self.segment_room(conn).is_some_and(|r| r.holds_full());
@@ -674,7 +658,7 @@ impl<D: Device> Stack<D> {
         // A FIN takes a sequence number too: clamp at zero.
         let unsent = (c.written.wrapping_sub(sent.bytes()) as i32).max(0) as usize;
         let in_flight = sent.in_flight() as usize;
-        let shift = c.peer.map_or(0, |p| p.window_shift);
+        let shift = sent.window_shift;
         let room = sent
             .window
             .map(|w| (usize::from(w) << shift).saturating_sub(in_flight));
@@ -1084,10 +1068,11 @@ impl<D: Device> Stack<D> {
                 }
                 _ => {}
             }
-            if c.established && c.peer.is_none() {
+            if c.established && c.peer_emss.is_none() {
                 if let Some(flow) = c.flow() {
-                    c.peer = Some(Peer::of(&self.port, flow));
                     let syn = self.port.mss.get(flow).unwrap_or_default();
+                    let remote = syn.mss.map_or(DEFAULT_REMOTE_MSS, usize::from);
+                    c.peer_emss = Some(local_mss(&self.port).min(remote));
                     self.port.sent.set_peer(flow, syn);
                 }
             }
