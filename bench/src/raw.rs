@@ -30,7 +30,7 @@ fn spin_until(
     while !f(t) {
         t.poll();
         spins = spins.wrapping_add(1);
-        if spins % 4096 == 0 && start.elapsed() > WAIT {
+        if spins.is_multiple_of(4096) && start.elapsed() > WAIT {
             return Err(err(format!("smoltcp stream: {what} timed out")));
         }
     }

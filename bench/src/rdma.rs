@@ -339,7 +339,7 @@ impl Side {
         while self.buf.read_byte_volatile(off) != v {
             self.dev.progress();
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 && start.elapsed() > WAIT {
+            if spins.is_multiple_of(4096) && start.elapsed() > WAIT {
                 self.check_cq()?;
                 return Err(err(format!(
                     "byte {off} never became {v} (state {:?}, {:?})",
@@ -547,7 +547,7 @@ pub fn spray_b(s: &Side, sizes: &[usize], rounds: usize) -> io::Result<()> {
 /// Which QP goes first in round `r` of a paired spray: the two take
 /// turns, so neither always follows the other.
 pub fn paired_order(r: usize) -> [bool; 2] {
-    if r % 2 == 0 {
+    if r.is_multiple_of(2) {
         [false, true]
     } else {
         [true, false]
@@ -617,7 +617,7 @@ fn spray_round_a(
         s.dev.progress();
         done += s.check_cq()?;
         spins = spins.wrapping_add(1);
-        if spins % 4096 == 0 && t0.elapsed() > WAIT {
+        if spins.is_multiple_of(4096) && t0.elapsed() > WAIT {
             return Err(err("spray stalled"));
         }
     }
@@ -694,7 +694,7 @@ pub fn stream_a<T>(
             last_done = Instant::now();
         }
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 && last_done.elapsed() > WAIT {
+        if spins.is_multiple_of(1024) && last_done.elapsed() > WAIT {
             return Err(err("stream stalled"));
         }
     }

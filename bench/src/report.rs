@@ -201,9 +201,9 @@ pub fn finish(json: Option<&Path>, r: &Report) -> std::process::ExitCode {
 pub fn size_str(n: usize) -> String {
     if n == 0 {
         "-".into()
-    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+    } else if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}K", n >> 10)
     } else {
         n.to_string()

@@ -29,7 +29,7 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], spin: bool) -> io::Result<()> {
             Ok(n) => off += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 spins = spins.wrapping_add(1);
-                if spins % 4096 == 0 && start.elapsed() > WAIT {
+                if spins.is_multiple_of(4096) && start.elapsed() > WAIT {
                     return Err(ErrorKind::TimedOut.into());
                 }
             }

@@ -1029,7 +1029,7 @@ fn spin_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
             return Ok(n);
         }
         spins = spins.wrapping_add(1);
-        if spins % 256 == 0 {
+        if spins.is_multiple_of(256) {
             if Instant::now() > deadline {
                 return Err("timed out waiting for completions".into());
             }
@@ -1165,7 +1165,7 @@ fn send_bw_server(cfg: &Cfg, d: &Data, size: u64) -> Res<BwReport> {
                 post_recv(d, &d.qps[j], j, size as usize)?;
                 posted[j] += 1;
             }
-            if (every > 0 && recvd[j] % every == 0) || recvd[j] == n {
+            if (every > 0 && recvd[j].is_multiple_of(every)) || recvd[j] == n {
                 let src = q * CREDIT_SLOT + 4 * (ring % CREDIT_RING);
                 ring += 1;
                 d.credit.write(src, &pt::encode_credit(recvd[j] as u32));
@@ -1205,7 +1205,7 @@ fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
             let mut spins = 0u32;
             while d.mr.read_byte_volatile(poll_off) != want {
                 spins = spins.wrapping_add(1);
-                if spins % 256 == 0 {
+                if spins.is_multiple_of(256) {
                     if Instant::now() > deadline {
                         let mut b = vec![0u8; len];
                         d.mr.read(d.region(0), &mut b);

@@ -102,7 +102,7 @@ pub fn lat_stats(size: u64, iters: u64, stamps: &[Instant], rtt_factor: f64) -> 
     d.sort_by(f64::total_cmp);
     s.min = d[0];
     s.max = d[m - 1];
-    s.typical = if m % 2 == 0 {
+    s.typical = if m.is_multiple_of(2) {
         (d[m / 2 - 1] + d[m / 2]) / 2.0
     } else {
         d[m / 2]

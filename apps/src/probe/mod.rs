@@ -741,7 +741,7 @@ fn attack(
         Attack::BadMarker => {
             let start = w.tx_position();
             let mut b = w.frame(&send(QN_SEND, w.send_msn, &[6; 600]));
-            let first = (0..b.len()).find(|i| (start + *i as u64) % 512 == 0);
+            let first = (0..b.len()).find(|i| (start + *i as u64).is_multiple_of(512));
             match first.and_then(|i| b.get_mut(i + 3)) {
                 Some(ptr) => *ptr ^= 0x10,
                 None => return Err(failed("bad-marker", "no marker in the FPDU")),

@@ -807,14 +807,14 @@ mod tests {
             body.resize(body.len() + pad_len(u.len()), 0);
             let mut len_pos = None;
             for &b in &body {
-                if markers && s.len() % 512 == 0 {
+                if markers && s.len().is_multiple_of(512) {
                     let ptr = len_pos.map_or(0, |l| s.len() - l) as u16;
                     s.extend_from_slice(&[0, 0, (ptr >> 8) as u8, ptr as u8]);
                 }
                 len_pos.get_or_insert(s.len());
                 s.push(b);
             }
-            if markers && s.len() % 512 == 0 {
+            if markers && s.len().is_multiple_of(512) {
                 let ptr = (s.len() - len_pos.unwrap()) as u16;
                 s.extend_from_slice(&[0, 0, (ptr >> 8) as u8, ptr as u8]);
             }
