@@ -296,5 +296,39 @@ fn reference(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, placement, framing, message, reference);
+/// The two CRC32c crates over 64 KiB of warm bytes cut in pieces of one
+/// size, each piece's CRC started from the one before (as the pieces of
+/// one FPDU are chained), and the dispatch between them that MPA uses
+/// (`iwarp::crc::Crc32c`, which picks by [`iwarp::crc::FOLD_FROM`]).
+fn crc(c: &mut Criterion) {
+    let mut g = c.benchmark_group("crc");
+    let data: Vec<u8> = (0..CHUNK).map(|i| (i * 13 + 5) as u8).collect();
+    g.throughput(Throughput::Bytes(CHUNK as u64));
+    type Append = fn(u32, &[u8]) -> u32;
+    let impls: [(&str, Append); 3] = [
+        ("crc32c", iwarp::crc::serial_append),
+        ("crc-fast", iwarp::crc::folded_append),
+        ("mpa", |crc, bytes| {
+            let mut c = iwarp::crc::Crc32c::from_value(crc);
+            c.update(bytes);
+            c.value()
+        }),
+    ];
+    for size in [4usize, 28, 64, 128, 256, 384, 448, 512, 1448, 3440, 8960] {
+        for (name, f) in impls {
+            g.bench_function(format!("{name}/{size}"), |bch| {
+                bch.iter(|| {
+                    let mut acc = 0u32;
+                    for piece in data.chunks(size) {
+                        acc = f(acc, black_box(piece));
+                    }
+                    acc
+                });
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, placement, framing, message, reference, crc);
 criterion_main!(benches);
