@@ -803,13 +803,13 @@ fn crc_note(out: &mut String, run: &Run, p: &Profile) {
     let crc: f64 = p
         .components
         .iter()
-        .filter(|c| c.0 == "crc32c")
+        .filter(|c| c.0 == profile::COMPONENTS[2])
         .map(|c| c.1)
         .sum();
     let gap = (1.0 - v) * 100.0;
     let _ = writeln!(
         out,
-        "CRC on/off: crc32c itself is {crc:.1} % of the samples of the CRC-on run, while \
+        "CRC on/off: the CRC itself is {crc:.1} % of the samples of the CRC-on run, while \
          the measured on/off ratio ({v:.3}) implies {gap:.0} % less throughput with CRC \
          on; {}\n",
         if crc + 5.0 < gap {
@@ -1110,7 +1110,7 @@ mod tests {
         let run = Run::load(&d);
         assert_eq!(missed(&run), vec!["bw"]);
         let md = render(&run, &d);
-        assert!(md.contains("CRC on/off: crc32c itself is 3.0 %"));
+        assert!(md.contains("CRC on/off: the CRC itself is 3.0 %"));
         assert!(md.contains("only a small part of that gap"));
         assert!(md.contains("All kernel parts together: 97.0 %"));
         let _ = std::fs::remove_dir_all(&d);

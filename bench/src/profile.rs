@@ -6,7 +6,7 @@
 pub const COMPONENTS: [&str; 14] = [
     "kernel [k]: other (net stack, scheduler, locks, syscalls)",
     "AF_XDP rings (xsk, UMEM)",
-    "crc32c",
+    "CRC32c (crc32c, crc-fast)",
     "libc memcpy/memmove",
     "smoltcp (+ iwarp-tcp)",
     "engine poll loop (iwarp-engine)",
@@ -57,7 +57,7 @@ pub fn component(sym: &str, kernel: bool) -> &'static str {
         // The rings and the frame pool; the rest of the engine's `xdp`
         // module (worker, device tokens) is its poll loop.
         COMPONENTS[1]
-    } else if has(&["crc32c", "crc::"]) {
+    } else if has(&["crc32c", "crc_fast", "crc::"]) {
         COMPONENTS[2]
     } else if has(&["memcpy", "memmove", "memset"]) {
         COMPONENTS[3]
@@ -203,7 +203,11 @@ mod tests {
             get("kernel [k]: packet path (skb, NAPI, softirq, slab)"),
             Some(1.0)
         );
-        assert_eq!(get("crc32c"), Some(10.0));
+        assert_eq!(get("CRC32c (crc32c, crc-fast)"), Some(10.0));
+        assert_eq!(
+            component("crc_fast::arch::x86_64::update", false),
+            COMPONENTS[2]
+        );
         assert_eq!(get("libc memcpy/memmove"), Some(9.5));
         assert_eq!(get("engine poll loop (iwarp-engine)"), Some(11.0));
         assert_eq!(get("iwarp core framing/placement"), Some(7.0));
