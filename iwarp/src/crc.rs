@@ -76,7 +76,8 @@ fn append(crc: u32, bytes: &[u8]) -> u32 {
     }
 }
 
-/// [`append`] by `crc-fast`, whatever the length.
+/// The CRC of the bytes behind `crc` followed by `bytes`, by `crc-fast`
+/// whatever the length.
 #[inline]
 pub fn folded_append(crc: u32, bytes: &[u8]) -> u32 {
     // The digest's state is the register before the final inversion,
@@ -87,7 +88,8 @@ pub fn folded_append(crc: u32, bytes: &[u8]) -> u32 {
     d.finalize() as u32
 }
 
-/// [`append`] by `crc32c`, whatever the length.
+/// The CRC of the bytes behind `crc` followed by `bytes`, by `crc32c`
+/// whatever the length.
 #[inline]
 pub fn serial_append(crc: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, bytes)
