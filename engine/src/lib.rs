@@ -171,4 +171,5 @@ pub const EMPTY_WC: WorkCompletion = WorkCompletion {
     qp: iwarp::cq::QpId(0),
     invalidated_stag: None,
     solicited: false,
+    imm_data: None,
 };

@@ -54,7 +54,16 @@ pub enum WcOpcode {
     RdmaRead,
     /// A Local Invalidate.
     LocalInvalidate,
-    /// A receive: an incoming Send was placed into a posted receive buffer.
+    /// Immediate Data sent (RFC 7306 §6).
+    ImmediateData,
+    /// A FetchAdd (RFC 7306 §5.1.1): the original value is in the local
+    /// buffer.
+    AtomicFetchAdd,
+    /// A CompareSwap (RFC 7306 §5.1.2): the original value is in the local
+    /// buffer.
+    AtomicCompareSwap,
+    /// A receive: an incoming Send was placed into a posted receive
+    /// buffer, or Immediate Data consumed it (`imm_data` is set).
     Recv,
 }
 
@@ -75,6 +84,9 @@ pub struct WorkCompletion {
     pub invalidated_stag: Option<u32>,
     /// For receives: the Send carried the Solicited Event flag.
     pub solicited: bool,
+    /// For receives consumed by Immediate Data (RFC 7306 §6): its 8 bytes,
+    /// as a big-endian number (the order they had on the wire).
+    pub imm_data: Option<u64>,
 }
 
 /// Which completions raise a notification after [`Cq::req_notify`].
@@ -193,6 +205,7 @@ mod tests {
             qp: QpId(0),
             invalidated_stag: None,
             solicited,
+            imm_data: None,
         }
     }
 

@@ -9,10 +9,10 @@
 //!
 //! | module | spec | role |
 //! |---|---|---|
-//! | [`wire`] | RFC 5044, 5041, 5040, 6581 | typed views and `Repr` parse/emit of every frame and header |
+//! | [`wire`] | RFC 5044, 5041, 5040, 6581, 7306 | typed views and `Repr` parse/emit of every frame and header |
 //! | [`mpa`] | RFC 5044, 6581 | connection setup (request/reply, IRD/ORD, RTR) and FPDU framing (length, pad, CRC32c, markers) |
 //! | [`mem`] | RFC 5040 §5 | STag table, memory regions and access checks |
-//! | [`qp`] | RFC 5040, 5041 | queue pairs: DDP segmentation and placement, RDMAP operations, Terminate |
+//! | [`qp`] | RFC 5040, 5041, 7306 | queue pairs: DDP segmentation and placement, RDMAP operations (atomics and Immediate Data included), Terminate |
 //! | [`cq`] | verbs | completion queues and work completions |
 //! | [`verbs`] | verbs | [`verbs::Context`], the owner of protection domains, regions, CQs and QPs |
 //!

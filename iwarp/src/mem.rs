@@ -31,6 +31,8 @@ impl Access {
     pub const REMOTE_READ: Self = Self(2);
     /// The peer may write the region with RDMA Write.
     pub const REMOTE_WRITE: Self = Self(4);
+    /// The peer may run atomic operations (RFC 7306 §5) on the region.
+    pub const REMOTE_ATOMIC: Self = Self(8);
 
     /// Whether every right in `other` is granted by `self`.
     pub const fn contains(self, other: Self) -> bool {
@@ -56,6 +58,7 @@ impl fmt::Debug for Access {
             (Self::LOCAL_WRITE, "LOCAL_WRITE"),
             (Self::REMOTE_READ, "REMOTE_READ"),
             (Self::REMOTE_WRITE, "REMOTE_WRITE"),
+            (Self::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
         ];
         let mut first = true;
         f.write_str("Access(")?;

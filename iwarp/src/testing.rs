@@ -283,6 +283,12 @@ impl Pair {
         panic!("pair did not quiesce (livelock)");
     }
 
+    /// One step each way, as [`Self::drive`] takes them, for a test that
+    /// looks between steps. Returns bytes moved.
+    pub fn drive_once(&mut self) -> usize {
+        self.step(End::A) + self.step(End::B)
+    }
+
     /// One step for `end`: transmit one buffer, deliver pending bytes to
     /// the other side, close when asked, drain events.
     fn step(&mut self, end: End) -> usize {

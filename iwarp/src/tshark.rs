@@ -106,6 +106,31 @@ pub fn count(pcap: &Path, filter: &str) -> io::Result<usize> {
         .count())
 }
 
+/// The values of `fields` (tshark field names) in every frame matching
+/// `filter`, one row per frame; a field a frame lacks is an empty string.
+pub fn fields(pcap: &Path, filter: &str, fields: &[&str]) -> io::Result<Vec<Vec<String>>> {
+    let mut cmd = Command::new("tshark");
+    cmd.arg("-r")
+        .arg(pcap)
+        .args(["-n", "-Y", filter, "-T", "fields", "-E", "separator=|"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.stdin(Stdio::null()).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "tshark -Y {filter} failed on {}: {}",
+            pcap.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split('|').map(str::to_string).collect())
+        .collect())
+}
+
 fn analyze_with(pcap: &Path, reassemble: bool) -> io::Result<Report> {
     let mut out = run(pcap, true, reassemble)?;
     if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("disable") {

@@ -21,7 +21,7 @@ use iwarp::testing::{Chunking, End, Pair};
 use iwarp::time::Duration;
 use iwarp::wire::ddp::HeaderRepr;
 use iwarp::wire::mpa::{FrameKind, FrameRepr};
-use iwarp::wire::rdmap::{Opcode, ReadRequest};
+use iwarp::wire::rdmap::{AtomicRequest, AtomicResponse, Opcode, ReadRequest};
 
 const RECV0: u64 = 100;
 const SEND_WR: u64 = 200;
@@ -502,7 +502,7 @@ fn send_msn_out_of_range() {
 
 #[test]
 fn send_invalid_qn() {
-    let h = untagged(Opcode::Send as u8, 3, 1, 0);
+    let h = untagged(Opcode::Send as u8, 4, 1, 0);
     untagged_violation(Opts::default(), codes::DDP_U_INVALID_QN, h, &[1; 8], &[]);
 }
 
@@ -604,7 +604,7 @@ fn rdmap_version() {
 
 #[test]
 fn unknown_opcode() {
-    let h = untagged(0xa, 0, 1, 0);
+    let h = untagged(0xc, 0, 1, 0);
     untagged_violation(
         Opts::default(),
         codes::RDMAP_UNEXPECTED_OPCODE,
@@ -1022,5 +1022,162 @@ fn mpa_handshake_timeout_partial_request() {
         &r[..12],
         Some(Duration::from_secs(11)),
         HandshakeError::Timeout,
+    );
+}
+
+// ---- RFC 7306: Atomic Requests and Responses, Immediate Data ---------------
+
+/// An Atomic Request (queue 1) header and ULPDU for `req`.
+fn atomic(msn: u32, req: &AtomicRequest) -> (HeaderRepr, Vec<u8>) {
+    let h = untagged(Opcode::AtomicRequest as u8, 1, msn, 0);
+    let mut body = vec![0; AtomicRequest::LEN];
+    req.emit(&mut body);
+    (h, ulpdu(&h, &body))
+}
+
+fn atomic_violation(code: TermCode, req: impl FnOnce(&Fx) -> AtomicRequest) {
+    let mut fx = Fx::new(Opts::default());
+    let (h, u) = atomic(1, &req(&fx));
+    fx.inject_one(&u);
+    // §8.1: the DDP header is copied, the RDMA header field left zero.
+    fx.assert_terminated(code, Some((h, u.len())), None, &[]);
+    fx.assert_memory_untouched();
+}
+
+#[test]
+fn atomic_request_without_the_atomic_right() {
+    // The target allows remote reads and writes, not atomics.
+    atomic_violation(codes::RDMAP_ACCESS_RIGHTS, |fx| {
+        AtomicRequest::fetch_add(1, fx.target.rkey, fx.target.iova, 1, 0)
+    });
+}
+
+#[test]
+fn atomic_request_invalid_stag() {
+    atomic_violation(codes::RDMAP_INVALID_STAG, |fx| {
+        AtomicRequest::fetch_add(1, fx.target.rkey ^ 1, fx.target.iova, 1, 0)
+    });
+}
+
+#[test]
+fn atomic_request_not_64_bit_aligned() {
+    // §8.2: Remote Operation Error, catastrophic error localized to the
+    // stream.
+    atomic_violation(codes::RDMAP_CATASTROPHIC_STREAM, |fx| {
+        AtomicRequest::fetch_add(1, fx.target.rkey, fx.target.iova + 4, 1, 0)
+    });
+}
+
+#[test]
+fn atomic_request_reserved_aopcode() {
+    atomic_violation(codes::RDMAP_UNEXPECTED_OPCODE, |fx| AtomicRequest {
+        aopcode: 1,
+        ..AtomicRequest::fetch_add(1, fx.target.rkey, fx.target.iova, 1, 0)
+    });
+}
+
+#[test]
+fn atomic_request_with_payload() {
+    let mut fx = Fx::new(Opts::default());
+    let (h, mut u) = atomic(1, &AtomicRequest::fetch_add(1, 0, 0, 1, 0));
+    u.extend_from_slice(&[0; 8]);
+    fx.inject_one(&u);
+    fx.assert_terminated(codes::DDP_U_MSG_TOO_LONG, Some((h, u.len())), None, &[]);
+    fx.assert_memory_untouched();
+}
+
+#[test]
+fn atomic_request_cut_short() {
+    let mut fx = Fx::new(Opts::default());
+    let (h, mut u) = atomic(1, &AtomicRequest::fetch_add(1, 0, 0, 1, 0));
+    u.truncate(u.len() - 8);
+    fx.inject_one(&u);
+    fx.assert_terminated(
+        codes::RDMAP_CATASTROPHIC_STREAM,
+        Some((h, u.len())),
+        None,
+        &[],
+    );
+    fx.assert_memory_untouched();
+}
+
+#[test]
+fn atomic_requests_beyond_the_ird() {
+    // IRD 1 (the default): two requests before any response. Atomic and
+    // Read Requests share the IRD.
+    let mut fx = Fx::new(Opts::default());
+    let all = Access::LOCAL_WRITE | Access::REMOTE_ATOMIC;
+    let word = fx.p.b.reg_with(&[0; 8], all);
+    let (_, u1) = atomic(1, &AtomicRequest::fetch_add(1, word.rkey, word.iova, 1, 0));
+    let (h2, _, u2) = rr(2, word.rkey, word.iova);
+    fx.inject(&[u1, u2.clone()]);
+    fx.assert_terminated(
+        codes::RDMAP_CATASTROPHIC_STREAM,
+        Some((h2, u2.len())),
+        Some(ReadRequest {
+            sink_stag: 0x4242,
+            sink_to: 0,
+            size: 16,
+            src_stag: word.rkey,
+            src_to: word.iova,
+        }),
+        &[],
+    );
+    // The first request was queued, never performed: the Error state
+    // dropped it.
+    assert_eq!(fx.p.b.bytes(&word), &[0; 8]);
+}
+
+#[test]
+fn atomic_response_without_request() {
+    // Queue 3's buffers are the Atomic Requests outstanding: none.
+    let h = untagged(Opcode::AtomicResponse as u8, 3, 1, 0);
+    untagged_violation(
+        Opts::default(),
+        codes::DDP_U_INVALID_MSN_NO_BUFFER,
+        h,
+        &[0; AtomicResponse::LEN],
+        &[],
+    );
+}
+
+#[test]
+fn atomic_request_on_the_send_queue() {
+    let h = untagged(Opcode::AtomicRequest as u8, 0, 1, 0);
+    untagged_violation(
+        Opts::default(),
+        codes::RDMAP_UNEXPECTED_OPCODE,
+        h,
+        &[0; AtomicRequest::LEN],
+        &[],
+    );
+}
+
+#[test]
+fn immediate_data_of_other_than_8_bytes() {
+    // §6.3: exactly 8 bytes. Fewer end the segment inside the header.
+    let h = untagged(Opcode::ImmediateData as u8, 0, 1, 0);
+    untagged_violation(
+        Opts::default(),
+        codes::RDMAP_CATASTROPHIC_STREAM,
+        h,
+        &[1; 4],
+        &[],
+    );
+    untagged_violation(Opts::default(), codes::DDP_U_MSG_TOO_LONG, h, &[1; 12], &[]);
+}
+
+#[test]
+fn immediate_data_without_a_receive_buffer() {
+    let h = untagged(Opcode::ImmediateDataSolicited as u8, 0, 1, 0);
+    untagged_violation(
+        Opts {
+            recvs: 0,
+            ..Opts::default()
+        },
+        codes::DDP_U_INVALID_MSN_NO_BUFFER,
+        h,
+        &[1; 8],
+        &[],
     );
 }

@@ -928,6 +928,10 @@ enum Kind {
     Send,
     Write,
     Read,
+    /// FetchAdd of `len + 1` on the word at the peer's target slot.
+    FetchAdd,
+    /// Immediate Data carrying `len`.
+    Immediate,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -959,7 +963,13 @@ fn by_queue(wcs: Vec<WcKey>) -> [Vec<WcKey>; 2] {
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     (
-        prop_oneof![Just(Kind::Send), Just(Kind::Write), Just(Kind::Read)],
+        prop_oneof![
+            3 => Just(Kind::Send),
+            3 => Just(Kind::Write),
+            3 => Just(Kind::Read),
+            1 => Just(Kind::FetchAdd),
+            1 => Just(Kind::Immediate),
+        ],
         any::<bool>(),
         prop_oneof![Just(0usize), 1..64usize, 0..SLOT],
         0..SLOT,
@@ -1000,7 +1010,8 @@ fn run_workload(
         let s = p.side(e);
         let src = s.reg_with(&pattern(2 * SLOT, seed + i as u64), Access::REMOTE_READ);
         let recv = s.reg(n * SLOT, Access::LOCAL_WRITE);
-        let target = s.reg(n * SLOT, rw());
+        let target = s.reg_with(&target_init(n, seed, i), rw() | Access::REMOTE_ATOMIC);
+        assert_eq!(target.iova % 8, 0, "allocator alignment");
         let sink = s.reg(n * SLOT, Access::LOCAL_WRITE);
         regs.push([src, recv, target, sink]);
     }
@@ -1046,6 +1057,31 @@ fn run_workload(
                 &[sge(&sink, slot, op.len)],
                 op.signaled,
             ),
+            Kind::FetchAdd => post_send(
+                p.side(from),
+                wr,
+                SendOp::FetchAdd {
+                    remote_addr: peer_target.iova + slot as u64,
+                    rkey: peer_target.rkey,
+                    add: op.len as u64 + 1,
+                    add_mask: 0,
+                },
+                &[sge(&sink, slot, 8)],
+                op.signaled,
+            ),
+            Kind::Immediate => {
+                post_recv(p.side(to), 1000 + wr, &[sge(&peer_recv, slot, SLOT)]);
+                post_send(
+                    p.side(from),
+                    wr,
+                    SendOp::ImmediateData {
+                        data: op.len as u64,
+                        solicited: false,
+                    },
+                    &[],
+                    op.signaled,
+                );
+            }
         }
     }
     p.drive();
@@ -1064,17 +1100,22 @@ fn run_workload(
     }
 }
 
+/// The initial contents of end `end`'s Write and atomic target.
+fn target_init(n: usize, seed: u64, end: usize) -> Vec<u8> {
+    pattern(n * SLOT, seed + 2 + end as u64)
+}
+
 /// What a correct run must produce, computed without the protocol.
 fn check_expected(ops: &[Op], seed: u64, out: &Outcome) {
     let src = [pattern(2 * SLOT, seed), pattern(2 * SLOT, seed + 1)];
     let n = ops.len().max(1);
     // regions: per end [src, recv, target, sink]
     let mut want: Vec<Vec<u8>> = Vec::new();
-    for s in &src {
+    for (end, s) in src.iter().enumerate() {
         want.push(s.clone());
-        for _ in 0..3 {
-            want.push(vec![0; n * SLOT]);
-        }
+        want.push(vec![0; n * SLOT]);
+        want.push(target_init(n, seed, end));
+        want.push(vec![0; n * SLOT]);
     }
     let mut sends = [0usize; 2];
     let mut wcs: [Vec<WcKey>; 2] = [Vec::new(), Vec::new()];
@@ -1082,7 +1123,27 @@ fn check_expected(ops: &[Op], seed: u64, out: &Outcome) {
     for (i, op) in ops.iter().enumerate() {
         let (f, t) = if op.from_a { (0, 1) } else { (1, 0) };
         let slot = i * SLOT;
+        let word =
+            |w: &Vec<Vec<u8>>| u64::from_ne_bytes(w[t * 4 + 2][slot..slot + 8].try_into().unwrap());
         let (opcode, data, region) = match op.kind {
+            Kind::FetchAdd => {
+                let orig = word(&want);
+                let new = orig.wrapping_add(op.len as u64 + 1);
+                want[t * 4 + 2][slot..slot + 8].copy_from_slice(&new.to_ne_bytes());
+                want[f * 4 + 3][slot..slot + 8].copy_from_slice(&orig.to_ne_bytes());
+                if op.signaled {
+                    wcs[f].push((i as u64, WcStatus::Success, WcOpcode::AtomicFetchAdd, 8));
+                }
+                continue;
+            }
+            Kind::Immediate => {
+                if op.signaled {
+                    wcs[f].push((i as u64, WcStatus::Success, WcOpcode::ImmediateData, 0));
+                }
+                sends[t] += 1;
+                recvs[t].push((1000 + i as u64, WcStatus::Success, WcOpcode::Recv, 0));
+                continue;
+            }
             Kind::Send => (WcOpcode::Send, &src[f][op.off..op.off + op.len], t * 4 + 1),
             Kind::Write => (
                 WcOpcode::RdmaWrite,

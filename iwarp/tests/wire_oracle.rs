@@ -275,3 +275,181 @@ fn tshark_crc_on_markers_b_to_a() {
 fn tshark_crc_off_rev2() {
     judge("nocrc-rev2", false, false, false, 2);
 }
+
+/// RFC 7306 on the wire, judged by tshark's dissector, which decodes
+/// Atomic Requests and Responses field by field (and has no names for
+/// Immediate Data): FetchAdd, CompareSwap and Immediate Data from A to B,
+/// with CRC.
+#[test]
+fn tshark_decodes_atomic_requests_and_responses() {
+    if !iwarp::tshark::available() {
+        eprintln!("note: tshark not installed; skipping the RFC 7306 oracle");
+        return;
+    }
+    let cfg = Config {
+        crc: true,
+        ..Config::default()
+    };
+    let mut p = Pair::connected(
+        QpConfig::default(),
+        Chunking::whole(1 << 20),
+        cfg.clone(),
+        cfg,
+    );
+    let word = p.b.reg_with(&40u64.to_ne_bytes(), Access::REMOTE_ATOMIC);
+    let sink = p.a.reg(8, Access::LOCAL_WRITE);
+    let rbuf = p.b.reg(8, Access::LOCAL_WRITE);
+    p.b.ctx
+        .post_recv(
+            p.b.qp,
+            &RecvWr {
+                wr_id: 9,
+                sgl: &[Sge {
+                    addr: rbuf.iova,
+                    len: 8,
+                    lkey: rbuf.lkey,
+                }],
+            },
+        )
+        .unwrap();
+    let sink_sge = [Sge {
+        addr: sink.iova,
+        len: 8,
+        lkey: sink.lkey,
+    }];
+    let ops = [
+        SendOp::FetchAdd {
+            remote_addr: word.iova,
+            rkey: word.rkey,
+            add: 0x0001_0000_0000_0002,
+            add_mask: 0x8000_0000_8000_0000,
+        },
+        SendOp::CompareSwap {
+            remote_addr: word.iova,
+            rkey: word.rkey,
+            compare: 0x0001_0000_0000_002a,
+            compare_mask: 0xffff_ffff_ffff_ffff,
+            swap: 0x1122_3344_5566_7788,
+            swap_mask: 0x0000_0000_ffff_ffff,
+        },
+        SendOp::ImmediateData {
+            data: 0x0102_0304_0506_0708,
+            solicited: true,
+        },
+    ];
+    for (i, op) in ops.into_iter().enumerate() {
+        let sgl: &[Sge] = if matches!(op, SendOp::ImmediateData { .. }) {
+            &[]
+        } else {
+            &sink_sge
+        };
+        p.a.ctx
+            .post_send(
+                p.a.qp,
+                &SendWr {
+                    wr_id: i as u64,
+                    op,
+                    sgl,
+                    signaled: true,
+                },
+            )
+            .unwrap();
+    }
+    p.drive();
+    assert_eq!(p.a.completions().len(), 3);
+    assert_eq!(p.b.completions()[0].imm_data, Some(0x0102_0304_0506_0708));
+    assert_eq!(
+        u64::from_ne_bytes(p.b.bytes(&word).try_into().unwrap()),
+        0x0001_0000_5566_7788
+    );
+    let pieces = pieces(&p, true, [false, false]);
+    let path =
+        std::env::temp_dir().join(format!("iwarp-oracle-rfc7306-{}.pcap", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    let mut cap = TcpCapture::new(std::io::BufWriter::new(file), 40000, 7174, 9000).unwrap();
+    for (end, bytes) in &pieces {
+        let side = if *end == End::A {
+            PcapSide::Client
+        } else {
+            PcapSide::Server
+        };
+        cap.send(side, bytes).unwrap();
+    }
+    cap.finish().unwrap();
+    let r = iwarp::tshark::analyze(&path).unwrap();
+    let req = iwarp::tshark::fields(
+        &path,
+        "iwarp_rdma.opcode == 0x0a",
+        &[
+            "iwarp_ddp.qn",
+            "iwarp_rdma.atomic.opcode",
+            "iwarp_rdma.atomic.request_identifier",
+            "iwarp_rdma.atomic.remote_stag",
+            "iwarp_rdma.atomic.remote_tagged_offset",
+            "iwarp_rdma.atomic.add_data",
+            "iwarp_rdma.atomic.add_mask",
+            "iwarp_rdma.atomic.swap_data",
+            "iwarp_rdma.atomic.swap_mask",
+            "iwarp_rdma.atomic.compare_data",
+            "iwarp_rdma.atomic.compare_mask",
+        ],
+    );
+    let resp = iwarp::tshark::fields(
+        &path,
+        "iwarp_rdma.opcode == 0x0b",
+        &[
+            "iwarp_ddp.qn",
+            "iwarp_ddp.msn",
+            "iwarp_rdma.atomic.original_request_identifier",
+        ],
+    );
+    let imm = iwarp::tshark::fields(&path, "iwarp_rdma.opcode == 0x09", &["iwarp_ddp.qn"]);
+    let _ = std::fs::remove_file(&path);
+    // Every FPDU decodes, with a good CRC: two requests, two responses and
+    // the Immediate Data, which the dissector calls "Unknown".
+    assert_eq!((r.fpdus, r.good_crc, r.malformed), (5, 5, 0), "{r:?}");
+    assert!(r.expert_errors.is_empty(), "{r:?}");
+    let (stag, to) = (word.rkey.to_string(), word.iova.to_string());
+    let row = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        req.unwrap(),
+        vec![
+            // queue 1, FetchAdd, request 0: Add Data and Mask, Compare
+            // Data 0 and Mask all ones (§5.1.1).
+            row(&[
+                "1",
+                "0",
+                "0",
+                &stag,
+                &to,
+                &0x0001_0000_0000_0002u64.to_string(),
+                "0x8000000080000000",
+                "",
+                "",
+                "0",
+                "0xffffffffffffffff",
+            ]),
+            // CompareSwap, request 1.
+            row(&[
+                "1",
+                "2",
+                "1",
+                &stag,
+                &to,
+                "",
+                "",
+                &0x1122_3344_5566_7788u64.to_string(),
+                "0x00000000ffffffff",
+                &0x0001_0000_0000_002au64.to_string(),
+                "0xffffffffffffffff",
+            ]),
+        ]
+    );
+    // Responses on queue 3, MSNs 1 and 2, echoing the request identifiers.
+    assert_eq!(
+        resp.unwrap(),
+        vec![row(&["3", "1", "0"]), row(&["3", "2", "1"])]
+    );
+    // Immediate Data with Solicited Event, on queue 0.
+    assert_eq!(imm.unwrap(), vec![row(&["0"])]);
+}

@@ -34,6 +34,9 @@ use crate::verbs::CqTable;
 /// The most scatter/gather elements a work request may carry.
 pub const MAX_SGE: usize = 4;
 
+/// The length of an atomic operation's word and of its local SGE.
+pub const ATOMIC_LEN: u64 = 8;
+
 /// A scatter/gather element: `len` bytes at address `addr` of the region
 /// whose local key is `lkey`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,6 +81,61 @@ pub enum SendOp {
         /// The STag to invalidate.
         stag: u32,
     },
+    /// Immediate Data (RFC 7306 §6): 8 bytes that complete one of the
+    /// peer's posted receives (`WorkCompletion::imm_data`), with no SGEs.
+    /// Posted after an RDMA Write, it completes at the peer only once the
+    /// Write is placed: the Write with Immediate of other verbs.
+    ImmediateData {
+        /// The 8 bytes, sent as a big-endian number.
+        data: u64,
+        /// Set the Solicited Event flag.
+        solicited: bool,
+    },
+    /// FetchAdd (RFC 7306 §5.1.1) on the 64-bit word at `remote_addr`
+    /// (8-byte aligned) in the peer's region `rkey`, which must allow
+    /// remote atomics. The word's value before the addition lands in the
+    /// single 8-byte local SGE, in native byte order.
+    FetchAdd {
+        /// Tagged offset at the peer.
+        remote_addr: u64,
+        /// The peer's STag.
+        rkey: u32,
+        /// Added to the word.
+        add: u64,
+        /// Each set bit ends a field whose carry out is dropped (0: one
+        /// 64-bit addition).
+        add_mask: u64,
+    },
+    /// CompareSwap (RFC 7306 §5.1.2): where the word at `remote_addr`
+    /// equals `compare` in the bits of `compare_mask`, its bits in
+    /// `swap_mask` become those of `swap`. The value before lands in the
+    /// single 8-byte local SGE, as for [`SendOp::FetchAdd`]. Masks of all
+    /// ones make the plain compare-and-swap.
+    CompareSwap {
+        /// Tagged offset at the peer.
+        remote_addr: u64,
+        /// The peer's STag.
+        rkey: u32,
+        /// Compared with the word.
+        compare: u64,
+        /// The bits compared.
+        compare_mask: u64,
+        /// Written into the word when the comparison holds.
+        swap: u64,
+        /// The bits written.
+        swap_mask: u64,
+    },
+}
+
+impl SendOp {
+    /// Whether the operation waits for a response from the peer (RDMA
+    /// Read and the atomics), which counts against the ORD.
+    pub fn awaits_response(&self) -> bool {
+        matches!(
+            self,
+            Self::Read { .. } | Self::FetchAdd { .. } | Self::CompareSwap { .. }
+        )
+    }
 }
 
 /// A send-queue work request.
@@ -109,7 +167,15 @@ impl SendWr<'_> {
     /// Returns the message length.
     pub fn check(&self) -> Result<u64, PostError> {
         let len = sgl_len(self.sgl)?;
-        if matches!(self.op, SendOp::Read { .. }) && self.sgl.len() != 1 {
+        let sgl_ok = match self.op {
+            SendOp::Read { .. } => self.sgl.len() == 1,
+            SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. } => {
+                self.sgl.len() == 1 && len == ATOMIC_LEN
+            }
+            SendOp::ImmediateData { .. } => self.sgl.is_empty(),
+            _ => true,
+        };
+        if !sgl_ok {
             return Err(PostError::InvalidSgl);
         }
         Ok(len)
@@ -129,7 +195,8 @@ impl RecvWr<'_> {
 pub enum PostError {
     /// The queue is full.
     QueueFull,
-    /// More than [`MAX_SGE`] elements, or a Read with other than one.
+    /// More than [`MAX_SGE`] elements, a Read with other than one, an
+    /// atomic with other than one of 8 bytes, or Immediate Data with any.
     InvalidSgl,
     /// The total length exceeds what one message may carry (2^32 - 1).
     TooLong,
@@ -326,6 +393,8 @@ pub struct Qp {
     rq: VecDeque<RqEntry>,
     inflight: VecDeque<Inflight>,
     orq: VecDeque<tx::OrqEntry>,
+    /// Atomic Requests sent whose responses are awaited, oldest first.
+    aorq: VecDeque<tx::AtomicOrqEntry>,
     irq: VecDeque<tx::IrqEntry>,
     events: VecDeque<QpEvent>,
     tx: tx::Tx,
@@ -353,6 +422,7 @@ impl Qp {
             rq: VecDeque::with_capacity(config.rq_depth),
             inflight: VecDeque::with_capacity(config.sq_depth),
             orq: VecDeque::new(),
+            aorq: VecDeque::new(),
             irq: VecDeque::new(),
             events: VecDeque::new(),
             tx: tx::Tx::default(),
@@ -573,6 +643,7 @@ impl Qp {
             qp: self.id,
             invalidated_stag: None,
             solicited: false,
+            imm_data: None,
         }
     }
 
@@ -600,6 +671,7 @@ impl Qp {
                     qp: self.id,
                     invalidated_stag: None,
                     solicited: false,
+                    imm_data: None,
                 };
                 self.complete(self.send_cq, wc, env);
             }
@@ -626,6 +698,7 @@ impl Qp {
         }
         self.drain_inflight(env);
         self.orq.clear();
+        self.aorq.clear();
         self.irq.clear();
         self.tx.abort_messages();
         while let Some(e) = self.sq.pop_front() {
@@ -656,6 +729,7 @@ impl Qp {
                     qp: self.id,
                     invalidated_stag: None,
                     solicited: false,
+                    imm_data: None,
                 };
                 self.complete(self.recv_cq, wc, env);
             }
@@ -806,5 +880,8 @@ fn sq_opcode(op: &SendOp) -> WcOpcode {
         SendOp::Write { .. } => WcOpcode::RdmaWrite,
         SendOp::Read { .. } => WcOpcode::RdmaRead,
         SendOp::LocalInvalidate { .. } => WcOpcode::LocalInvalidate,
+        SendOp::ImmediateData { .. } => WcOpcode::ImmediateData,
+        SendOp::FetchAdd { .. } => WcOpcode::AtomicFetchAdd,
+        SendOp::CompareSwap { .. } => WcOpcode::AtomicCompareSwap,
     }
 }

@@ -3,10 +3,11 @@
 //!
 //! The MPA deframer hands over each FPDU's ULPDU in pieces (markers
 //! stripped). The first bytes are gathered into a small header buffer;
-//! once the DDP/RDMAP header (and for Read Requests and Terminates, the
-//! RDMAP body) is complete it is validated, and the payload that follows
-//! is copied straight into the target region: the tagged buffer named by
-//! STag/TO, or the posted receive buffer at the message offset.
+//! once the DDP/RDMAP header (and for Read Requests, Terminates and the
+//! RFC 7306 messages, the RDMAP header after DDP's) is complete it is
+//! validated, and the payload that follows is copied straight into the
+//! target region: the tagged buffer named by STag/TO, or the posted
+//! receive buffer at the message offset.
 //!
 //! A violation found in a header is acted on only at the end of the FPDU,
 //! after the CRC: a corrupted header is reported as the CRC error it is.
@@ -19,12 +20,13 @@ use crate::mpa::framing::{RxDeframer, RxItem};
 use crate::mpa::handshake::{Negotiated, RtrType};
 use crate::wire::ddp::{Buffer, HeaderRepr, DDP_VERSION, UNTAGGED_HEADER_LEN};
 use crate::wire::rdmap::{
-    Opcode, ReadRequest, QN_READ_REQUEST, QN_SEND, QN_TERMINATE, RDMAP_VERSION,
+    AtomicRequest, AtomicResponse, Opcode, ReadRequest, IMMEDIATE_LEN, QN_ATOMIC_RESPONSE,
+    QN_READ_REQUEST, QN_SEND, QN_TERMINATE, RDMAP_VERSION, UNTAGGED_QUEUES,
 };
 use crate::wire::terminate::TerminateRepr;
 
 use super::tx::{rdmap_mem_code, IrqEntry, HBUF};
-use super::{Env, Qp, QpEvent, QpState};
+use super::{Env, Qp, QpEvent, QpState, ATOMIC_LEN};
 
 /// A protocol violation: what goes into the Terminate message.
 #[derive(Clone, Copy, Debug)]
@@ -78,7 +80,7 @@ pub(super) struct Rx {
     target: Target,
     hdr: Option<HeaderRepr>,
     /// Next expected MSN per untagged queue.
-    expect_msn: [u32; 3],
+    expect_msn: [u32; UNTAGGED_QUEUES],
     /// Bytes received so far of the Send message in progress.
     send_received: u64,
     first_fpdu_seen: bool,
@@ -97,7 +99,7 @@ impl Default for Rx {
             ulpdu_len: 0,
             target: Target::Header,
             hdr: None,
-            expect_msn: [1; 3],
+            expect_msn: [1; UNTAGGED_QUEUES],
             send_received: 0,
             first_fpdu_seen: false,
             expect_rtr: None,
@@ -109,7 +111,7 @@ impl Default for Rx {
 impl Rx {
     pub(super) fn setup(&mut self, n: &Negotiated, max_ulpdu: usize, responder: bool) {
         self.deframer = Some(RxDeframer::new(n.crc, n.markers_rx, max_ulpdu));
-        self.expect_msn = [1; 3];
+        self.expect_msn = [1; UNTAGGED_QUEUES];
         self.expect_rtr = if responder && n.p2p { n.rtr } else { None };
     }
 
@@ -284,13 +286,14 @@ impl Qp {
                 return; // incomplete: reported at the end of the FPDU
             };
             rx.hdr = Some(hdr);
+            let untagged = !matches!(hdr.buffer, Buffer::Tagged { .. });
             let extra = match Opcode::from_raw(hdr.opcode) {
-                Some(Opcode::ReadRequest) if !matches!(hdr.buffer, Buffer::Tagged { .. }) => {
-                    ReadRequest::LEN
-                }
-                Some(Opcode::Terminate) if !matches!(hdr.buffer, Buffer::Tagged { .. }) => {
-                    HBUF - UNTAGGED_HEADER_LEN
-                }
+                _ if !untagged => 0,
+                Some(Opcode::ReadRequest) => ReadRequest::LEN,
+                Some(Opcode::AtomicRequest) => AtomicRequest::LEN,
+                Some(Opcode::AtomicResponse) => AtomicResponse::LEN,
+                Some(Opcode::ImmediateData | Opcode::ImmediateDataSolicited) => IMMEDIATE_LEN,
+                Some(Opcode::Terminate) => HBUF - UNTAGGED_HEADER_LEN,
                 _ => 0,
             };
             if extra > 0 {
@@ -339,7 +342,7 @@ impl Qp {
         // Untagged: the queue number is DDP's to check before RDMAP looks
         // at the opcode.
         if let Buffer::Untagged { qn, .. } = hdr.buffer {
-            if qn > QN_TERMINATE {
+            if qn > QN_ATOMIC_RESPONSE {
                 return Err(v(codes::DDP_U_INVALID_QN));
             }
         }
@@ -405,6 +408,15 @@ impl Qp {
                         if self.rx.rtr == Some(RtrType::Send) {
                             return Ok(Target::Nothing);
                         }
+                        if op.is_immediate() {
+                            // RFC 7306 §6.3: exactly 8 bytes, one segment.
+                            if body_len < IMMEDIATE_LEN {
+                                return Err(v(codes::RDMAP_CATASTROPHIC_STREAM));
+                            }
+                            if payload > 0 || !hdr.last {
+                                return Err(v(codes::DDP_U_MSG_TOO_LONG));
+                            }
+                        }
                         let Some(rq) = self.rq.front() else {
                             return Err(v(codes::DDP_U_INVALID_MSN_NO_BUFFER));
                         };
@@ -418,6 +430,10 @@ impl Qp {
                             offset: u64::from(mo),
                         })
                     }
+                    QN_READ_REQUEST if op == Opcode::AtomicRequest => {
+                        self.rx_validate_atomic_request(hdr, v, env)
+                    }
+                    QN_ATOMIC_RESPONSE => self.rx_validate_atomic_response(hdr, v, env),
                     QN_READ_REQUEST => {
                         if mo != 0 {
                             return Err(v(codes::DDP_U_INVALID_MO));
@@ -436,9 +452,7 @@ impl Qp {
                             rdma_hdr: Some(req),
                             ..v(code)
                         };
-                        let outstanding =
-                            self.irq.len() + usize::from(self.tx.sending_read_response());
-                        if outstanding >= self.tx.ird() {
+                        if self.irq_full() {
                             return Err(rv(codes::RDMAP_CATASTROPHIC_STREAM));
                         }
                         if req.size > 0 {
@@ -463,6 +477,106 @@ impl Qp {
                 }
             }
         }
+    }
+
+    /// Whether the responses owed (queued, and the one being sent) have
+    /// reached the IRD: Read and Atomic Requests share it (RFC 7306 §5).
+    fn irq_full(&self) -> bool {
+        self.irq.len() + usize::from(self.tx.sending_response()) >= self.tx.ird()
+    }
+
+    /// The checks RFC 7306 §5 and §8.2 ask of an incoming Atomic Request
+    /// (queue 1); the operation itself waits for its turn among the
+    /// responses (see `tx_atomic_response`).
+    fn rx_validate_atomic_request(
+        &self,
+        hdr: HeaderRepr,
+        v: impl Fn(TermCode) -> Violation,
+        env: &Env<'_>,
+    ) -> Result<Target, Violation> {
+        let (body, payload) = self.rx_untagged_body(hdr, AtomicRequest::LEN, &v)?;
+        let req = AtomicRequest::parse(body).map_err(|_| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
+        if payload > 0 {
+            return Err(v(codes::DDP_U_MSG_TOO_LONG));
+        }
+        if self.irq_full() {
+            return Err(v(codes::RDMAP_CATASTROPHIC_STREAM));
+        }
+        if req.op().is_none() {
+            return Err(v(codes::RDMAP_UNEXPECTED_OPCODE));
+        }
+        if req.to % ATOMIC_LEN != 0 {
+            return Err(v(codes::RDMAP_CATASTROPHIC_STREAM));
+        }
+        env.mem
+            .check(
+                req.stag,
+                self.pd,
+                req.to,
+                ATOMIC_LEN as usize,
+                Access::REMOTE_ATOMIC,
+            )
+            .map_err(|e| v(rdmap_mem_code(e)))?;
+        Ok(Target::Nothing)
+    }
+
+    /// An incoming Atomic Response (queue 3) must answer the oldest Atomic
+    /// Request outstanding, whose sink must still take the value.
+    fn rx_validate_atomic_response(
+        &self,
+        hdr: HeaderRepr,
+        v: impl Fn(TermCode) -> Violation,
+        env: &Env<'_>,
+    ) -> Result<Target, Violation> {
+        let (body, payload) = self.rx_untagged_body(hdr, AtomicResponse::LEN, &v)?;
+        let resp = AtomicResponse::parse(body).map_err(|_| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
+        if payload > 0 {
+            return Err(v(codes::DDP_U_MSG_TOO_LONG));
+        }
+        // Queue 3's buffers are the requests outstanding.
+        let Some(o) = self.aorq.front() else {
+            return Err(v(codes::DDP_U_INVALID_MSN_NO_BUFFER));
+        };
+        if resp.req_id != o.req_id {
+            return Err(v(codes::RDMAP_CATASTROPHIC_STREAM));
+        }
+        env.mem
+            .check(
+                o.sink.lkey,
+                self.pd,
+                o.sink.addr,
+                ATOMIC_LEN as usize,
+                Access::LOCAL_WRITE,
+            )
+            .map_err(|_| v(codes::RDMAP_LOCAL_CATASTROPHIC))?;
+        Ok(Target::Nothing)
+    }
+
+    /// The RDMAP header after an untagged DDP header that must be the
+    /// whole message (offset 0, one segment), and the payload length after
+    /// it.
+    fn rx_untagged_body(
+        &self,
+        hdr: HeaderRepr,
+        len: usize,
+        v: &impl Fn(TermCode) -> Violation,
+    ) -> Result<(&[u8], usize), Violation> {
+        if let Buffer::Untagged { mo, .. } = hdr.buffer {
+            if mo != 0 {
+                return Err(v(codes::DDP_U_INVALID_MO));
+            }
+        }
+        let start = hdr.header_len();
+        let body = self
+            .rx
+            .hbuf
+            .get(start..start + len)
+            .filter(|_| self.rx.hlen >= start + len)
+            .ok_or_else(|| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
+        if !hdr.last {
+            return Err(v(codes::DDP_U_MSG_TOO_LONG));
+        }
+        Ok((body, self.rx.ulpdu_len - self.rx.hlen))
     }
 
     fn rx_end(&mut self, crc_ok: bool, env: &mut Env<'_>) {
@@ -552,17 +666,69 @@ impl Qp {
                         qp: self.id,
                         invalidated_stag: invalidated,
                         solicited: op.solicited(),
+                        imm_data: None,
                     };
                     self.complete(self.recv_cq, wc, env);
                 }
             }
-            Opcode::ReadRequest => {
+            Opcode::ImmediateData | Opcode::ImmediateDataSolicited => {
+                self.rx.expect_msn[QN_SEND as usize] =
+                    self.rx.expect_msn[QN_SEND as usize].wrapping_add(1);
+                let start = hdr.header_len();
+                let Some(data) = self
+                    .rx
+                    .hbuf
+                    .get(start..start + IMMEDIATE_LEN)
+                    .and_then(|b| <[u8; IMMEDIATE_LEN]>::try_from(b).ok())
+                else {
+                    return;
+                };
+                if let Some(rq) = self.rq.pop_front() {
+                    let wc = WorkCompletion {
+                        wr_id: rq.wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::Recv,
+                        byte_len: 0,
+                        qp: self.id,
+                        invalidated_stag: None,
+                        solicited: op.solicited(),
+                        imm_data: Some(u64::from_be_bytes(data)),
+                    };
+                    self.complete(self.recv_cq, wc, env);
+                }
+            }
+            Opcode::ReadRequest | Opcode::AtomicRequest => {
                 self.rx.expect_msn[QN_READ_REQUEST as usize] =
                     self.rx.expect_msn[QN_READ_REQUEST as usize].wrapping_add(1);
-                let start = hdr.header_len();
-                if let Ok(req) = ReadRequest::parse(&self.rx.hbuf[start..self.rx.hlen]) {
-                    self.irq.push_back(IrqEntry { req });
+                let body = &self.rx.hbuf[hdr.header_len()..self.rx.hlen];
+                let entry = if op == Opcode::ReadRequest {
+                    ReadRequest::parse(body).ok().map(IrqEntry::Read)
+                } else {
+                    AtomicRequest::parse(body).ok().map(IrqEntry::Atomic)
+                };
+                self.irq.extend(entry);
+            }
+            Opcode::AtomicResponse => {
+                self.rx.expect_msn[QN_ATOMIC_RESPONSE as usize] =
+                    self.rx.expect_msn[QN_ATOMIC_RESPONSE as usize].wrapping_add(1);
+                let body = &self.rx.hbuf[hdr.header_len()..self.rx.hlen];
+                let (Ok(resp), Some(o)) = (AtomicResponse::parse(body), self.aorq.pop_front())
+                else {
+                    return;
+                };
+                // Validated: the sink is writable; the value goes in native
+                // byte order, as the responder's memory held it.
+                if let Ok(span) = env.mem.check(
+                    o.sink.lkey,
+                    self.pd,
+                    o.sink.addr,
+                    ATOMIC_LEN as usize,
+                    Access::LOCAL_WRITE,
+                ) {
+                    env.mem.write(span, &resp.orig.to_ne_bytes());
                 }
+                self.set_inflight_status(o.seq, WcStatus::Success);
+                self.drain_inflight(env);
             }
             Opcode::Terminate => {
                 self.rx.expect_msn[QN_TERMINATE as usize] =

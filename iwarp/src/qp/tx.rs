@@ -2,7 +2,7 @@
 //!
 //! One message is sent at a time, chosen at message boundaries in this
 //! order: a queued Terminate, the RTR message (peer-to-peer mode), RDMA
-//! Read Responses, then the send queue. Each FPDU carries at most MULPDU
+//! Read and Atomic Responses (in request order), then the send queue. Each FPDU carries at most MULPDU
 //! bytes of ULPDU (DDP/RDMAP header plus payload), so that it fits one TCP
 //! segment. Payload is copied from registered memory straight into the
 //! caller's buffer by the MPA framer, which adds markers and the CRC on the
@@ -15,12 +15,13 @@ use crate::mpa::framing::{self, TxFramer};
 use crate::mpa::handshake::{Negotiated, RtrType};
 use crate::wire::ddp::{Buffer, HeaderRepr, DDP_VERSION};
 use crate::wire::rdmap::{
-    Opcode, ReadRequest, QN_READ_REQUEST, QN_SEND, QN_TERMINATE, RDMAP_VERSION,
+    AtomicRequest, AtomicResponse, Opcode, ReadRequest, QN_ATOMIC_RESPONSE, QN_READ_REQUEST,
+    QN_SEND, QN_TERMINATE, RDMAP_VERSION, UNTAGGED_QUEUES,
 };
 use crate::wire::terminate::TerminateRepr;
 
 use super::rx::Violation;
-use super::{Env, Inflight, Qp, QpState, SendOp, Sge, MAX_SGE};
+use super::{Env, Inflight, Qp, QpState, SendOp, Sge, ATOMIC_LEN, MAX_SGE};
 
 /// Room for the largest header: an untagged DDP header plus the largest
 /// Terminate body (control, segment length, a DDP header and a Read
@@ -42,10 +43,27 @@ pub(super) struct OrqEntry {
     pub(super) received: u64,
 }
 
-/// An RDMA Read Request we received and must answer.
+/// An Atomic Request we sent and whose response we await.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct IrqEntry {
-    pub(super) req: ReadRequest,
+pub(super) struct AtomicOrqEntry {
+    /// The in-flight work request.
+    pub(super) seq: u64,
+    /// The Request Identifier the response must echo.
+    pub(super) req_id: u32,
+    /// Where the original value goes.
+    pub(super) sink: Sge,
+}
+
+/// A request we received and must answer, in the order received: RFC 7306
+/// §7 keeps Read and Atomic Responses in request order, and performs an
+/// atomic operation only when its response is generated, after every
+/// response before it.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum IrqEntry {
+    /// An RDMA Read Request.
+    Read(ReadRequest),
+    /// An Atomic Request, validated on arrival.
+    Atomic(AtomicRequest),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -103,7 +121,7 @@ impl Fpdu {
 pub(super) struct Tx {
     framer: Option<TxFramer>,
     mulpdu: usize,
-    msn: [u32; 3],
+    msn: [u32; UNTAGGED_QUEUES],
     ord: usize,
     ird: usize,
     msg: Option<Msg>,
@@ -119,7 +137,7 @@ impl Tx {
     pub(super) fn setup(&mut self, n: &Negotiated, emss: usize, initiator: bool) {
         self.framer = Some(TxFramer::new(n.crc, n.markers_tx));
         self.mulpdu = framing::mulpdu(emss, n.markers_tx).max(64);
-        self.msn = [1; 3];
+        self.msn = [1; UNTAGGED_QUEUES];
         self.ord = usize::from(n.ord);
         self.ird = usize::from(n.ird);
         self.rtr = if initiator && n.p2p { n.rtr } else { None };
@@ -142,10 +160,12 @@ impl Tx {
         self.ird
     }
 
-    /// Whether a Read Response message is being sent (counts against IRD).
-    pub(super) fn sending_read_response(&self) -> bool {
-        self.msg
-            .is_some_and(|m| m.hdr.opcode == Opcode::ReadResponse as u8)
+    /// Whether a Read or Atomic Response is being sent (counts against IRD).
+    pub(super) fn sending_response(&self) -> bool {
+        self.msg.is_some_and(|m| {
+            m.hdr.opcode == Opcode::ReadResponse as u8
+                || m.hdr.opcode == Opcode::AtomicResponse as u8
+        })
     }
 
     /// Drop queued messages; the FPDU being written is still completed so
@@ -250,6 +270,24 @@ impl Msg {
     fn with_read_request(mut self, req: &ReadRequest) -> Self {
         req.emit(&mut self.body[..ReadRequest::LEN]);
         self.body_len = ReadRequest::LEN;
+        self
+    }
+
+    fn with_atomic_request(mut self, req: &AtomicRequest) -> Self {
+        req.emit(&mut self.body[..AtomicRequest::LEN]);
+        self.body_len = AtomicRequest::LEN;
+        self
+    }
+
+    fn with_atomic_response(mut self, resp: &AtomicResponse) -> Self {
+        resp.emit(&mut self.body[..AtomicResponse::LEN]);
+        self.body_len = AtomicResponse::LEN;
+        self
+    }
+
+    fn with_immediate(mut self, data: u64) -> Self {
+        self.body[..8].copy_from_slice(&data.to_be_bytes());
+        self.body_len = 8;
         self
     }
 }
@@ -435,7 +473,10 @@ impl Qp {
             return true;
         }
         if let Some(irq) = self.irq.pop_front() {
-            let r = irq.req;
+            let r = match irq {
+                IrqEntry::Read(r) => r,
+                IrqEntry::Atomic(a) => return self.tx_atomic_response(&a, env),
+            };
             let msg = Msg::new(
                 tagged(Opcode::ReadResponse, r.sink_stag, r.sink_to),
                 u64::from(r.size),
@@ -473,10 +514,8 @@ impl Qp {
             let Some(e) = self.sq.front().copied() else {
                 return false;
             };
-            if let SendOp::Read { .. } = e.op {
-                if self.orq.len() >= self.tx.ord {
-                    return false; // wait for a Read Response
-                }
+            if e.op.awaits_response() && self.orq.len() + self.aorq.len() >= self.tx.ord {
+                return false; // wait for a Read or Atomic Response
             }
             self.sq.pop_front();
             let seq = self.tx.next_seq;
@@ -491,7 +530,9 @@ impl Qp {
             });
             // Local buffers must be valid before anything goes out.
             let need = match e.op {
-                SendOp::Read { .. } => Access::LOCAL_WRITE,
+                SendOp::Read { .. } | SendOp::FetchAdd { .. } | SendOp::CompareSwap { .. } => {
+                    Access::LOCAL_WRITE
+                }
                 _ => Access::NONE,
             };
             let bad = e.sges().iter().any(|s| {
@@ -555,6 +596,43 @@ impl Qp {
                     )
                     .with_read_request(&req)
                 }
+                SendOp::ImmediateData { data, solicited } => {
+                    let op = if solicited {
+                        Opcode::ImmediateDataSolicited
+                    } else {
+                        Opcode::ImmediateData
+                    };
+                    let msn = self.tx.next_msn(QN_SEND);
+                    Msg::new(untagged(op, QN_SEND, msn, 0), 0, Payload::None).with_immediate(data)
+                }
+                SendOp::FetchAdd {
+                    remote_addr,
+                    rkey,
+                    add,
+                    add_mask,
+                } => self.tx_atomic_request(
+                    seq,
+                    e.sgl[0],
+                    AtomicRequest::fetch_add(seq as u32, rkey, remote_addr, add, add_mask),
+                ),
+                SendOp::CompareSwap {
+                    remote_addr,
+                    rkey,
+                    compare,
+                    compare_mask,
+                    swap,
+                    swap_mask,
+                } => self.tx_atomic_request(
+                    seq,
+                    e.sgl[0],
+                    AtomicRequest::compare_swap(
+                        seq as u32,
+                        rkey,
+                        remote_addr,
+                        (compare, compare_mask),
+                        (swap, swap_mask),
+                    ),
+                ),
                 SendOp::LocalInvalidate { stag } => {
                     let status = match env.mem.invalidate(stag, self.pd) {
                         Ok(()) => WcStatus::Success,
@@ -571,10 +649,75 @@ impl Qp {
                 }
             };
             msg.seq = Some(seq);
-            msg.completes_on_send = !matches!(e.op, SendOp::Read { .. });
+            msg.completes_on_send = !e.op.awaits_response();
             self.tx.msg = Some(msg);
             return true;
         }
+    }
+
+    /// The message of an atomic work request, whose response is awaited
+    /// with its local sink.
+    fn tx_atomic_request(&mut self, seq: u64, sink: Sge, req: AtomicRequest) -> Msg {
+        self.aorq.push_back(AtomicOrqEntry {
+            seq,
+            req_id: req.req_id,
+            sink,
+        });
+        let msn = self.tx.next_msn(QN_READ_REQUEST);
+        Msg::new(
+            untagged(Opcode::AtomicRequest, QN_READ_REQUEST, msn, 0),
+            0,
+            Payload::None,
+        )
+        .with_atomic_request(&req)
+    }
+
+    /// Perform a validated Atomic Request on the target and queue its
+    /// response (RFC 7306 §5). The region may have been invalidated or
+    /// deregistered since the request arrived: that is an error found while
+    /// creating the response, whose Terminate carries no headers (§8.1).
+    fn tx_atomic_response(&mut self, a: &AtomicRequest, env: &mut Env<'_>) -> bool {
+        let span = match env.mem.check(
+            a.stag,
+            self.pd,
+            a.to,
+            ATOMIC_LEN as usize,
+            Access::REMOTE_ATOMIC,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                self.local_violation(Violation::plain(rdmap_mem_code(e)), env);
+                return false;
+            }
+        };
+        let Ok(word) = <[u8; 8]>::try_from(env.mem.read(span)) else {
+            self.local_violation(Violation::plain(codes::RDMAP_LOCAL_CATASTROPHIC), env);
+            return false;
+        };
+        // The operation runs in the target memory's byte order (§5.1).
+        let orig = u64::from_ne_bytes(word);
+        let Some(new) = a.apply(orig) else {
+            // Reserved AOpCodes were refused on arrival.
+            self.local_violation(Violation::plain(codes::RDMAP_UNEXPECTED_OPCODE), env);
+            return false;
+        };
+        if new != orig {
+            env.mem.write(span, &new.to_ne_bytes());
+        }
+        let msn = self.tx.next_msn(QN_ATOMIC_RESPONSE);
+        let resp = AtomicResponse {
+            req_id: a.req_id,
+            orig,
+        };
+        self.tx.msg = Some(
+            Msg::new(
+                untagged(Opcode::AtomicResponse, QN_ATOMIC_RESPONSE, msn, 0),
+                0,
+                Payload::None,
+            )
+            .with_atomic_response(&resp),
+        );
+        true
     }
 
     pub(super) fn set_inflight_status(&mut self, seq: u64, status: WcStatus) {
