@@ -332,6 +332,117 @@ fn transfers(c: &Conn) {
     }
 }
 
+/// RFC 7306 through the device API: FetchAdd and CompareSwap on the
+/// server's memory, and Immediate Data into a posted receive.
+fn atomics_and_immediate_data(c: &Conn) {
+    let (cli, srv) = (&c.client, &c.server);
+    let word = srv
+        .dev
+        .reg_mr(&srv.pd, 16, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC)
+        .unwrap();
+    assert_eq!(word.addr() % 8, 0);
+    word.write(0, &40u64.to_ne_bytes());
+    let sink = cli.dev.reg_mr(&cli.pd, 8, Access::LOCAL_WRITE).unwrap();
+    let value = |mr: &Mr| {
+        let mut b = [0u8; 8];
+        mr.read(0, &mut b);
+        u64::from_ne_bytes(b)
+    };
+    let ops = [
+        (
+            SendOp::FetchAdd {
+                remote_addr: word.addr(),
+                rkey: word.rkey(),
+                add: 2,
+                add_mask: 0,
+            },
+            WcOpcode::AtomicFetchAdd,
+            40,
+            42,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote_addr: word.addr(),
+                rkey: word.rkey(),
+                compare: 42,
+                compare_mask: u64::MAX,
+                swap: 7,
+                swap_mask: u64::MAX,
+            },
+            WcOpcode::AtomicCompareSwap,
+            42,
+            7,
+        ),
+    ];
+    for (i, (op, opcode, orig, after)) in ops.into_iter().enumerate() {
+        cli.qp
+            .post_send(&SendWr {
+                wr_id: 600 + i as u64,
+                op,
+                sgl: &[sink.sge(0, 8)],
+                signaled: true,
+            })
+            .unwrap();
+        let wc = cli.wait_one();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+            (600 + i as u64, WcStatus::Success, opcode, 8)
+        );
+        assert_eq!((value(&sink), value(&word)), (orig, after));
+    }
+    srv.qp
+        .post_recv(&RecvWr {
+            wr_id: 700,
+            sgl: &[],
+        })
+        .unwrap();
+    cli.qp
+        .post_send(&SendWr {
+            wr_id: 701,
+            op: SendOp::ImmediateData {
+                data: 0xfeed_f00d_0000_0001,
+                solicited: false,
+            },
+            sgl: &[],
+            signaled: true,
+        })
+        .unwrap();
+    let wc = cli.wait_one();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (701, WcStatus::Success, WcOpcode::ImmediateData)
+    );
+    let wc = srv.wait_one();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm_data),
+        (
+            700,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            0,
+            Some(0xfeed_f00d_0000_0001)
+        )
+    );
+}
+
+#[test]
+fn atomics_and_immediate_data_thread_mode() {
+    atomics_and_immediate_data(&connect(
+        Mode::Thread,
+        ConnParams::default(),
+        ConnParams::default(),
+    ));
+}
+
+#[test]
+fn atomics_and_immediate_data_manual_mode() {
+    atomics_and_immediate_data(&connect(
+        Mode::Manual,
+        ConnParams::default(),
+        ConnParams::default(),
+    ));
+}
+
 #[test]
 fn transfers_thread_mode() {
     let c = connect(Mode::Thread, ConnParams::default(), ConnParams::default());

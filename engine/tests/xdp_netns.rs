@@ -134,6 +134,8 @@ enum Cmd {
     CheckWrite(usize, u8),
     /// A Send of `pattern(len, seed)` arrives.
     ExpectSend(usize, u8),
+    /// Immediate Data carrying this arrives.
+    ExpectImmediate(u64),
     Done,
 }
 
@@ -171,7 +173,10 @@ fn serve(
         .reg_mr(
             &pd,
             MR_LEN,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
         )
         .unwrap();
     let recv = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
@@ -221,6 +226,14 @@ fn serve(
                 let mut got = vec![0; len];
                 s.recv.read(0, &mut got);
                 assert!(got == pattern(len, seed), "Send of {len} B differs");
+                post_recv(&s);
+            }
+            Cmd::ExpectImmediate(data) => {
+                let wc = wait_one(&s.cq);
+                assert_eq!(
+                    (wc.opcode, wc.byte_len, wc.imm_data),
+                    (WcOpcode::Recv, 0, Some(data))
+                );
                 post_recv(&s);
             }
             Cmd::Done => break,
@@ -299,6 +312,60 @@ fn client(
         assert_eq!(wait_one(&cq).opcode, WcOpcode::Send);
         sync(Cmd::ExpectSend(len, seed));
     }
+    // RFC 7306 over the same path: atomics on the first word of the
+    // server's region, each returning what the one before left, then
+    // Immediate Data.
+    let sink = dev.reg_mr(&pd, 8, Access::LOCAL_WRITE).unwrap();
+    let atomic = |op: SendOp, opcode: WcOpcode| {
+        qp.post_send(&SendWr {
+            wr_id: 4,
+            op,
+            sgl: &[sink.sge(0, 8)],
+            signaled: true,
+        })
+        .unwrap();
+        let wc = wait_one(&cq);
+        assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len),
+            (WcStatus::Success, opcode, 8)
+        );
+        let mut b = [0u8; 8];
+        sink.read(0, &mut b);
+        u64::from_ne_bytes(b)
+    };
+    let fetch_add = |add| SendOp::FetchAdd {
+        remote_addr: offer.remote_addr,
+        rkey: offer.rkey,
+        add,
+        add_mask: 0,
+    };
+    let first = atomic(fetch_add(0), WcOpcode::AtomicFetchAdd);
+    assert_eq!(atomic(fetch_add(5), WcOpcode::AtomicFetchAdd), first);
+    let cas = SendOp::CompareSwap {
+        remote_addr: offer.remote_addr,
+        rkey: offer.rkey,
+        compare: first.wrapping_add(5),
+        compare_mask: u64::MAX,
+        swap: 1,
+        swap_mask: u64::MAX,
+    };
+    assert_eq!(
+        atomic(cas, WcOpcode::AtomicCompareSwap),
+        first.wrapping_add(5)
+    );
+    assert_eq!(atomic(fetch_add(0), WcOpcode::AtomicFetchAdd), 1);
+    qp.post_send(&SendWr {
+        wr_id: 5,
+        op: SendOp::ImmediateData {
+            data: 0x1234_5678_9abc_def0,
+            solicited: true,
+        },
+        sgl: &[],
+        signaled: true,
+    })
+    .unwrap();
+    assert_eq!(wait_one(&cq).opcode, WcOpcode::ImmediateData);
+    sync(Cmd::ExpectImmediate(0x1234_5678_9abc_def0));
     if o.stream {
         const CHUNK: usize = 64 * 1024;
         const TOTAL: usize = 256 << 20;
