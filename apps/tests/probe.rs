@@ -233,4 +233,6 @@ scenarios! {
     bad_queue_number = "bad-queue-number",
     read_over_ird = "read-over-ird",
     rtr_mismatch = "rtr-mismatch",
+    atomic_unaligned = "atomic-unaligned",
+    atomic_no_atomic_right = "atomic-no-atomic-right",
 }

@@ -309,6 +309,23 @@ pub fn write(stag: u32, to: u64, len: usize) -> Vec<u8> {
     ulpdu(&h, &vec![0xee; len])
 }
 
+/// An RFC 7306 Atomic Request (queue 1, MSN `msn`): FetchAdd of 1 on the
+/// word at (`stag`, `to`).
+pub fn fetch_add_request(msn: u32, stag: u32, to: u64) -> Vec<u8> {
+    let r = iwarp::wire::rdmap::AtomicRequest::fetch_add(msn, stag, to, 1, 0);
+    let mut body = [0u8; iwarp::wire::rdmap::AtomicRequest::LEN];
+    r.emit(&mut body);
+    ulpdu(
+        &untagged(
+            Opcode::AtomicRequest,
+            iwarp::wire::rdmap::QN_READ_REQUEST,
+            msn,
+            0,
+        ),
+        &body,
+    )
+}
+
 /// An RDMA Read Request (MSN `msn`) for `size` bytes of (`stag`, `to`).
 pub fn read_request(msn: u32, stag: u32, to: u64, size: u32) -> Vec<u8> {
     let r = ReadRequest {

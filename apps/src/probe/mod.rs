@@ -30,7 +30,7 @@ use iwarp::error::{codes, TermCode};
 use iwarp::wire::mpa::{FrameKind, FrameRepr, IrdOrd};
 use iwarp::wire::rdmap::{Opcode, QN_SEND};
 
-use conn::{read_mpa_frame, read_request, send, ulpdu, untagged, write, Wire};
+use conn::{fetch_add_request, read_mpa_frame, read_request, send, ulpdu, untagged, write, Wire};
 
 /// First bytes of the target's advertisement.
 pub const ADVERT_MAGIC: &[u8; 8] = b"IWPROBE1";
@@ -257,6 +257,8 @@ enum Attack {
     BadQn,
     ReadOverIrd,
     RtrMismatch,
+    AtomicUnaligned,
+    AtomicNoRight,
 }
 
 /// One named scenario.
@@ -285,9 +287,11 @@ impl Scenario {
     /// The advertised region the scenario needs (None: none).
     pub fn needs(&self) -> Option<RegionKind> {
         match self.attack {
-            Attack::UnknownStag | Attack::ToOutside | Attack::ReadOverIrd => {
-                Some(RegionKind::ReadWrite)
-            }
+            Attack::UnknownStag
+            | Attack::ToOutside
+            | Attack::ReadOverIrd
+            | Attack::AtomicUnaligned
+            | Attack::AtomicNoRight => Some(RegionKind::ReadWrite),
             Attack::OtherPd => Some(RegionKind::OtherPd),
             Attack::Invalidated => Some(RegionKind::Invalidated),
             Attack::WriteReadOnly => Some(RegionKind::ReadOnly),
@@ -377,6 +381,12 @@ pub const SCENARIOS: &[Scenario] = &[
     sc!("rtr-mismatch", RtrMismatch, Expect::Term(codes::MPA_NO_MATCHING_RTR),
         "P2P offering only the Write RTR, then a zero-length Send as RTR",
         "RFC 6581 3: Terminate LLP/MPA no matching RTR model (2/0/0x07)"),
+    sc!("atomic-unaligned", AtomicUnaligned, Expect::Term(codes::RDMAP_CATASTROPHIC_STREAM),
+        "RFC 7306 FetchAdd on a word 4 bytes off 64-bit alignment in the read/write region",
+        "RFC 7306 8.2: Terminate RDMAP remote operation, catastrophic error localized to the stream (0/2/0x07); a peer without RFC 7306: unexpected opcode (0/2/0x06)"),
+    sc!("atomic-no-atomic-right", AtomicNoRight, Expect::Term(codes::RDMAP_ACCESS_RIGHTS),
+        "RFC 7306 FetchAdd on an aligned word of the read/write region (no remote-atomic right)",
+        "RFC 7306 5 with RFC 5040 7: the region is not registered for atomics; Terminate RDMAP remote protection, access rights (0/1/0x02); a peer without RFC 7306: unexpected opcode (0/2/0x06)"),
 ];
 
 /// The scenario named `name`.
@@ -782,6 +792,16 @@ fn attack(
                 b.extend(w.frame(&read_request(w.rr_msn + i, r.stag, r.to, r.len)));
             }
             b
+        }
+        Attack::AtomicUnaligned | Attack::AtomicNoRight => {
+            let r = region(advert, RegionKind::ReadWrite)?;
+            let aligned = r.to.next_multiple_of(8);
+            let to = if s.attack == Attack::AtomicUnaligned {
+                aligned + 4
+            } else {
+                aligned
+            };
+            w.frame(&fetch_add_request(w.rr_msn, r.stag, to))
         }
         Attack::RtrMismatch => {
             // A zero-length Send: an RTR type the responder did not choose.
