@@ -87,23 +87,7 @@ pub fn analyze_segments(pcap: &Path) -> io::Result<Report> {
 
 /// How many frames of `pcap` match the display filter `filter`.
 pub fn count(pcap: &Path, filter: &str) -> io::Result<usize> {
-    let out = Command::new("tshark")
-        .arg("-r")
-        .arg(pcap)
-        .args(["-n", "-Y", filter, "-T", "fields", "-e", "frame.number"])
-        .stdin(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "tshark -Y {filter} failed on {}: {}",
-            pcap.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count())
+    fields(pcap, filter, &["frame.number"]).map(|rows| rows.len())
 }
 
 /// The values of `fields` (tshark field names) in every frame matching

@@ -145,24 +145,21 @@ fn masked_compare_swap_swaps_only_the_masked_bits() {
     assert_eq!(value(&p, &target, End::B, 8), 0x1234_5678_9abc_de01);
 }
 
-#[test]
-fn a_failed_read_among_atomics_completes_in_order_and_flushes_the_rest() {
-    // ORD/IRD 2: Reads and atomics share it. The region allows atomics
-    // only, so the third request, a Read, makes B terminate: the two
-    // atomics before it completed, it failed, the rest are flushed.
+/// A pair whose IRD and ORD are `depth`.
+fn ord_pair(depth: u16, crc: bool, chunking: Chunking) -> Pair {
     let cfg = Config {
-        ird: 2,
-        ord: 2,
-        ..mpa(2, true, false)
+        ird: depth,
+        ord: depth,
+        ..mpa(2, crc, false)
     };
-    let mut p = Pair::connected(
-        QpConfig::default(),
-        Chunking::whole(1 << 16),
-        cfg.clone(),
-        cfg,
-    );
-    let (_, target) = word(&mut p, 100);
-    let sinks: Vec<MrInfo> = (0..6).map(|_| p.a.reg(8, Access::LOCAL_WRITE)).collect();
+    Pair::connected(QpConfig::default(), chunking, cfg.clone(), cfg)
+}
+
+/// Post `n` requests from A on the word at offset 8 of `target`: a Read
+/// after every two FetchAdds of 1, each into a sink of its own, returned
+/// in posting order.
+fn post_atomics_and_reads(p: &mut Pair, target: &MrInfo, n: usize) -> Vec<MrInfo> {
+    let sinks: Vec<MrInfo> = (0..n).map(|_| p.a.reg(8, Access::LOCAL_WRITE)).collect();
     for (i, s) in sinks.iter().enumerate() {
         let op = if i % 3 == 2 {
             SendOp::Read {
@@ -170,10 +167,21 @@ fn a_failed_read_among_atomics_completes_in_order_and_flushes_the_rest() {
                 rkey: target.rkey,
             }
         } else {
-            fetch_add(&target, 1, 0)
+            fetch_add(target, 1, 0)
         };
         post_send(p.side(End::A), i as u64, op, &[sge(s, 0, 8)], true);
     }
+    sinks
+}
+
+#[test]
+fn a_failed_read_among_atomics_completes_in_order_and_flushes_the_rest() {
+    // ORD/IRD 2: Reads and atomics share it. The region allows atomics
+    // only, so the third request, a Read, makes B terminate: the two
+    // atomics before it completed, it failed, the rest are flushed.
+    let mut p = ord_pair(2, true, Chunking::whole(1 << 16));
+    let (_, target) = word(&mut p, 100);
+    let sinks = post_atomics_and_reads(&mut p, &target, 6);
     p.drive();
     let wcs = p.a.completions();
     let got: Vec<(u64, WcStatus)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
@@ -195,32 +203,11 @@ fn a_failed_read_among_atomics_completes_in_order_and_flushes_the_rest() {
 
 #[test]
 fn reads_and_atomics_interleave_in_order() {
-    let cfg = Config {
-        ird: 3,
-        ord: 3,
-        ..mpa(2, false, false)
-    };
-    let mut p = Pair::connected(
-        QpConfig::default(),
-        Chunking::random(64, 11),
-        cfg.clone(),
-        cfg,
-    );
+    let mut p = ord_pair(3, false, Chunking::random(64, 11));
     let mut init = [0u8; 24];
     init[8..16].copy_from_slice(&100u64.to_ne_bytes());
     let target = p.b.reg_with(&init, atomic_rights() | Access::REMOTE_READ);
-    let sinks: Vec<MrInfo> = (0..9).map(|_| p.a.reg(8, Access::LOCAL_WRITE)).collect();
-    for (i, s) in sinks.iter().enumerate() {
-        let op = if i % 3 == 2 {
-            SendOp::Read {
-                remote_addr: target.iova + 8,
-                rkey: target.rkey,
-            }
-        } else {
-            fetch_add(&target, 1, 0)
-        };
-        post_send(p.side(End::A), i as u64, op, &[sge(s, 0, 8)], true);
-    }
+    let sinks = post_atomics_and_reads(&mut p, &target, 9);
     p.drive();
     let wcs = p.a.completions();
     let got: Vec<(u64, WcStatus, WcOpcode)> =

@@ -131,6 +131,25 @@ fn exchange(p: &mut Pair) {
     }
 }
 
+/// Write `pieces` into a pcap in the temporary directory, A as the TCP
+/// client, one segment each.
+fn capture(name: &str, pieces: &[(End, Vec<u8>)]) -> std::path::PathBuf {
+    let path =
+        std::env::temp_dir().join(format!("iwarp-oracle-{name}-{}.pcap", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    let mut cap = TcpCapture::new(std::io::BufWriter::new(file), 40000, 7174, 9000).unwrap();
+    for (end, bytes) in pieces {
+        let side = if *end == End::A {
+            PcapSide::Client
+        } else {
+            PcapSide::Server
+        };
+        cap.send(side, bytes).unwrap();
+    }
+    cap.finish().unwrap();
+    path
+}
+
 /// Cut each direction's stream into its MPA frame and FPDUs, and order the
 /// pieces as they were sent, so that every TCP segment carries exactly one
 /// (tshark finds markers only in segments that start with an FPDU).
@@ -199,19 +218,7 @@ fn judge(name: &str, crc: bool, markers_a: bool, markers_b: bool, revision: u8) 
         .iter()
         .filter(|(e, b)| judged(*e) && !b.starts_with(b"MPA ID"))
         .count();
-    let path =
-        std::env::temp_dir().join(format!("iwarp-oracle-{name}-{}.pcap", std::process::id()));
-    let file = std::fs::File::create(&path).unwrap();
-    let mut cap = TcpCapture::new(std::io::BufWriter::new(file), 40000, 7174, 9000).unwrap();
-    for (end, bytes) in &pieces {
-        let side = if *end == End::A {
-            PcapSide::Client
-        } else {
-            PcapSide::Server
-        };
-        cap.send(side, bytes).unwrap();
-    }
-    cap.finish().unwrap();
+    let path = capture(name, &pieces);
     let r = iwarp::tshark::analyze(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     assert_eq!(
@@ -362,20 +369,7 @@ fn tshark_decodes_atomic_requests_and_responses() {
         u64::from_ne_bytes(p.b.bytes(&word).try_into().unwrap()),
         0x0001_0000_5566_7788
     );
-    let pieces = pieces(&p, true, [false, false]);
-    let path =
-        std::env::temp_dir().join(format!("iwarp-oracle-rfc7306-{}.pcap", std::process::id()));
-    let file = std::fs::File::create(&path).unwrap();
-    let mut cap = TcpCapture::new(std::io::BufWriter::new(file), 40000, 7174, 9000).unwrap();
-    for (end, bytes) in &pieces {
-        let side = if *end == End::A {
-            PcapSide::Client
-        } else {
-            PcapSide::Server
-        };
-        cap.send(side, bytes).unwrap();
-    }
-    cap.finish().unwrap();
+    let path = capture("rfc7306", &pieces(&p, true, [false, false]));
     let r = iwarp::tshark::analyze(&path).unwrap();
     let req = iwarp::tshark::fields(
         &path,
