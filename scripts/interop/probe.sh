@@ -42,7 +42,7 @@ fi
 
 CLIENT_SCENARIOS=(bad-mpa-key reserved-bits pd-too-long garbage-before-request
     truncated-frame bad-ulpdu-length bad-crc bad-marker msn-gap bad-queue-number rtr-mismatch)
-SERVER_SCENARIOS=(unknown-stag to-outside-region read-over-ird)
+SERVER_SCENARIOS=(unknown-stag to-outside-region read-over-ird atomic-unaligned atomic-no-atomic-right)
 NA_SCENARIOS=(stag-other-pd invalidated-stag write-read-only read-no-remote-read)
 
 args() { local s; for s in "$@"; do printf ' -s %s' "$s"; done; }
@@ -117,6 +117,10 @@ Notes:
   2-byte ULPDU does not hold).
 * pd-too-long / garbage-before-request: siw resets the TCP connection (a
   close is what the RFC asks; a reset is an abortive close).
+* atomic-unaligned / atomic-no-atomic-right: stock siw implements none of
+  RFC 7306 and answers every opcode above 7 with "unexpected opcode"
+  before looking at the request, the reaction RFC 7306 1.1 foresees from a
+  peer without the extensions.
 EOF_NOTES
 } >"$TMP/doc.md"
 cp "$TMP/doc.md" "$DOC"
