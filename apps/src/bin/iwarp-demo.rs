@@ -3,8 +3,10 @@
 //! Two QPs are joined by in-memory byte pipes ([`iwarp::testing::Pair`]);
 //! no network is involved. For each configuration the pair connects
 //! (MPA exchange with private data both ways), then runs a Send, an RDMA
-//! Write and an RDMA Read of a few sizes and checks every byte. A last run
-//! times 64 KiB RDMA Writes with CRC on through both QPs on this thread.
+//! Write and an RDMA Read of a few sizes and checks every byte, and the
+//! RFC 7306 operations (FetchAdd, CompareSwap, Immediate Data) and checks
+//! their values. A last run times 64 KiB RDMA Writes with CRC on through
+//! both QPs on this thread.
 
 use std::process::ExitCode;
 use std::time::Instant as StdInstant;
@@ -137,6 +139,24 @@ struct Regions {
     b_dst: MrInfo,
     /// B: source of Read.
     b_src: MrInfo,
+    /// A: where an atomic's original value lands.
+    a_word: MrInfo,
+    /// B: the 64-bit word the atomics work on.
+    b_word: MrInfo,
+}
+
+impl Regions {
+    /// Every region, for messages of up to `max` bytes.
+    fn new(p: &mut Pair, max: usize) -> Self {
+        Self {
+            a_src: p.a.reg(max, Access::NONE),
+            a_sink: p.a.reg(max, Access::LOCAL_WRITE),
+            b_dst: p.b.reg(max, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+            b_src: p.b.reg(max, Access::REMOTE_READ),
+            a_word: p.a.reg(8, Access::LOCAL_WRITE),
+            b_word: p.b.reg(8, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -243,6 +263,99 @@ fn run_op(p: &mut Pair, r: &Regions, op: Op, len: usize, seed: u8) -> (Cost, boo
     };
     let ok = ok && p.a.state() == QpState::Rts && p.b.state() == QpState::Rts;
     (cost, ok)
+}
+
+/// FetchAdd, CompareSwap and Immediate Data from A to B; returns their
+/// cost and whether every value and completion checked.
+fn run_rfc7306(p: &mut Pair, r: &Regions, seed: u8) -> (Cost, bool) {
+    let start = u64::from(seed) << 32 | 0xffff_fff0;
+    fill(&mut p.b, &r.b_word, &start.to_ne_bytes());
+    let before = counters(p);
+    let word = |p: &Pair, mr: &MrInfo, a: bool| {
+        let s = if a { &p.a } else { &p.b };
+        s.bytes(mr)
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_ne_bytes)
+    };
+    let sink = sge(&r.a_word, 8);
+    let mut ok = true;
+    let ops = [
+        // Two 32-bit counters: the low one wraps without carrying into
+        // the high one.
+        (
+            SendOp::FetchAdd {
+                remote_addr: r.b_word.iova,
+                rkey: r.b_word.rkey,
+                add: 0x0000_0001_0000_0020,
+                add_mask: 0x8000_0000_8000_0000,
+            },
+            WcOpcode::AtomicFetchAdd,
+            start,
+            start + (1 << 32) - 0xffff_fff0 + 0x10,
+        ),
+        (
+            SendOp::CompareSwap {
+                remote_addr: r.b_word.iova,
+                rkey: r.b_word.rkey,
+                compare: start + (1 << 32) - 0xffff_fff0 + 0x10,
+                compare_mask: u64::MAX,
+                swap: 7,
+                swap_mask: u64::MAX,
+            },
+            WcOpcode::AtomicCompareSwap,
+            start + (1 << 32) - 0xffff_fff0 + 0x10,
+            7,
+        ),
+    ];
+    for (op, opcode, orig, after) in ops {
+        let posted = p.a.ctx.post_send(
+            p.a.qp,
+            &SendWr {
+                wr_id: 4,
+                op,
+                sgl: &sink,
+                signaled: true,
+            },
+        );
+        p.drive();
+        ok &= posted.is_ok()
+            && one_ok(&p.a.completions(), opcode, Some(8))
+            && p.b.completions().is_empty()
+            && word(p, &r.a_word, true) == orig
+            && word(p, &r.b_word, false) == after;
+    }
+    let posted =
+        p.b.ctx
+            .post_recv(
+                p.b.qp,
+                &RecvWr {
+                    wr_id: 11,
+                    sgl: &[],
+                },
+            )
+            .and_then(|()| {
+                p.a.ctx.post_send(
+                    p.a.qp,
+                    &SendWr {
+                        wr_id: 5,
+                        op: SendOp::ImmediateData {
+                            data: start,
+                            solicited: true,
+                        },
+                        sgl: &[],
+                        signaled: true,
+                    },
+                )
+            });
+    p.drive();
+    let wb = p.b.completions();
+    ok &= posted.is_ok()
+        && one_ok(&p.a.completions(), WcOpcode::ImmediateData, Some(0))
+        && one_ok(&wb, WcOpcode::Recv, Some(0))
+        && wb.first().and_then(|w| w.imm_data) == Some(start);
+    let ok = ok && p.a.state() == QpState::Rts && p.b.state() == QpState::Rts;
+    (delta(before, counters(p)), ok)
 }
 
 fn mpa_config(s: &Setup) -> Config {
@@ -402,12 +515,7 @@ fn main() -> ExitCode {
         if !ok {
             continue;
         }
-        let r = Regions {
-            a_src: p.a.reg(max, Access::NONE),
-            a_sink: p.a.reg(max, Access::LOCAL_WRITE),
-            b_dst: p.b.reg(max, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
-            b_src: p.b.reg(max, Access::REMOTE_READ),
-        };
+        let r = Regions::new(&mut p, max);
         for (name, op) in [("send", Op::Send), ("write", Op::Write), ("read", Op::Read)] {
             let mut row = format!("{:<18} {name:<7}", s.label);
             let mut row_ok = true;
@@ -421,6 +529,17 @@ fn main() -> ExitCode {
             if !args.quiet {
                 println!("{row}  {}", yes(row_ok));
             }
+        }
+        let (c, ok) = run_rfc7306(&mut p, &r, i as u8);
+        all_ok &= ok;
+        if !args.quiet {
+            println!(
+                "{:<18} {:<7} {:>17}  (FetchAdd, CompareSwap, Immediate Data; 8 B each)  {}",
+                s.label,
+                "rfc7306",
+                format!("{} / {}", c.fpdus, c.wire),
+                yes(ok)
+            );
         }
     }
     match throughput(args.iterations) {
@@ -463,18 +582,15 @@ mod tests {
         for s in &SETUPS {
             let (mut p, _, ok, _) = connect(s);
             assert!(ok, "{}", s.label);
-            let r = Regions {
-                a_src: p.a.reg(5000, Access::NONE),
-                a_sink: p.a.reg(5000, Access::LOCAL_WRITE),
-                b_dst: p.b.reg(5000, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
-                b_src: p.b.reg(5000, Access::REMOTE_READ),
-            };
+            let r = Regions::new(&mut p, 5000);
             for op in [Op::Send, Op::Write, Op::Read] {
                 for len in [1, 4096, 5000] {
                     let (c, ok) = run_op(&mut p, &r, op, len, 3);
                     assert!(ok && c.fpdus > 0 && c.wire > len, "{}", s.label);
                 }
             }
+            let (c, ok) = run_rfc7306(&mut p, &r, 9);
+            assert!(ok && c.fpdus == 5, "{}", s.label);
         }
     }
 
@@ -483,13 +599,24 @@ mod tests {
         let (mut p, _, ok, _) = connect(&SETUPS[1]);
         assert!(ok);
         let r = Regions {
-            a_src: p.a.reg(64, Access::NONE),
-            a_sink: p.a.reg(64, Access::LOCAL_WRITE),
             // No REMOTE_WRITE: the peer's Write must be refused.
             b_dst: p.b.reg(64, Access::LOCAL_WRITE),
-            b_src: p.b.reg(64, Access::REMOTE_READ),
+            ..Regions::new(&mut p, 64)
         };
         let (_, ok) = run_op(&mut p, &r, Op::Write, 64, 1);
+        assert!(!ok);
+    }
+
+    #[test]
+    fn a_refused_atomic_is_reported() {
+        let (mut p, _, ok, _) = connect(&SETUPS[0]);
+        assert!(ok);
+        let r = Regions {
+            // No REMOTE_ATOMIC: the peer's FetchAdd must be refused.
+            b_word: p.b.reg(8, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+            ..Regions::new(&mut p, 64)
+        };
+        let (_, ok) = run_rfc7306(&mut p, &r, 1);
         assert!(!ok);
     }
 
