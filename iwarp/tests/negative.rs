@@ -18,7 +18,7 @@ use iwarp::mem::{Access, MrInfo};
 use iwarp::mpa::handshake::{Config, HandshakeError, RtrSet, RtrType};
 use iwarp::qp::{QpConfig, QpEvent, QpState, RecvWr, SendOp, SendWr, Sge};
 use iwarp::testing::{Chunking, End, Pair};
-use iwarp::time::Duration;
+use iwarp::time::{Duration, Instant};
 use iwarp::wire::ddp::HeaderRepr;
 use iwarp::wire::mpa::{FrameKind, FrameRepr};
 use iwarp::wire::rdmap::{AtomicRequest, AtomicResponse, Opcode, ReadRequest};
@@ -1126,6 +1126,43 @@ fn atomic_requests_beyond_the_ird() {
     // The first request was queued, never performed: the Error state
     // dropped it.
     assert_eq!(fx.p.b.bytes(&word), &[0; 8]);
+}
+
+#[test]
+fn atomic_target_deregistered_before_the_response() {
+    // The request is valid when it arrives; the region goes away before
+    // the response is generated. §8.1: an error found while creating a
+    // message; the Terminate carries no headers.
+    let mut fx = Fx::new(Opts::default());
+    let word =
+        fx.p.b
+            .reg_with(&[0; 8], Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let (_, u) = atomic(1, &AtomicRequest::fetch_add(1, word.rkey, word.iova, 1, 0));
+    let bytes = fx.crafter.fpdu(&u);
+    let qp = fx.p.b.qp;
+    let b = &mut fx.p.b;
+    assert_eq!(b.ctx.handle_input(qp, &bytes, Instant::ZERO), bytes.len());
+    assert!(b.ctx.dereg_mr(word.lkey).is_ok());
+    fx.p.drive();
+    fx.assert_terminated(codes::RDMAP_INVALID_STAG, None, None, &[]);
+    fx.assert_memory_untouched();
+}
+
+#[test]
+fn read_source_deregistered_before_the_response() {
+    // As above, for an RDMA Read: the Terminate carries the Read Request
+    // header it could not answer.
+    let mut fx = Fx::new(Opts::default());
+    let src = fx.p.b.reg_with(&[3; 16], Access::REMOTE_READ);
+    let (_, r, u) = rr(1, src.rkey, src.iova);
+    let bytes = fx.crafter.fpdu(&u);
+    let qp = fx.p.b.qp;
+    let b = &mut fx.p.b;
+    assert_eq!(b.ctx.handle_input(qp, &bytes, Instant::ZERO), bytes.len());
+    assert!(b.ctx.dereg_mr(src.lkey).is_ok());
+    fx.p.drive();
+    fx.assert_terminated(codes::RDMAP_INVALID_STAG, None, Some(r), &[]);
+    fx.assert_memory_untouched();
 }
 
 #[test]

@@ -2,9 +2,9 @@
 //!
 //! One message is sent at a time, chosen at message boundaries in this
 //! order: a queued Terminate, the RTR message (peer-to-peer mode), RDMA
-//! Read and Atomic Responses (in request order), then the send queue. Each FPDU carries at most MULPDU
-//! bytes of ULPDU (DDP/RDMAP header plus payload), so that it fits one TCP
-//! segment. Payload is copied from registered memory straight into the
+//! Read and Atomic Responses (in request order), then the send queue.
+//! Each FPDU carries at most MULPDU bytes of ULPDU (DDP/RDMAP header plus
+//! payload), so that it fits one TCP segment. Payload is copied from registered memory straight into the
 //! caller's buffer by the MPA framer, which adds markers and the CRC on the
 //! way. Output can stop at any byte and resume on the next call.
 
@@ -379,7 +379,13 @@ impl Qp {
                     if !matches!(self.state, QpState::Rts | QpState::Closing)
                         || !self.tx_start_message(env)
                     {
-                        return false;
+                        // A violation found while starting a message (a
+                        // Read or Atomic Response whose region went away)
+                        // queued a Terminate: it goes out now.
+                        match self.tx.terminate.take() {
+                            Some(t) => self.tx.msg = Some(t),
+                            None => return false,
+                        }
                     }
                 }
             }
