@@ -15,8 +15,8 @@ use crate::mpa::framing::{self, TxFramer};
 use crate::mpa::handshake::{Negotiated, RtrType};
 use crate::wire::ddp::{Buffer, HeaderRepr, DDP_VERSION};
 use crate::wire::rdmap::{
-    AtomicRequest, AtomicResponse, Opcode, ReadRequest, QN_ATOMIC_RESPONSE, QN_READ_REQUEST,
-    QN_SEND, QN_TERMINATE, RDMAP_VERSION, UNTAGGED_QUEUES,
+    AtomicRequest, AtomicResponse, Opcode, ReadRequest, IMMEDIATE_LEN, QN_ATOMIC_RESPONSE,
+    QN_READ_REQUEST, QN_SEND, QN_TERMINATE, RDMAP_VERSION, UNTAGGED_QUEUES,
 };
 use crate::wire::terminate::TerminateRepr;
 
@@ -286,8 +286,8 @@ impl Msg {
     }
 
     fn with_immediate(mut self, data: u64) -> Self {
-        self.body[..8].copy_from_slice(&data.to_be_bytes());
-        self.body_len = 8;
+        self.body[..IMMEDIATE_LEN].copy_from_slice(&data.to_be_bytes());
+        self.body_len = IMMEDIATE_LEN;
         self
     }
 }
