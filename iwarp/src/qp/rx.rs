@@ -435,18 +435,8 @@ impl Qp {
                     }
                     QN_ATOMIC_RESPONSE => self.rx_validate_atomic_response(hdr, v, env),
                     QN_READ_REQUEST => {
-                        if mo != 0 {
-                            return Err(v(codes::DDP_U_INVALID_MO));
-                        }
-                        if body_len < ReadRequest::LEN {
-                            return Err(v(codes::RDMAP_CATASTROPHIC_STREAM));
-                        }
-                        if payload > 0 || !hdr.last {
-                            return Err(v(codes::DDP_U_MSG_TOO_LONG));
-                        }
-                        let start = hdr.header_len();
                         let req =
-                            ReadRequest::parse(&self.rx.hbuf[start..start + ReadRequest::LEN])
+                            ReadRequest::parse(self.rx_untagged_body(hdr, ReadRequest::LEN, &v)?)
                                 .map_err(|_| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
                         let rv = |code| Violation {
                             rdma_hdr: Some(req),
@@ -494,11 +484,8 @@ impl Qp {
         v: impl Fn(TermCode) -> Violation,
         env: &Env<'_>,
     ) -> Result<Target, Violation> {
-        let (body, payload) = self.rx_untagged_body(hdr, AtomicRequest::LEN, &v)?;
+        let body = self.rx_untagged_body(hdr, AtomicRequest::LEN, &v)?;
         let req = AtomicRequest::parse(body).map_err(|_| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
-        if payload > 0 {
-            return Err(v(codes::DDP_U_MSG_TOO_LONG));
-        }
         if self.irq_full() {
             return Err(v(codes::RDMAP_CATASTROPHIC_STREAM));
         }
@@ -528,11 +515,8 @@ impl Qp {
         v: impl Fn(TermCode) -> Violation,
         env: &Env<'_>,
     ) -> Result<Target, Violation> {
-        let (body, payload) = self.rx_untagged_body(hdr, AtomicResponse::LEN, &v)?;
+        let body = self.rx_untagged_body(hdr, AtomicResponse::LEN, &v)?;
         let resp = AtomicResponse::parse(body).map_err(|_| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
-        if payload > 0 {
-            return Err(v(codes::DDP_U_MSG_TOO_LONG));
-        }
         // Queue 3's buffers are the requests outstanding.
         let Some(o) = self.aorq.front() else {
             return Err(v(codes::DDP_U_INVALID_MSN_NO_BUFFER));
@@ -552,15 +536,15 @@ impl Qp {
         Ok(Target::Nothing)
     }
 
-    /// The RDMAP header after an untagged DDP header that must be the
-    /// whole message (offset 0, one segment), and the payload length after
-    /// it.
+    /// The `len`-byte RDMAP header after an untagged DDP header of a
+    /// message that is that header alone: offset 0, one segment, no
+    /// payload (Read and Atomic Requests, Atomic Responses).
     fn rx_untagged_body(
         &self,
         hdr: HeaderRepr,
         len: usize,
         v: &impl Fn(TermCode) -> Violation,
-    ) -> Result<(&[u8], usize), Violation> {
+    ) -> Result<&[u8], Violation> {
         if let Buffer::Untagged { mo, .. } = hdr.buffer {
             if mo != 0 {
                 return Err(v(codes::DDP_U_INVALID_MO));
@@ -573,10 +557,10 @@ impl Qp {
             .get(start..start + len)
             .filter(|_| self.rx.hlen >= start + len)
             .ok_or_else(|| v(codes::RDMAP_CATASTROPHIC_STREAM))?;
-        if !hdr.last {
+        if !hdr.last || self.rx.ulpdu_len > self.rx.hlen {
             return Err(v(codes::DDP_U_MSG_TOO_LONG));
         }
-        Ok((body, self.rx.ulpdu_len - self.rx.hlen))
+        Ok(body)
     }
 
     fn rx_end(&mut self, crc_ok: bool, env: &mut Env<'_>) {
