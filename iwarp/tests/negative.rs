@@ -1205,6 +1205,21 @@ fn immediate_data_of_other_than_8_bytes() {
 }
 
 #[test]
+fn immediate_data_inside_a_send() {
+    // The first segment of a Send (MSN 1), then Immediate Data with the
+    // same MSN at the Send's next offset: Immediate Data is a message of
+    // its own, at offset 0.
+    let mut fx = Fx::new(Opts::default());
+    let mut first = send(1, 0);
+    first.last = false;
+    let h = untagged(Opcode::ImmediateData as u8, 0, 1, 8);
+    let u = ulpdu(&h, &[1; 8]);
+    fx.inject(&[ulpdu(&first, &[2; 8]), u.clone()]);
+    fx.assert_terminated(codes::DDP_U_INVALID_MO, Some((h, u.len())), None, &[]);
+    fx.assert_memory(0..0, &[0]);
+}
+
+#[test]
 fn immediate_data_without_a_receive_buffer() {
     let h = untagged(Opcode::ImmediateDataSolicited as u8, 0, 1, 0);
     untagged_violation(

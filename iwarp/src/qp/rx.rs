@@ -315,7 +315,6 @@ impl Qp {
         let Some(hdr) = self.rx.hdr else {
             return Err(Violation::plain(codes::RDMAP_CATASTROPHIC_STREAM));
         };
-        let body_len = self.rx.hlen - hdr.header_len();
         let payload = self.rx.ulpdu_len - self.rx.hlen;
         let seg_len = self.rx.ulpdu_len.min(usize::from(u16::MAX)) as u16;
         let v = |code| Violation {
@@ -409,13 +408,9 @@ impl Qp {
                             return Ok(Target::Nothing);
                         }
                         if op.is_immediate() {
-                            // RFC 7306 §6.3: exactly 8 bytes, one segment.
-                            if body_len < IMMEDIATE_LEN {
-                                return Err(v(codes::RDMAP_CATASTROPHIC_STREAM));
-                            }
-                            if payload > 0 || !hdr.last {
-                                return Err(v(codes::DDP_U_MSG_TOO_LONG));
-                            }
+                            // RFC 7306 §6.3: exactly 8 bytes, a message of
+                            // its own.
+                            self.rx_untagged_body(hdr, IMMEDIATE_LEN, &v)?;
                         }
                         let Some(rq) = self.rq.front() else {
                             return Err(v(codes::DDP_U_INVALID_MSN_NO_BUFFER));
@@ -538,7 +533,8 @@ impl Qp {
 
     /// The `len`-byte RDMAP header after an untagged DDP header of a
     /// message that is that header alone: offset 0, one segment, no
-    /// payload (Read and Atomic Requests, Atomic Responses).
+    /// payload (Read and Atomic Requests, Atomic Responses, Immediate
+    /// Data).
     fn rx_untagged_body(
         &self,
         hdr: HeaderRepr,
