@@ -269,6 +269,8 @@ fn run_op(p: &mut Pair, r: &Regions, op: Op, len: usize, seed: u8) -> (Cost, boo
 /// cost and whether every value and completion checked.
 fn run_rfc7306(p: &mut Pair, r: &Regions, seed: u8) -> (Cost, bool) {
     let start = u64::from(seed) << 32 | 0xffff_fff0;
+    // The FetchAdd below: the high counter + 1, the low one wrapped to 0x10.
+    let added = (u64::from(seed) + 1) << 32 | 0x10;
     fill(&mut p.b, &r.b_word, &start.to_ne_bytes());
     let before = counters(p);
     let word = |p: &Pair, mr: &MrInfo, a: bool| {
@@ -292,19 +294,19 @@ fn run_rfc7306(p: &mut Pair, r: &Regions, seed: u8) -> (Cost, bool) {
             },
             WcOpcode::AtomicFetchAdd,
             start,
-            start + (1 << 32) - 0xffff_fff0 + 0x10,
+            added,
         ),
         (
             SendOp::CompareSwap {
                 remote_addr: r.b_word.iova,
                 rkey: r.b_word.rkey,
-                compare: start + (1 << 32) - 0xffff_fff0 + 0x10,
+                compare: added,
                 compare_mask: u64::MAX,
                 swap: 7,
                 swap_mask: u64::MAX,
             },
             WcOpcode::AtomicCompareSwap,
-            start + (1 << 32) - 0xffff_fff0 + 0x10,
+            added,
             7,
         ),
     ];
