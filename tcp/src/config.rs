@@ -66,10 +66,17 @@ pub struct Config {
     /// Most egress rounds per poll (each round lets every socket emit at
     /// most one segment).
     pub egress_budget: usize,
-    /// Connections per listening port that may be half open or waiting
-    /// for [`Stack::accept`](crate::Stack::accept); beyond it the port
-    /// stops listening until the application accepts.
+    /// Established connections per listening port that may wait for
+    /// [`Stack::accept`](crate::Stack::accept) (the accept queue); a SYN
+    /// or a handshake that finds it full is answered with a reset.
     pub backlog: usize,
+    /// Half-open connections per listening port (SYN received, handshake
+    /// not complete); a SYN past it drops the oldest, so a flood of SYNs
+    /// that never complete cannot keep others from connecting.
+    pub half_open: usize,
+    /// Connections the stack holds at most (the flow table's capacity);
+    /// a SYN past it is answered with a reset, a connect fails.
+    pub max_connections: usize,
     /// Abort a connection whose peer has not acknowledged for this long.
     pub timeout: Option<Duration>,
     /// Keep-alive interval.
@@ -90,7 +97,9 @@ impl Default for Config {
             congestion: CongestionControl::Reno,
             ingress_budget: 256,
             egress_budget: 64,
-            backlog: 8,
+            backlog: 1024,
+            half_open: 1024,
+            max_connections: 1 << 16,
             timeout: None,
             keep_alive: None,
             seed: 0x5eed_1a2b,

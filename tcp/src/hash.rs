@@ -1,45 +1,18 @@
 //! Hashing for the tables looked up on every frame and every pass.
 //!
-//! std's SipHash costs tens of nanoseconds per lookup, paid per frame in
-//! each direction by the device wrapper's table of what each connection
-//! sent, and per connection call by the stack. Neither table needs a
-//! cryptographic hash:
-//!
-//! * [`HandleHash`]: socket handles are small slot indices we allocate;
-//!   a multiplicative hash spreads them.
-//! * [`FlowHash`]: flows carry the peer's address and port, which a peer
-//!   chooses, so the multiply-and-fold hash is keyed per table (random
-//!   initial state and multiplier): without the key a peer cannot aim its
-//!   connections at one bucket. (The table is capped as well.)
+//! std's SipHash costs tens of nanoseconds per lookup, paid per frame by
+//! the flow table and by the device wrapper's tables, which need no
+//! cryptographic hash. Flows carry the peer's address and port, which a
+//! peer chooses, so [`FlowHash`], a multiply-and-fold hash, is keyed per
+//! table (random initial state and multiplier): without the key a peer
+//! cannot aim its connections at one bucket. (The tables are capped as
+//! well.)
 
 use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, Hasher};
 
 /// The 64-bit golden-ratio multiplier (Fibonacci hashing).
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// Hashing for socket handles (see the module documentation).
-pub(crate) type HandleHash = BuildHasherDefault<IndexHasher>;
-
-/// A multiplicative (Fibonacci) hash of the integers a handle hashes as.
-#[derive(Default)]
-pub(crate) struct IndexHasher(u64);
-
-impl Hasher for IndexHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(GOLDEN);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0 ^ n as u64).wrapping_mul(GOLDEN);
-    }
-}
 
 /// Keyed hashing for flows (see the module documentation): each table
 /// draws its own initial state and multiplier.
@@ -173,13 +146,5 @@ mod tests {
         let b = FlowHash::default();
         assert_ne!(b.hash_one(&b"ab"[..]), b.hash_one(&b"ab\0"[..]));
         assert_ne!(b.hash_one(&[0u8; 8][..]), b.hash_one(&[0u8; 16][..]));
-    }
-
-    #[test]
-    fn handle_hash_spreads_small_indices() {
-        let b = HandleHash::default();
-        let h: HashSet<u64> = (0..4096usize).map(|i| b.hash_one(i) >> 52).collect();
-        // 4096 indices over the top 12 bits: Fibonacci hashing hits most.
-        assert!(h.len() > 2000, "{}", h.len());
     }
 }

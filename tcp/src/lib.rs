@@ -63,6 +63,7 @@
 mod config;
 pub mod csum;
 mod cwnd;
+mod flow;
 mod hash;
 mod port;
 pub mod sim;

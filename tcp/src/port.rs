@@ -22,9 +22,10 @@ use smoltcp::wire::{
 use crate::cwnd::{self, Received, Reno};
 use crate::hash::FlowHash;
 
-/// How many peer MSS values are remembered (oldest evicted first): one
-/// per connection being set up or open.
-const MSS_TABLE_CAP: usize = 1024;
+/// How many peers' SYN options are remembered: one entry per connection
+/// being set up or open; past it the SYNs of new flows are not read (their
+/// connections fall back to the defaults a SYN without options gives).
+const MSS_TABLE_CAP: usize = 1 << 17;
 
 /// Frame counters, updated by the tokens.
 #[derive(Debug, Default)]
@@ -64,33 +65,26 @@ impl SynOptions {
 /// port) → MSS and window scale.
 #[derive(Debug, Default)]
 pub(crate) struct MssTable {
-    entries: VecDeque<(Flow, SynOptions)>,
+    entries: HashMap<Flow, SynOptions, FlowHash>,
 }
 
 impl MssTable {
     /// The options of the last SYN seen on `flow`.
     pub(crate) fn get(&self, flow: Flow) -> Option<SynOptions> {
-        self.entries
-            .iter()
-            .rev()
-            .find(|(k, _)| *k == flow)
-            .map(|(_, o)| *o)
+        self.entries.get(&flow).copied()
     }
 
     fn forget(&mut self, flow: Flow) {
-        self.entries.retain(|(k, _)| *k != flow);
+        self.entries.remove(&flow);
     }
 
-    fn put(&mut self, key: Flow, mut options: SynOptions) {
-        if let Some(i) = self.entries.iter().position(|(k, _)| *k == key) {
-            if let Some((_, old)) = self.entries.remove(i) {
-                options.mss = options.mss.or(old.mss);
-            }
+    fn put(&mut self, key: Flow, options: SynOptions) {
+        if let Some(old) = self.entries.get_mut(&key) {
+            old.mss = options.mss.or(old.mss);
+            old.window_scale = options.window_scale;
+        } else if self.entries.len() < MSS_TABLE_CAP {
+            self.entries.insert(key, options);
         }
-        if self.entries.len() >= MSS_TABLE_CAP {
-            self.entries.pop_front();
-        }
-        self.entries.push_back((key, options));
     }
 
     /// Look at one received segment; remember the options if it is a

@@ -1,29 +1,68 @@
-//! [`Stack`]: one smoltcp `Interface` and its TCP sockets over any
-//! `phy::Device`, sans-IO: time comes in as an argument, the device is
-//! the only way bytes enter or leave.
+//! [`Stack`]: a user-space TCP/IPv4 endpoint over one Ethernet
+//! `phy::Device`, sans-IO: time comes in as an argument, the device is the
+//! only way bytes enter or leave.
+//!
+//! smoltcp walks every socket of a `SocketSet` for every frame it receives
+//! and on every egress round, which is fine for the few sockets it was made
+//! for and linear in the connection count for a server. So the stack
+//! dispatches itself, with smoltcp's public API:
+//!
+//! * **One small interface per connection.** Each connection owns a smoltcp
+//!   `Interface` on an IP medium and a `SocketSet` holding its one socket.
+//!   The stack owns the Ethernet layer: it strips the header of a received
+//!   frame and writes the header of a frame sent, with the next hop's
+//!   address it resolved once for the connection.
+//! * **A flow table** (`flow.rs`): each received frame's (remote address,
+//!   remote port, local port) finds its connection in constant time, with
+//!   a hash keyed per table; a SYN to a listening port that finds no
+//!   connection creates one. Everything else (ARP, ICMP, segments of no
+//!   connection, which get a reset) goes to a control interface without
+//!   sockets.
+//! * **Work-driven passes.** A connection is visited when it has something
+//!   to do: a frame arrived for it, the application queued data or closed
+//!   it, a read freed window space, or its timer is due. Timers live in a
+//!   heap of each connection's next deadline, taken from smoltcp's own
+//!   `poll_at`. No step of a poll or of a frame's handling walks the
+//!   connections.
+//! * **Listening without a backlog walk.** A listening port keeps its
+//!   half-open connections in arrival order, at most
+//!   [`Config::half_open`]: a SYN past that drops the oldest (counted). An
+//!   established connection waits in the accept queue, at most
+//!   [`Config::backlog`]; one that completes its handshake while the queue
+//!   is full is reset (counted), like a SYN that finds it full.
+//! * **Slots that are reused.** Connections live in a slab whose slots
+//!   carry a generation: a [`ConnId`] of a released connection names
+//!   nothing, even after its slot holds another connection.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 
-use crate::hash::HandleHash;
-
-use smoltcp::iface::{Config as IfaceConfig, Interface, PollIngressSingleResult, PollResult};
+use smoltcp::iface::{Config as IfaceConfig, Interface, PollResult};
 use smoltcp::iface::{SocketHandle, SocketSet};
-use smoltcp::phy::{Device, Medium};
+use smoltcp::phy::{self, Device, DeviceCapabilities, Medium};
 use smoltcp::socket::tcp::{self, CongestionControl, State};
-use smoltcp::socket::AnySocket;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol,
-    EthernetRepr, HardwareAddress, IpAddress, IpCidr, IpEndpoint, Ipv4Address,
+    EthernetRepr, HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpProtocol, Ipv4Address,
+    Ipv4Cidr, Ipv4Packet, TcpPacket,
 };
 
 use crate::config::Config;
+use crate::flow::FlowTable;
 use crate::port::{tcp_mss, Flow, Port};
 
-/// How long a static neighbour entry lives in smoltcp's cache before it is
-/// refreshed (smoltcp's entries expire after 60 s).
+/// How long a static neighbour entry lives in the control interface's
+/// cache before it is refreshed (smoltcp's entries expire after 60 s).
 const NEIGHBOR_REFRESH: Duration = Duration::from_secs(30);
+
+/// How often an ARP request for a next hop that has not answered is sent
+/// again.
+const ARP_RETRY: Duration = Duration::from_secs(1);
+
+/// Most next-hop addresses learnt from ARP that are remembered.
+const LEARNT_CAP: usize = 4096;
 
 /// smoltcp's assumption when the peer's SYN carried no MSS option.
 const DEFAULT_REMOTE_MSS: usize = 536;
@@ -33,9 +72,16 @@ const DEFAULT_REMOTE_MSS: usize = 536;
 /// announces less gets segments that split FPDUs, not a stall).
 const MIN_SEGMENT_LIMIT: usize = 128;
 
-/// A connection of a [`Stack`].
+/// Length of an Ethernet header.
+const ETH_HEADER: usize = 14;
+
+/// A connection of a [`Stack`]: its slot and the slot's generation. A
+/// released connection's id names nothing, also after the slot was reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId(SocketHandle);
+pub struct ConnId {
+    index: u32,
+    generation: u32,
+}
 
 /// Why an operation failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +98,9 @@ pub enum Error {
     InvalidState,
     /// The peer closed its direction and every byte has been read.
     Finished,
+    /// The stack holds [`Config::max_connections`] connections, or the
+    /// flow is taken.
+    Exhausted,
 }
 
 impl fmt::Display for Error {
@@ -62,6 +111,7 @@ impl fmt::Display for Error {
             Self::Unaddressable => "unaddressable endpoint",
             Self::InvalidState => "invalid connection state",
             Self::Finished => "peer closed the stream",
+            Self::Exhausted => "no connection slot for the flow",
         })
     }
 }
@@ -81,7 +131,7 @@ pub struct Counters {
     pub tx_bytes: u64,
     /// Polls that stopped ingress at [`Config::ingress_budget`].
     pub ingress_budget_hits: u64,
-    /// Polls that stopped egress at [`Config::egress_budget`].
+    /// Connection visits that stopped egress at [`Config::egress_budget`].
     pub egress_budget_hits: u64,
     /// Connections opened with [`Stack::connect`].
     pub connects: u64,
@@ -91,25 +141,44 @@ pub struct Counters {
     pub resets: u64,
     /// Half-open passive connections that fell back (RST in SYN-RECEIVED).
     pub half_open_dropped: u64,
-    /// Times a port stopped listening because its backlog was full.
+    /// Half-open passive connections dropped for a newer SYN past
+    /// [`Config::half_open`].
+    pub half_open_evicted: u64,
+    /// SYNs and handshakes refused because the accept queue held
+    /// [`Config::backlog`] connections.
     pub backlog_full: u64,
+    /// SYNs dropped because the flow table was full.
+    pub flow_table_full: u64,
+    /// Frames handed to the control interface (ARP, ICMP, segments of no
+    /// connection).
+    pub control_frames: u64,
     /// Synthetic ARP replies injected for static neighbours.
     pub neighbor_refreshes: u64,
+    /// ARP requests sent for next hops of new connections.
+    pub arp_requests: u64,
     /// Bare acknowledgements sent with the highest sequence number sent
     /// instead of smoltcp's rewound one (during its resending after a
     /// retransmission timeout), which the peer would drop.
     pub acks_renumbered: u64,
+    /// Connection visits: a connection's egress and state, for frames,
+    /// timers or calls that concerned it.
+    pub conn_visits: u64,
 }
 
 /// What the stack knows about one connection beyond smoltcp's state.
-#[derive(Clone, Copy, Debug)]
 struct Conn {
+    iface: Interface,
+    sockets: SocketSet<'static>,
+    handle: SocketHandle,
     last: State,
     established: bool,
     fin_received: bool,
     reset: bool,
     local_port: u16,
-    remote: Option<(Ipv4Address, u16)>,
+    remote: (Ipv4Address, u16),
+    /// The Ethernet address frames to the peer go to (the peer's or the
+    /// gateway's); `None` while ARP has not answered.
+    next_hop_mac: Option<EthernetAddress>,
     /// Bytes queued into the socket so far (mod 2^32), for
     /// [`Stack::unsent`].
     written: u32,
@@ -117,90 +186,136 @@ struct Conn {
     /// smoltcp will put the start of whatever follows into that segment,
     /// so nothing more is queued until it has left.
     short_tail: bool,
-    /// Nagle's rule is on for the socket (see [`Stack::hold_full`]).
+    /// Nagle's rule is on for the socket (see [`hold_full`]).
     nagle: bool,
-    /// The effective MSS, learnt from the SYNs once established (the
-    /// device wrapper keeps the shift of the peer's window field).
+    /// The effective MSS, learnt from the SYNs once established.
     peer_emss: Option<usize>,
+    /// Passive and not yet established: the listening port.
+    half_open_on: Option<u16>,
+    /// Not the application's: reset by the stack, released once closed.
+    orphan: bool,
+    /// In the work list.
+    queued: bool,
+    /// In the list of connections [`Stack::take_active`] hands out.
+    active: bool,
+    /// The deadline of the heap entry that stands for this connection.
+    deadline: Option<Instant>,
+    /// Receive buffer bytes, counted against [`Config::rx_budget`].
+    rx_capacity: usize,
 }
 
 impl Conn {
+    fn socket(&self) -> &tcp::Socket<'static> {
+        self.sockets.get::<tcp::Socket<'static>>(self.handle)
+    }
+
+    fn socket_mut(&mut self) -> &mut tcp::Socket<'static> {
+        self.sockets.get_mut::<tcp::Socket<'static>>(self.handle)
+    }
+
     /// The effective MSS, once established.
     fn emss(&self) -> Option<usize> {
         self.peer_emss.filter(|_| self.established)
     }
 
-    /// The key of the device wrapper's tables, once the peer is known.
-    fn flow(&self) -> Option<Flow> {
-        self.remote.map(|(ip, port)| (ip, port, self.local_port))
+    /// The key of the flow table and of the device wrapper's tables.
+    fn flow(&self) -> Flow {
+        (self.remote.0, self.remote.1, self.local_port)
     }
 
-    fn new(state: State, local_port: u16) -> Self {
-        Self {
-            last: state,
-            established: false,
-            fin_received: false,
-            reset: false,
-            local_port,
-            remote: None,
-            written: 0,
-            short_tail: false,
-            nagle: false,
-            peer_emss: None,
-        }
+    /// Whether the peer's FIN has arrived, from what was tracked and the
+    /// socket's present state.
+    fn fin_received_now(&self) -> bool {
+        self.fin_received || fin_state(self.socket().state())
     }
 }
 
-#[derive(Debug)]
+/// A listening port.
+#[derive(Debug, Default)]
 struct Listener {
-    port: u16,
-    /// The socket currently in Listen, if the backlog allows one.
-    socket: Option<SocketHandle>,
-    /// Passive connections past Listen, not yet Established.
-    half_open: Vec<SocketHandle>,
+    /// Half-open connections in arrival order (entries of connections that
+    /// were established or released since are skipped when met).
+    half_open: VecDeque<ConnId>,
+    /// How many of `half_open` are still half open.
+    half_open_count: usize,
     /// Established, waiting for [`Stack::accept`].
-    ready: VecDeque<SocketHandle>,
+    ready: VecDeque<ConnId>,
 }
 
-/// A user-space TCP/IPv4 stack over one Ethernet device. See the crate
-/// documentation for the polling order.
-pub struct Stack<D: Device> {
-    port: Port<D>,
-    iface: Interface,
-    sockets: SocketSet<'static>,
+/// A slot of the connection slab.
+struct Slot {
+    generation: u32,
+    conn: Option<Box<Conn>>,
+}
+
+/// Everything of a [`Stack`] but the device, so that a frame borrowed from
+/// the device can be handed to a connection.
+struct Core {
     config: Config,
+    /// The control interface: ARP, ICMP, resets for segments of no
+    /// connection; it has no sockets.
+    control: Interface,
+    control_sockets: SocketSet<'static>,
+    /// The device's capabilities (as the device wrapper cuts its MTU).
+    eth_caps: DeviceCapabilities,
+    /// What a connection's interface sees of the device: the same on an IP
+    /// medium, less the Ethernet header.
+    ip_caps: DeviceCapabilities,
+    /// The instant of the last poll (new interfaces start there).
+    now: Instant,
     mac: EthernetAddress,
     ip: Ipv4Address,
+    prefix: u8,
+    gateway: Option<Ipv4Address>,
+    /// Static neighbours, given by [`Stack::add_neighbor`].
     neighbors: Vec<(Ipv4Address, EthernetAddress)>,
     neighbor_refresh_at: Instant,
-    listeners: Vec<Listener>,
-    conns: HashMap<SocketHandle, Conn, HandleHash>,
+    /// Next hops learnt from ARP and from SYNs.
+    learnt: HashMap<Ipv4Address, EthernetAddress, crate::hash::FlowHash>,
+    /// Connections waiting for ARP to answer for their next hop.
+    arp_wait: Vec<ConnId>,
+    arp_retry_at: Instant,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: usize,
+    flows: FlowTable<ConnId>,
+    listeners: HashMap<u16, Listener>,
+    /// Connections to visit at the next poll.
+    work: Vec<ConnId>,
+    /// Connections [`Stack::take_active`] hands out.
+    active: Vec<ConnId>,
+    /// Each connection's next deadline; entries whose connection moved its
+    /// deadline or left are skipped when met.
+    timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    /// Receive buffer bytes all connections hold.
+    rx_held: usize,
+    /// Seeds of the connections' interfaces (initial sequence numbers).
+    next_seed: u64,
     counters: Counters,
     /// Something was queued for egress since the last poll (data, a FIN,
     /// a reset, a SYN): see [`Stack::egress_due`].
     egress_due: bool,
-    /// Connections whose socket has Nagle's rule on ([`Stack::hold_full`]).
-    nagled: Vec<SocketHandle>,
-    /// Set by a poll that found nothing to do: until this instant (`None`:
-    /// no timer at all) a poll without new frames has nothing to do
-    /// either, unless a call below changed a socket ([`Stack::stir`]).
-    quiet: Option<Option<Instant>>,
+    /// Flows of connections that left, for the device wrapper's tables.
+    forgotten: Vec<Flow>,
+}
+
+/// A user-space TCP/IPv4 stack over one Ethernet device. See the module
+/// documentation for its structure and the crate documentation for the
+/// polling order.
+pub struct Stack<D: Device> {
+    port: Port<D>,
+    core: Core,
 }
 
 impl<D: Device> fmt::Debug for Stack<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Stack")
-            .field("mac", &self.mac)
-            .field("ip", &self.ip)
-            .field("connections", &self.conns.len())
+            .field("mac", &self.core.mac)
+            .field("ip", &self.core.ip)
+            .field("connections", &self.core.live)
             .field("counters", &self.counters())
             .finish_non_exhaustive()
     }
-}
-
-/// The MSS the device's MTU allows (a multiple of 4, see `Port`).
-fn local_mss<D: Device>(port: &Port<D>) -> usize {
-    tcp_mss(port.capabilities().max_transmission_unit)
 }
 
 /// See [`Stack::segment_room`].
@@ -225,7 +340,7 @@ struct SegmentRoom {
 
 impl SegmentRoom {
     /// Whether Nagle's rule should hold the queue (see
-    /// [`Stack::hold_full`]): a full segment waits at its head and at
+    /// [`hold_full`]): a full segment waits at its head and at
     /// least two are in flight.
     fn holds_full(&self) -> bool {
         self.emss
@@ -233,10 +348,781 @@ impl SegmentRoom {
     }
 }
 
-/// Drop what the device wrapper's tables hold for a connection.
-fn forget<D>(port: &mut Port<D>, c: &Conn) {
-    if let Some(flow) = c.flow() {
-        port.forget(flow);
+// ---------------------------------------------------------------------
+// Devices through which a connection's interface sees the port.
+
+/// A token type no device hands out.
+enum Never {}
+
+impl phy::RxToken for Never {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, _: F) -> R {
+        match self {}
+    }
+}
+
+impl phy::TxToken for Never {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, _: usize, _: F) -> R {
+        match self {}
+    }
+}
+
+/// A device that only tells its capabilities (to create an interface).
+struct CapsOnly(DeviceCapabilities);
+
+impl Device for CapsOnly {
+    type RxToken<'a> = Never;
+    type TxToken<'a> = Never;
+
+    fn receive(&mut self, _: Instant) -> Option<(Never, Never)> {
+        None
+    }
+
+    fn transmit(&mut self, _: Instant) -> Option<Never> {
+        None
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        self.0.clone()
+    }
+}
+
+/// A received frame (or the IP packet in it), lent to an interface.
+struct SliceRx<'a>(&'a [u8]);
+
+impl phy::RxToken for SliceRx<'_> {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(self.0)
+    }
+}
+
+/// A transmit token of the port; for a connection's interface it writes the
+/// Ethernet header (source, destination) before the IP packet.
+struct EthTx<T> {
+    token: T,
+    header: Option<(EthernetAddress, EthernetAddress)>,
+}
+
+impl<T: phy::TxToken> phy::TxToken for EthTx<T> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        match self.header {
+            None => self.token.consume(len, f),
+            Some((src, dst)) => self.token.consume(len + ETH_HEADER, |buf| {
+                let mut frame = EthernetFrame::new_unchecked(&mut *buf);
+                frame.set_src_addr(src);
+                frame.set_dst_addr(dst);
+                frame.set_ethertype(EthernetProtocol::Ipv4);
+                f(&mut buf[ETH_HEADER..])
+            }),
+        }
+    }
+
+    fn set_meta(&mut self, meta: phy::PacketMeta) {
+        self.token.set_meta(meta);
+    }
+}
+
+/// One received frame and the transmit token that came with it.
+struct Ingress<'f, T> {
+    frame: Option<&'f [u8]>,
+    tx: Option<EthTx<T>>,
+    caps: &'f DeviceCapabilities,
+}
+
+impl<'f, T: phy::TxToken> Device for Ingress<'f, T> {
+    type RxToken<'a>
+        = SliceRx<'a>
+    where
+        Self: 'a;
+    type TxToken<'a>
+        = EthTx<T>
+    where
+        Self: 'a;
+
+    fn receive(&mut self, _: Instant) -> Option<(SliceRx<'_>, EthTx<T>)> {
+        let frame = self.frame.take()?;
+        Some((SliceRx(frame), self.tx.take()?))
+    }
+
+    fn transmit(&mut self, _: Instant) -> Option<EthTx<T>> {
+        self.tx.take()
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        self.caps.clone()
+    }
+}
+
+/// The port as a connection's interface sends through it.
+struct Egress<'p, P> {
+    port: &'p mut P,
+    header: (EthernetAddress, EthernetAddress),
+    caps: &'p DeviceCapabilities,
+}
+
+impl<P: Device> Device for Egress<'_, P> {
+    type RxToken<'a>
+        = Never
+    where
+        Self: 'a;
+    type TxToken<'a>
+        = EthTx<P::TxToken<'a>>
+    where
+        Self: 'a;
+
+    fn receive(&mut self, _: Instant) -> Option<(Never, Self::TxToken<'_>)> {
+        None
+    }
+
+    fn transmit(&mut self, timestamp: Instant) -> Option<Self::TxToken<'_>> {
+        let header = Some(self.header);
+        self.port
+            .transmit(timestamp)
+            .map(|token| EthTx { token, header })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        self.caps.clone()
+    }
+}
+
+/// What a received frame is, for dispatch.
+enum Class {
+    /// A TCP segment to our address.
+    Tcp {
+        flow: Flow,
+        /// A SYN without ACK, RST or FIN: may open a connection.
+        opens: bool,
+        src_mac: EthernetAddress,
+    },
+    /// An ARP packet from `ip` at `mac`.
+    Arp(Ipv4Address, EthernetAddress),
+    /// Anything else.
+    Other,
+}
+
+fn classify(frame: &[u8], us: Ipv4Address) -> Class {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else {
+        return Class::Other;
+    };
+    match eth.ethertype() {
+        EthernetProtocol::Arp => {
+            match ArpPacket::new_checked(eth.payload()).and_then(|p| ArpRepr::parse(&p)) {
+                Ok(ArpRepr::EthernetIpv4 {
+                    source_hardware_addr,
+                    source_protocol_addr,
+                    ..
+                }) => Class::Arp(source_protocol_addr, source_hardware_addr),
+                _ => Class::Other,
+            }
+        }
+        EthernetProtocol::Ipv4 => {
+            let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+                return Class::Other;
+            };
+            if ip.next_header() != IpProtocol::Tcp
+                || ip.dst_addr() != us
+                || ip.more_frags()
+                || ip.frag_offset() != 0
+            {
+                return Class::Other;
+            }
+            let Some(bytes) = ip
+                .payload()
+                .get(..usize::from(ip.total_len()).saturating_sub(usize::from(ip.header_len())))
+            else {
+                return Class::Other;
+            };
+            let Ok(tcp) = TcpPacket::new_checked(bytes) else {
+                return Class::Other;
+            };
+            Class::Tcp {
+                flow: (ip.src_addr(), tcp.src_port(), tcp.dst_port()),
+                opens: tcp.syn() && !tcp.ack() && !tcp.rst() && !tcp.fin(),
+                src_mac: eth.src_addr(),
+            }
+        }
+        _ => Class::Other,
+    }
+}
+
+/// A 64-bit mix (SplitMix64's finaliser): per-connection interface seeds.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// For [`Stack::send_segment`]: what the connection has queued, sent and
+/// may send, as far as the device wrapper saw its segments.
+fn segment_room<D>(port: &Port<D>, config: &Config, c: &Conn) -> Option<SegmentRoom> {
+    let sent = port.sent.get(c.flow())?;
+    // A FIN takes a sequence number too: clamp at zero.
+    let unsent = (c.written.wrapping_sub(sent.bytes()) as i32).max(0) as usize;
+    let in_flight = sent.in_flight() as usize;
+    let shift = sent.window_shift;
+    let room = sent
+        .window
+        .map(|w| (usize::from(w) << shift).saturating_sub(in_flight));
+    let cwnd_room = match config.congestion {
+        CongestionControl::None => Some(usize::MAX),
+        _ => sent
+            .congestion_window()
+            .map(|w| w.saturating_sub(in_flight)),
+    };
+    Some(SegmentRoom {
+        emss: c.emss(),
+        short_tail: c.short_tail,
+        unsent,
+        in_flight,
+        room,
+        cwnd_room,
+    })
+}
+
+/// Switch Nagle's rule for `c` (never with [`Config::nagle`], which keeps
+/// it on everywhere); returns whether it is on by this.
+fn set_nagle(config: &Config, c: &mut Conn, hold: bool) -> bool {
+    if config.nagle {
+        return false;
+    }
+    if c.nagle != hold {
+        c.nagle = hold;
+        c.socket_mut().set_nagle_enabled(hold);
+    }
+    hold
+}
+
+/// smoltcp cuts a segment at its congestion window, and a cut shifts
+/// the cuts of every full segment queued after it. Nothing is queued
+/// beyond the mirrored window; Nagle's rule is the net for a window
+/// that is not mirrored, or that the mirror got wrong (from a corrupt
+/// segment with data, whose checksum it does not check): with it,
+/// smoltcp sends a segment shorter than the MSS only when nothing is in
+/// flight. So it is on while a full segment waits at the head of the
+/// queue, and off for a short last one (which would otherwise wait for
+/// every acknowledgement) and while less than two segments are in
+/// flight (the peer may hold its acknowledgement of a lone one for its
+/// delayed-ACK time); then a cut is left to happen and the next
+/// segments start aligned again.
+/// Checked after queueing and before every egress round.
+fn hold_full<D>(port: &Port<D>, config: &Config, c: &mut Conn) -> bool {
+    let hold = segment_room(port, config, c).is_some_and(|r| r.holds_full());
+    set_nagle(config, c, hold)
+}
+
+impl Core {
+    fn conn(&self, id: ConnId) -> Option<&Conn> {
+        let slot = self.slots.get(id.index as usize)?;
+        if slot.generation != id.generation {
+            return None;
+        }
+        slot.conn.as_deref()
+    }
+
+    fn conn_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
+        let slot = self.slots.get_mut(id.index as usize)?;
+        if slot.generation != id.generation {
+            return None;
+        }
+        slot.conn.as_deref_mut()
+    }
+
+    /// Visit the connection at the next poll.
+    fn touch(&mut self, id: ConnId) {
+        if let Some(c) = self.conn_mut(id) {
+            if !c.queued {
+                c.queued = true;
+                self.work.push(id);
+            }
+        }
+    }
+
+    /// The first hop towards `ip`: itself on our prefix, else the gateway.
+    fn next_hop(&self, ip: Ipv4Address) -> Ipv4Address {
+        let net = Ipv4Cidr::new(self.ip, self.prefix);
+        if net.contains_addr(&ip) {
+            ip
+        } else {
+            self.gateway.unwrap_or(ip)
+        }
+    }
+
+    /// The Ethernet address of `hop`, if known.
+    fn resolve(&self, hop: Ipv4Address) -> Option<EthernetAddress> {
+        self.neighbors
+            .iter()
+            .find(|(ip, _)| *ip == hop)
+            .map(|(_, mac)| *mac)
+            .or_else(|| self.learnt.get(&hop).copied())
+    }
+
+    /// `ip` is at `mac` (from ARP): remember it if it is on our prefix and
+    /// let the connections that waited for it go.
+    fn learn(&mut self, ip: Ipv4Address, mac: EthernetAddress) {
+        if !mac.is_unicast() || !Ipv4Cidr::new(self.ip, self.prefix).contains_addr(&ip) {
+            return;
+        }
+        if self.learnt.len() < LEARNT_CAP || self.learnt.contains_key(&ip) {
+            self.learnt.insert(ip, mac);
+        }
+        if self.arp_wait.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.arp_wait);
+        for id in waiting {
+            let Some(hop) = self.conn(id).map(|c| self.next_hop(c.remote.0)) else {
+                continue;
+            };
+            if hop != ip {
+                self.arp_wait.push(id);
+                continue;
+            }
+            if let Some(c) = self.conn_mut(id) {
+                c.next_hop_mac = Some(mac);
+            }
+            self.touch(id);
+        }
+    }
+
+    /// The receive buffer of a new connection: [`Config::rx_buffer`], cut
+    /// to what the others leave of [`Config::rx_budget`].
+    fn rx_size(&self) -> usize {
+        let want = self.config.rx_buffer.min(crate::MAX_BUFFER);
+        let Some(budget) = self.config.rx_budget else {
+            return want;
+        };
+        want.min(budget.saturating_sub(self.rx_held))
+            .max(crate::MIN_BUFFER)
+    }
+
+    /// A connection for `flow` with a fresh socket (which `setup` listens
+    /// or connects), in a free slot and the flow table.
+    fn add_conn(
+        &mut self,
+        flow: Flow,
+        next_hop_mac: Option<EthernetAddress>,
+        setup: impl FnOnce(&mut Interface, &mut tcp::Socket<'static>) -> Result<(), Error>,
+    ) -> Result<ConnId, Error> {
+        if self.flows.get(&flow).is_some() || self.flows.len() >= self.flows.capacity() {
+            return Err(Error::Exhausted);
+        }
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let Ok(i) = u32::try_from(self.slots.len()) else {
+                    return Err(Error::Exhausted);
+                };
+                self.slots.push(Slot {
+                    generation: 0,
+                    conn: None,
+                });
+                i
+            }
+        };
+        let id = ConnId {
+            index,
+            generation: self.slots[index as usize].generation,
+        };
+        let mut ic = IfaceConfig::new(HardwareAddress::Ip);
+        self.next_seed = self.next_seed.wrapping_add(1);
+        ic.random_seed = mix(self.config.seed ^ mix(self.next_seed));
+        let mut iface = Interface::new(ic, &mut CapsOnly(self.ip_caps.clone()), self.now());
+        let (ip, prefix) = (self.ip, self.prefix);
+        iface.update_ip_addrs(|a| {
+            // A fresh interface has room for at least one address.
+            let _ = a.push(IpCidr::new(IpAddress::Ipv4(ip), prefix));
+        });
+        // The stack writes the Ethernet header: any route will do for a
+        // peer off our prefix.
+        let _ = iface
+            .routes_mut()
+            .add_default_ipv4_route(self.gateway.unwrap_or(flow.0));
+        let rx_capacity = self.rx_size();
+        let mut s = new_socket(&self.config, rx_capacity);
+        if let Err(e) = setup(&mut iface, &mut s) {
+            self.free.push(index);
+            return Err(e);
+        }
+        let mut sockets = SocketSet::new(Vec::with_capacity(1));
+        let handle = sockets.add(s);
+        let conn = Conn {
+            last: sockets.get::<tcp::Socket<'static>>(handle).state(),
+            iface,
+            sockets,
+            handle,
+            established: false,
+            fin_received: false,
+            reset: false,
+            local_port: flow.2,
+            remote: (flow.0, flow.1),
+            next_hop_mac,
+            written: 0,
+            short_tail: false,
+            nagle: false,
+            peer_emss: None,
+            half_open_on: None,
+            orphan: false,
+            queued: false,
+            active: false,
+            deadline: None,
+            rx_capacity,
+        };
+        if self.flows.insert(flow, id).is_err() {
+            self.free.push(index);
+            return Err(Error::Exhausted);
+        }
+        self.slots[index as usize].conn = Some(Box::new(conn));
+        self.rx_held += rx_capacity;
+        self.live += 1;
+        Ok(id)
+    }
+
+    /// The instant of the last poll.
+    fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// Take a connection out: its slot's generation moves on (a slot whose
+    /// generation ran out is retired), its flow and tables go.
+    fn remove(&mut self, id: ConnId) -> Option<Box<Conn>> {
+        let slot = self.slots.get_mut(id.index as usize)?;
+        if slot.generation != id.generation {
+            return None;
+        }
+        let c = slot.conn.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        if slot.generation != 0 {
+            self.free.push(id.index);
+        }
+        if self.flows.get(&c.flow()) == Some(&id) {
+            self.flows.remove(&c.flow());
+        }
+        // The device wrapper's tables are emptied by the stack after the
+        // frame in hand (its tokens hold them meanwhile).
+        self.forgotten.push(c.flow());
+        if let Some(l) = c.half_open_on.and_then(|p| self.listeners.get_mut(&p)) {
+            l.half_open_count = l.half_open_count.saturating_sub(1);
+        }
+        self.rx_held = self.rx_held.saturating_sub(c.rx_capacity);
+        self.live -= 1;
+        if c.next_hop_mac.is_none() {
+            self.arp_wait.retain(|w| *w != id);
+        }
+        Some(c)
+    }
+
+    /// A SYN for a listening port that no connection owns: a new passive
+    /// connection, or `None` when the port refuses it (the control
+    /// interface then answers with a reset).
+    fn open_passive(&mut self, flow: Flow, src_mac: EthernetAddress) -> Option<ConnId> {
+        let local = flow.2;
+        let l = self.listeners.get_mut(&local)?;
+        if l.ready.len() >= self.config.backlog {
+            self.counters.backlog_full += 1;
+            return None;
+        }
+        if self.flows.len() >= self.flows.capacity() {
+            self.counters.flow_table_full += 1;
+            return None;
+        }
+        // Past the limit the oldest half-open connection makes room.
+        let limit = self.config.half_open.max(1);
+        loop {
+            let l = self.listeners.get_mut(&local)?;
+            if l.half_open_count < limit {
+                break;
+            }
+            let Some(old) = l.half_open.pop_front() else {
+                break;
+            };
+            if self
+                .conn(old)
+                .is_some_and(|c| c.half_open_on == Some(local))
+            {
+                // Counted off the listener by the removal.
+                self.remove(old);
+                self.counters.half_open_evicted += 1;
+            }
+        }
+        let id = self
+            .add_conn(flow, Some(src_mac), |_, s| {
+                s.listen(local).map_err(|_| Error::Unaddressable)
+            })
+            .ok()?;
+        let l = self.listeners.get_mut(&local)?;
+        l.half_open.push_back(id);
+        l.half_open_count += 1;
+        if l.half_open.len() > 2 * l.half_open_count + 16 {
+            let slots = &self.slots;
+            l.half_open.retain(|h| {
+                slots
+                    .get(h.index as usize)
+                    .filter(|s| s.generation == h.generation)
+                    .and_then(|s| s.conn.as_deref())
+                    .is_some_and(|c| c.half_open_on == Some(local))
+            });
+        }
+        if let Some(c) = self.conn_mut(id) {
+            c.half_open_on = Some(local);
+        }
+        Some(id)
+    }
+
+    /// Hand one received frame to whoever it belongs to.
+    fn dispatch<T: phy::TxToken>(&mut self, frame: &[u8], tx: T, now: Instant) {
+        let conn = match classify(frame, self.ip) {
+            Class::Tcp {
+                flow,
+                opens,
+                src_mac,
+            } => match self.flows.get(&flow).copied() {
+                Some(id) => Some((id, src_mac)),
+                None if opens && self.listeners.contains_key(&flow.2) => {
+                    self.open_passive(flow, src_mac).map(|id| (id, src_mac))
+                }
+                None => None,
+            },
+            Class::Arp(ip, mac) => {
+                self.learn(ip, mac);
+                None
+            }
+            Class::Other => None,
+        };
+        if let Some((id, src_mac)) = conn {
+            let (mac, caps) = (self.mac, &self.ip_caps);
+            let slot = self.slots.get_mut(id.index as usize);
+            if let Some(c) = slot.and_then(|s| s.conn.as_deref_mut()) {
+                let hop = *c.next_hop_mac.get_or_insert(src_mac);
+                let mut dev = Ingress {
+                    frame: frame.get(ETH_HEADER..),
+                    tx: Some(EthTx {
+                        token: tx,
+                        header: Some((mac, hop)),
+                    }),
+                    caps,
+                };
+                c.iface.poll_ingress_single(now, &mut dev, &mut c.sockets);
+                self.touch(id);
+                return;
+            }
+        }
+        self.counters.control_frames += 1;
+        let mut dev = Ingress {
+            frame: Some(frame),
+            tx: Some(EthTx {
+                token: tx,
+                header: None,
+            }),
+            caps: &self.eth_caps,
+        };
+        self.control
+            .poll_ingress_single(now, &mut dev, &mut self.control_sockets);
+    }
+
+    /// Up to `rounds` egress rounds of one connection; whether it sent
+    /// anything, and whether it stopped at the limit.
+    fn egress<D: Device>(
+        &mut self,
+        port: &mut Port<D>,
+        id: ConnId,
+        rounds: usize,
+        now: Instant,
+    ) -> (bool, bool) {
+        let (mac, config, caps) = (self.mac, &self.config, &self.ip_caps);
+        let Some(c) = self
+            .slots
+            .get_mut(id.index as usize)
+            .filter(|s| s.generation == id.generation)
+            .and_then(|s| s.conn.as_deref_mut())
+        else {
+            return (false, false);
+        };
+        let Some(hop) = c.next_hop_mac else {
+            return (false, false);
+        };
+        let mut sent = false;
+        for _ in 0..rounds {
+            if c.nagle {
+                hold_full(port, config, c);
+            }
+            let mut dev = Egress {
+                port: &mut *port,
+                header: (mac, hop),
+                caps,
+            };
+            match c.iface.poll_egress(now, &mut dev, &mut c.sockets) {
+                PollResult::None => return (sent, false),
+                PollResult::SocketStateChanged => sent = true,
+            }
+        }
+        (sent, true)
+    }
+
+    /// After a visit: follow the connection's state (established, FIN,
+    /// reset; the listener's queues), schedule its next deadline and list
+    /// it for [`Stack::take_active`]. Returns whether its state changed.
+    fn settle<D>(&mut self, port: &mut Port<D>, id: ConnId, now: Instant) -> bool {
+        let local_mss = tcp_mss(self.eth_caps.max_transmission_unit);
+        let Some(c) = self.conn_mut(id) else {
+            return false;
+        };
+        let state = c.socket().state();
+        let changed = state != c.last;
+        let mut reset = false;
+        if changed {
+            match state {
+                State::Established => c.established = true,
+                State::CloseWait | State::LastAck | State::Closing | State::TimeWait => {
+                    c.established = true;
+                    if matches!(state, State::CloseWait | State::LastAck)
+                        || matches!(c.last, State::CloseWait | State::LastAck)
+                    {
+                        c.fin_received = true;
+                    }
+                    if matches!(state, State::Closing | State::TimeWait) {
+                        c.fin_received = true;
+                    }
+                }
+                State::Closed => {
+                    let orderly =
+                        matches!(c.last, State::LastAck | State::TimeWait | State::Closing);
+                    if !orderly && !c.reset && c.half_open_on.is_none() && !c.orphan {
+                        c.reset = true;
+                        reset = true;
+                    }
+                }
+                _ => {}
+            }
+            if c.established && c.peer_emss.is_none() {
+                let flow = c.flow();
+                let syn = port.mss.get(flow).unwrap_or_default();
+                let remote = syn.mss.map_or(DEFAULT_REMOTE_MSS, usize::from);
+                c.peer_emss = Some(local_mss.min(remote));
+                port.sent.set_peer(flow, syn);
+            }
+            c.last = state;
+        }
+        let (half_open_on, orphan) = (c.half_open_on, c.orphan);
+        if reset {
+            self.counters.resets += 1;
+        }
+        if let Some(local) = half_open_on {
+            match state {
+                State::SynReceived => {}
+                State::Listen | State::Closed => {
+                    // Reset during the handshake: smoltcp returns such a
+                    // socket to Listen.
+                    self.remove(id);
+                    self.counters.half_open_dropped += 1;
+                    return true;
+                }
+                _ => {
+                    if !self.establish_passive(id, local) {
+                        return true;
+                    }
+                }
+            }
+        }
+        if orphan {
+            if state == State::Closed {
+                self.remove(id);
+            } else {
+                self.touch(id);
+            }
+            return changed;
+        }
+        let Some(c) = self.conn_mut(id) else {
+            return changed;
+        };
+        let mut due = false;
+        let mut timer = None;
+        match c.iface.poll_at(now, &c.sockets) {
+            Some(t) if t <= now => due = true,
+            Some(t) => {
+                if c.deadline != Some(t) {
+                    c.deadline = Some(t);
+                    timer = Some(t);
+                }
+            }
+            None => c.deadline = None,
+        }
+        let listed = std::mem::replace(&mut c.active, true);
+        if !listed {
+            self.active.push(id);
+        }
+        if let Some(t) = timer {
+            self.timers.push(Reverse((t, id.index, id.generation)));
+        }
+        if due {
+            self.touch(id);
+        }
+        changed
+    }
+
+    /// A passive connection finished its handshake: to the accept queue,
+    /// or reset when the queue is full (then `false`).
+    fn establish_passive(&mut self, id: ConnId, local: u16) -> bool {
+        if let Some(c) = self.conn_mut(id) {
+            c.half_open_on = None;
+        }
+        let backlog = self.config.backlog;
+        let Some(l) = self.listeners.get_mut(&local) else {
+            return true;
+        };
+        l.half_open_count = l.half_open_count.saturating_sub(1);
+        if l.ready.len() >= backlog {
+            self.counters.backlog_full += 1;
+            if let Some(c) = self.conn_mut(id) {
+                c.socket_mut().abort();
+                c.orphan = true;
+            }
+            self.touch(id);
+            return false;
+        }
+        l.ready.push_back(id);
+        self.counters.accepted += 1;
+        true
+    }
+
+    /// Move connections whose deadline has come to the work list.
+    fn fire_timers(&mut self, now: Instant) {
+        while let Some(&Reverse((t, index, generation))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let id = ConnId { index, generation };
+            if let Some(c) = self.conn_mut(id) {
+                if c.deadline == Some(t) {
+                    c.deadline = None;
+                    self.touch(id);
+                }
+            }
+        }
+        // Entries of moved deadlines and of released connections: rebuild
+        // once they outnumber the live ones (amortised over the pushes).
+        if self.timers.len() > 2 * self.live + 64 {
+            let slots = &self.slots;
+            self.timers.retain(|Reverse((t, index, generation))| {
+                slots
+                    .get(*index as usize)
+                    .filter(|s| s.generation == *generation)
+                    .and_then(|s| s.conn.as_deref())
+                    .is_some_and(|c| c.deadline == Some(*t))
+            });
+        }
+    }
+
+    /// The earliest live deadline, dropping stale entries on the way.
+    fn next_timer(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((t, index, generation))) = self.timers.peek() {
+            let id = ConnId { index, generation };
+            if self.conn(id).is_some_and(|c| c.deadline == Some(t)) {
+                return Some(t);
+            }
+            self.timers.pop();
+        }
+        None
     }
 }
 
@@ -261,48 +1147,67 @@ impl<D: Device> Stack<D> {
             Medium::Ethernet,
             "the stack runs over Ethernet devices"
         );
+        let eth_caps = port.capabilities();
+        let mut ip_caps = eth_caps.clone();
+        ip_caps.medium = Medium::Ip;
+        ip_caps.max_transmission_unit = eth_caps.max_transmission_unit - ETH_HEADER;
         let mut ic = IfaceConfig::new(HardwareAddress::Ethernet(mac));
         ic.random_seed = config.seed;
-        let mut iface = Interface::new(ic, &mut port, now);
-        iface.update_ip_addrs(|a| {
+        let mut control = Interface::new(ic, &mut port, now);
+        control.update_ip_addrs(|a| {
             // A fresh interface has room for at least one address.
             let _ = a.push(IpCidr::new(IpAddress::Ipv4(ip), prefix));
         });
         if let Some(gw) = gateway {
             // The route table has room for the default route.
-            let _ = iface.routes_mut().add_default_ipv4_route(gw);
+            let _ = control.routes_mut().add_default_ipv4_route(gw);
         }
-        Self {
-            port,
-            iface,
-            sockets: SocketSet::new(Vec::new()),
+        let core = Core {
+            flows: FlowTable::new(config.max_connections),
             config,
+            control,
+            control_sockets: SocketSet::new(Vec::new()),
+            eth_caps,
+            ip_caps,
+            now,
             mac,
             ip,
+            prefix,
+            gateway,
             neighbors: Vec::new(),
             neighbor_refresh_at: now,
-            listeners: Vec::new(),
-            conns: HashMap::default(),
+            learnt: HashMap::default(),
+            arp_wait: Vec::new(),
+            arp_retry_at: now,
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            listeners: HashMap::new(),
+            work: Vec::new(),
+            active: Vec::new(),
+            timers: BinaryHeap::new(),
+            rx_held: 0,
+            next_seed: 0,
             counters: Counters::default(),
             egress_due: false,
-            nagled: Vec::new(),
-            quiet: None,
-        }
+            forgotten: Vec::new(),
+        };
+        Self { port, core }
     }
 
     /// The settings.
     pub fn config(&self) -> &Config {
-        &self.config
+        &self.core.config
     }
 
     /// Our IPv4 address.
     pub fn ip(&self) -> Ipv4Address {
-        self.ip
+        self.core.ip
     }
 
     /// Our MAC address.
     pub fn mac(&self) -> EthernetAddress {
-        self.mac
+        self.core.mac
     }
 
     /// The device.
@@ -324,34 +1229,73 @@ impl<D: Device> Stack<D> {
             tx_frames: c.tx_frames.get(),
             tx_bytes: c.tx_bytes.get(),
             acks_renumbered: c.acks_renumbered.get(),
-            ..self.counters
+            ..self.core.counters
         }
     }
 
-    /// A static neighbour: `ip` is at `mac`, without asking ARP. ARP stays
-    /// enabled for every other address. The entry is fed to smoltcp as a
-    /// synthetic ARP reply at the next poll and refreshed before smoltcp's
-    /// cache would expire it. `ip` must be inside our prefix.
-    pub fn add_neighbor(&mut self, ip: Ipv4Address, mac: EthernetAddress) {
-        self.stir();
-        self.neighbors.retain(|(i, _)| *i != ip);
-        self.neighbors.push((ip, mac));
-        self.port.inject.push_back(self.arp_reply(ip, mac));
-        self.counters.neighbor_refreshes += 1;
+    /// Open connections (any state, until released).
+    pub fn connection_count(&self) -> usize {
+        self.core.live
     }
 
-    fn arp_reply(&self, ip: Ipv4Address, mac: EthernetAddress) -> Vec<u8> {
-        let arp = ArpRepr::EthernetIpv4 {
-            operation: ArpOperation::Reply,
-            source_hardware_addr: mac,
-            source_protocol_addr: ip,
-            target_hardware_addr: self.mac,
-            target_protocol_addr: self.ip,
-        };
-        let eth = EthernetRepr {
-            src_addr: mac,
-            dst_addr: self.mac,
-            ethertype: EthernetProtocol::Arp,
+    /// Entries of the flow table (one per open connection).
+    pub fn flow_count(&self) -> usize {
+        self.core.flows.len()
+    }
+
+    /// Half-open connections of a listening port.
+    pub fn half_open(&self, port: u16) -> usize {
+        self.core
+            .listeners
+            .get(&port)
+            .map_or(0, |l| l.half_open_count)
+    }
+
+    /// A static neighbour: `ip` is at `mac`, without asking ARP. ARP stays
+    /// enabled for every other address. The entry is also fed to the
+    /// control interface as a synthetic ARP reply at the next poll and
+    /// refreshed before smoltcp's cache would expire it. `ip` must be
+    /// inside our prefix.
+    pub fn add_neighbor(&mut self, ip: Ipv4Address, mac: EthernetAddress) {
+        self.core.neighbors.retain(|(i, _)| *i != ip);
+        self.core.neighbors.push((ip, mac));
+        let reply = self.arp_frame(ArpOperation::Reply, ip, mac);
+        self.port.inject.push_back(reply);
+        self.core.counters.neighbor_refreshes += 1;
+    }
+
+    /// An ARP reply from `ip` at `mac` to us, or our request for `ip`.
+    fn arp_frame(&self, op: ArpOperation, ip: Ipv4Address, mac: EthernetAddress) -> Vec<u8> {
+        let (us, our_ip) = (self.core.mac, self.core.ip);
+        let (arp, eth) = match op {
+            ArpOperation::Request => (
+                ArpRepr::EthernetIpv4 {
+                    operation: op,
+                    source_hardware_addr: us,
+                    source_protocol_addr: our_ip,
+                    target_hardware_addr: EthernetAddress([0; 6]),
+                    target_protocol_addr: ip,
+                },
+                EthernetRepr {
+                    src_addr: us,
+                    dst_addr: EthernetAddress::BROADCAST,
+                    ethertype: EthernetProtocol::Arp,
+                },
+            ),
+            _ => (
+                ArpRepr::EthernetIpv4 {
+                    operation: op,
+                    source_hardware_addr: mac,
+                    source_protocol_addr: ip,
+                    target_hardware_addr: us,
+                    target_protocol_addr: our_ip,
+                },
+                EthernetRepr {
+                    src_addr: mac,
+                    dst_addr: us,
+                    ethertype: EthernetProtocol::Arp,
+                },
+            ),
         };
         let mut buf = vec![0; eth.buffer_len() + arp.buffer_len()];
         let mut frame = EthernetFrame::new_unchecked(&mut buf[..]);
@@ -361,52 +1305,49 @@ impl<D: Device> Stack<D> {
     }
 
     /// Listen on `port`. Incoming connections show up in [`Stack::accept`];
-    /// the port keeps listening after each one (up to the backlog).
+    /// the port keeps listening after each one.
     pub fn listen(&mut self, port: u16) -> Result<(), Error> {
-        self.stir();
         if port == 0 {
             return Err(Error::Unaddressable);
         }
-        if self.listeners.iter().any(|l| l.port == port) {
+        if self.core.listeners.contains_key(&port) {
             return Err(Error::AlreadyListening);
         }
-        let mut l = Listener {
-            port,
-            socket: None,
-            half_open: Vec::new(),
-            ready: VecDeque::new(),
-        };
-        arm(&mut self.sockets, &self.config, &mut l)?;
-        self.listeners.push(l);
+        self.core.listeners.insert(port, Listener::default());
         Ok(())
     }
 
     /// Stop listening on `port`. Connections already accepted stay; half
-    /// open and unaccepted ones are aborted.
+    /// open and unaccepted ones are dropped.
     pub fn unlisten(&mut self, port: u16) {
-        self.stir();
-        let Some(i) = self.listeners.iter().position(|l| l.port == port) else {
+        let Some(l) = self.core.listeners.remove(&port) else {
             return;
         };
-        let l = self.listeners.swap_remove(i);
-        for h in l.socket.into_iter().chain(l.half_open).chain(l.ready) {
-            if let Some(c) = self.conns.remove(&h) {
-                forget(&mut self.port, &c);
+        // Entries of connections established since are skipped: those
+        // are in the accept queue or the application's.
+        for id in l.half_open {
+            if self
+                .core
+                .conn(id)
+                .is_some_and(|c| c.half_open_on == Some(port))
+            {
+                self.core.remove(id);
             }
-            self.sockets.remove(h);
         }
+        for id in l.ready {
+            self.core.remove(id);
+        }
+        self.flush_forgotten();
     }
 
     /// Take one established connection that arrived on `port`.
     pub fn accept(&mut self, port: u16) -> Option<ConnId> {
-        let l = self.listeners.iter_mut().find(|l| l.port == port)?;
-        let h = l.ready.pop_front()?;
-        if l.socket.is_none() {
-            // The backlog has room again.
-            let _ = arm(&mut self.sockets, &self.config, l);
-            self.quiet = None;
+        loop {
+            let id = self.core.listeners.get_mut(&port)?.ready.pop_front()?;
+            if self.core.conn(id).is_some() {
+                return Some(id);
+            }
         }
-        Some(ConnId(h))
     }
 
     /// Open a connection to `remote` from `local_port`.
@@ -415,28 +1356,33 @@ impl<D: Device> Stack<D> {
         remote: (Ipv4Address, u16),
         local_port: u16,
     ) -> Result<ConnId, Error> {
-        let mut s = new_socket(&self.config, rx_size(&self.sockets, &self.config));
+        if remote.1 == 0 || local_port == 0 || remote.0.is_unspecified() {
+            return Err(Error::Unaddressable);
+        }
+        let hop = self.core.next_hop(remote.0);
+        let mac = self.core.resolve(hop);
         let ep = IpEndpoint::new(IpAddress::Ipv4(remote.0), remote.1);
-        s.connect(self.iface.context(), ep, local_port)
-            .map_err(|e| match e {
-                tcp::ConnectError::Unaddressable => Error::Unaddressable,
-                _ => Error::InvalidState,
+        let id = self
+            .core
+            .add_conn((remote.0, remote.1, local_port), mac, |iface, s| {
+                s.connect(iface.context(), ep, local_port)
+                    .map_err(|e| match e {
+                        tcp::ConnectError::Unaddressable => Error::Unaddressable,
+                        _ => Error::InvalidState,
+                    })
             })?;
-        let state = s.state();
-        let h = self.sockets.add(s);
-        let mut c = Conn::new(state, local_port);
-        c.remote = Some(remote);
-        self.conns.insert(h, c);
-        self.counters.connects += 1;
-        self.egress_due = true;
-        Ok(ConnId(h))
+        if mac.is_none() {
+            self.core.arp_wait.push(id);
+            self.core.arp_retry_at = self.core.now;
+        }
+        self.core.counters.connects += 1;
+        self.core.egress_due = true;
+        self.core.touch(id);
+        Ok(id)
     }
 
-    fn socket(&mut self, conn: ConnId) -> Result<&mut tcp::Socket<'static>, Error> {
-        if !self.conns.contains_key(&conn.0) {
-            return Err(Error::UnknownConnection);
-        }
-        Ok(self.sockets.get_mut::<tcp::Socket<'static>>(conn.0))
+    fn conn_mut(&mut self, conn: ConnId) -> Result<&mut Conn, Error> {
+        self.core.conn_mut(conn).ok_or(Error::UnknownConnection)
     }
 
     /// Read from the connection's receive ring: `f` sees the received bytes
@@ -449,12 +1395,9 @@ impl<D: Device> Stack<D> {
         conn: ConnId,
         mut f: F,
     ) -> Result<usize, Error> {
-        let fin = self
-            .conns
-            .get(&conn.0)
-            .ok_or(Error::UnknownConnection)?
-            .fin_received;
-        let s = self.socket(conn)?;
+        let c = self.conn_mut(conn)?;
+        let fin = c.fin_received;
+        let s = c.socket_mut();
         if matches!(
             s.state(),
             State::SynSent | State::SynReceived | State::Listen
@@ -465,7 +1408,7 @@ impl<D: Device> Stack<D> {
         // peer last heard of (less what arrived since), which is never
         // more than the free space before this read. With half the ring
         // or more free, the peer's window is still open: an ACK for its
-        // next segment carries the new one, and no poll is owed.
+        // next segment carries the new one, and no visit is owed.
         let tight = s.recv_capacity() - s.recv_queue() < s.recv_capacity() / 2;
         let mut total = 0;
         for _ in 0..2 {
@@ -495,7 +1438,7 @@ impl<D: Device> Stack<D> {
         }
         if total > 0 && tight {
             // A window update may be due.
-            self.stir();
+            self.core.touch(conn);
         }
         Ok(total)
     }
@@ -512,7 +1455,6 @@ impl<D: Device> Stack<D> {
         self.send_limited(conn, usize::MAX, |buf, _| f(buf))
             .map(|(n, _)| n)
     }
-
     /// Queue segments for a writer whose records (FPDUs) must not
     /// straddle segments (RFC 5044 §8, FPDU alignment). `f` gets free space
     /// and the bytes left in the segment, which may exceed the space when
@@ -588,7 +1530,7 @@ impl<D: Device> Stack<D> {
                 break;
             }
         }
-        if let Some(c) = self.conns.get_mut(&conn.0) {
+        if let Some(c) = self.core.conn_mut(conn) {
             c.short_tail = short_tail;
         }
         let queued = SegmentRoom {
@@ -599,83 +1541,23 @@ impl<D: Device> Stack<D> {
         Ok(total)
     }
 
-    /// smoltcp cuts a segment at its congestion window, and a cut shifts
-    /// the cuts of every full segment queued after it. Nothing is queued
-    /// beyond the mirrored window; Nagle's rule is the net for a window
-    /// that is not mirrored, or that the mirror got wrong (from a corrupt
-    /// segment with data, whose checksum it does not check): with it,
-    /// smoltcp sends a segment shorter than the MSS only when nothing is in
-    /// flight. So it is on while a full segment waits at the head of the
-    /// queue, and off for a short last one (which would otherwise wait for
-    /// every acknowledgement) and while less than two segments are in
-    /// flight (the peer may hold its acknowledgement of a lone one for its
-    /// delayed-ACK time); then a cut is left to happen and the next
-    /// segments start aligned again.
-    /// Checked after queueing and before every egress round.
-    fn hold_full(&mut self, conn: ConnId) -> bool {
-        let hold = self.segment_room(conn).is_some_and(|r| r.holds_full());
-        self.set_nagle(conn, hold)
-    }
-
-    /// Switch Nagle's rule for `conn` (never with [`Config::nagle`], which
-    /// keeps it on everywhere); returns whether it is on by this.
+    /// Switch Nagle's rule for `conn`; returns whether it is on by this.
     fn set_nagle(&mut self, conn: ConnId, hold: bool) -> bool {
-        if self.config.nagle {
-            return false;
-        }
-        let Some(c) = self.conns.get_mut(&conn.0) else {
+        let Core { config, slots, .. } = &mut self.core;
+        let Some(c) = slots
+            .get_mut(conn.index as usize)
+            .filter(|s| s.generation == conn.generation)
+            .and_then(|s| s.conn.as_deref_mut())
+        else {
             return false;
         };
-        if c.nagle != hold {
-            c.nagle = hold;
-            self.sockets
-                .get_mut::<tcp::Socket<'static>>(conn.0)
-                .set_nagle_enabled(hold);
-            if hold {
-                self.nagled.push(conn.0);
-            }
-        }
-        hold
-    }
-
-    /// [`Stack::hold_full`] for every connection that has Nagle's rule on.
-    fn release_tails(&mut self) {
-        let mut i = 0;
-        while i < self.nagled.len() {
-            if self.hold_full(ConnId(self.nagled[i])) {
-                i += 1;
-            } else {
-                self.nagled.swap_remove(i);
-            }
-        }
+        set_nagle(config, c, hold)
     }
 
     /// For [`Stack::send_segment`]: what the connection has queued, sent
     /// and may send, as far as the device wrapper saw its segments.
     fn segment_room(&self, conn: ConnId) -> Option<SegmentRoom> {
-        let c = self.conns.get(&conn.0)?;
-        let sent = self.port.sent.get(c.flow()?)?;
-        // A FIN takes a sequence number too: clamp at zero.
-        let unsent = (c.written.wrapping_sub(sent.bytes()) as i32).max(0) as usize;
-        let in_flight = sent.in_flight() as usize;
-        let shift = sent.window_shift;
-        let room = sent
-            .window
-            .map(|w| (usize::from(w) << shift).saturating_sub(in_flight));
-        let cwnd_room = match self.config.congestion {
-            CongestionControl::None => Some(usize::MAX),
-            _ => sent
-                .congestion_window()
-                .map(|w| w.saturating_sub(in_flight)),
-        };
-        Some(SegmentRoom {
-            emss: c.emss(),
-            short_tail: c.short_tail,
-            unsent,
-            in_flight,
-            room,
-            cwnd_room,
-        })
+        segment_room(&self.port, &self.core.config, self.core.conn(conn)?)
     }
 
     /// [`Stack::send`] with at most `limit` bytes, passing the writer how
@@ -687,7 +1569,8 @@ impl<D: Device> Stack<D> {
         limit: usize,
         mut f: F,
     ) -> Result<(usize, bool), Error> {
-        let s = self.socket(conn)?;
+        let c = self.conn_mut(conn)?;
+        let s = c.socket_mut();
         if matches!(s.state(), State::SynSent | State::SynReceived) {
             return Ok((0, false));
         }
@@ -717,10 +1600,11 @@ impl<D: Device> Stack<D> {
                 Err(_) => break,
             }
         }
-        if let Some(c) = self.conns.get_mut(&conn.0) {
-            c.written = c.written.wrapping_add(total as u32);
+        c.written = c.written.wrapping_add(total as u32);
+        if total > 0 {
+            self.core.egress_due = true;
+            self.core.touch(conn);
         }
-        self.egress_due |= total > 0;
         Ok((total, wrapped))
     }
 
@@ -755,44 +1639,39 @@ impl<D: Device> Stack<D> {
 
     /// Close our direction (FIN after the queued data).
     pub fn close(&mut self, conn: ConnId) -> Result<(), Error> {
-        self.socket(conn)?.close();
-        self.egress_due = true;
+        self.conn_mut(conn)?.socket_mut().close();
+        self.core.egress_due = true;
+        self.core.touch(conn);
         Ok(())
     }
 
     /// Abort the connection (RST at the next poll).
     pub fn abort(&mut self, conn: ConnId) -> Result<(), Error> {
-        self.socket(conn)?.abort();
-        self.egress_due = true;
+        self.conn_mut(conn)?.socket_mut().abort();
+        self.core.egress_due = true;
+        self.core.touch(conn);
         Ok(())
     }
 
-    /// Forget a connection and free its buffers. A connection that is
-    /// still open is dropped without telling the peer; call it after
-    /// [`Stack::is_closed`], or after [`Stack::abort`] and a poll.
+    /// Forget a connection and free its buffers, its slot and its flow. A
+    /// connection that is still open is dropped without telling the peer;
+    /// call it after [`Stack::is_closed`], or after [`Stack::abort`] and a
+    /// poll.
     pub fn release(&mut self, conn: ConnId) -> Result<(), Error> {
-        self.stir();
-        let c = self.conns.remove(&conn.0).ok_or(Error::UnknownConnection)?;
-        forget(&mut self.port, &c);
-        self.sockets.remove(conn.0);
-        Ok(())
+        let r = self.core.remove(conn).map(drop);
+        self.flush_forgotten();
+        r.ok_or(Error::UnknownConnection)
     }
 
     /// smoltcp's state of the connection.
     pub fn state(&self, conn: ConnId) -> Option<State> {
-        self.conns
-            .get(&conn.0)
-            .map(|_| self.sockets.get::<tcp::Socket<'static>>(conn.0).state())
+        self.core.conn(conn).map(|c| c.socket().state())
     }
 
     /// The connection's receive buffer (the most its window can reach):
     /// [`Config::rx_buffer`], or less under [`Config::rx_budget`].
     pub fn rx_capacity(&self, conn: ConnId) -> Option<usize> {
-        self.conns.get(&conn.0).map(|_| {
-            self.sockets
-                .get::<tcp::Socket<'static>>(conn.0)
-                .recv_capacity()
-        })
+        self.core.conn(conn).map(|c| c.socket().recv_capacity())
     }
 
     /// Whether the connection is established (data may flow both ways).
@@ -802,17 +1681,15 @@ impl<D: Device> Stack<D> {
 
     /// The peer closed its direction and every byte was read.
     pub fn is_eof(&self, conn: ConnId) -> bool {
-        let Some(c) = self.conns.get(&conn.0) else {
-            return false;
-        };
-        let s = self.sockets.get::<tcp::Socket<'static>>(conn.0);
-        c.fin_received_now(s) && s.recv_queue() == 0
+        self.core
+            .conn(conn)
+            .is_some_and(|c| c.fin_received_now() && c.socket().recv_queue() == 0)
     }
 
     /// The connection ended without the FIN exchange: the peer reset it,
     /// we aborted it, or it timed out.
     pub fn is_reset(&self, conn: ConnId) -> bool {
-        self.conns.get(&conn.0).is_some_and(|c| c.reset)
+        self.core.conn(conn).is_some_and(|c| c.reset)
     }
 
     /// The connection is fully closed (nothing more will happen on it).
@@ -822,26 +1699,17 @@ impl<D: Device> Stack<D> {
 
     /// Bytes waiting in the receive ring.
     pub fn recv_queue(&self, conn: ConnId) -> usize {
-        self.conns.get(&conn.0).map_or(0, |_| {
-            self.sockets
-                .get::<tcp::Socket<'static>>(conn.0)
-                .recv_queue()
-        })
+        self.core.conn(conn).map_or(0, |c| c.socket().recv_queue())
     }
 
     /// Bytes in the transmit ring not yet acknowledged by the peer.
     pub fn send_queue(&self, conn: ConnId) -> usize {
-        self.conns.get(&conn.0).map_or(0, |_| {
-            self.sockets
-                .get::<tcp::Socket<'static>>(conn.0)
-                .send_queue()
-        })
+        self.core.conn(conn).map_or(0, |c| c.socket().send_queue())
     }
 
     /// Local and remote endpoints.
     pub fn endpoints(&self, conn: ConnId) -> Option<(IpEndpoint, IpEndpoint)> {
-        self.conns.get(&conn.0)?;
-        let s = self.sockets.get::<tcp::Socket<'static>>(conn.0);
+        let s = self.core.conn(conn)?.socket();
         Some((s.local_endpoint()?, s.remote_endpoint()?))
     }
 
@@ -850,113 +1718,114 @@ impl<D: Device> Stack<D> {
     /// options (none: no timestamps). The iWARP layer sizes FPDUs
     /// (MULPDU) from it. `None` before the handshake completes.
     pub fn emss(&self, conn: ConnId) -> Option<usize> {
-        self.conns.get(&conn.0)?.emss()
+        self.core.conn(conn)?.emss()
     }
 
     /// The MSS our MTU allows (what our SYNs announce).
     pub fn local_mss(&self) -> usize {
-        local_mss(&self.port)
+        tcp_mss(self.core.eth_caps.max_transmission_unit)
     }
 
-    /// Process up to [`Config::ingress_budget`] received frames, hand new
-    /// passive connections to their listeners, then let every socket send
-    /// (up to [`Config::egress_budget`] rounds). Returns whether anything
-    /// happened (a frame in or out, or a state change); call again while it
-    /// returns true, then sleep until [`Stack::poll_at`].
+    /// Process up to [`Config::ingress_budget`] received frames, each
+    /// handed to its connection through the flow table (a SYN to a
+    /// listening port opens one), then visit the connections that have
+    /// something to do: frames arrived, data queued, a close, a read that
+    /// may reopen the window, a timer due. A visit lets the connection
+    /// send (up to [`Config::egress_budget`] segments) and follows its
+    /// state. Returns whether anything happened (a frame in or out, or a
+    /// state change); call again while it returns true, then sleep until
+    /// [`Stack::poll_at`].
     pub fn poll(&mut self, now: Instant) -> bool {
-        self.quiet = None;
+        self.core.now = now;
         let mut did = false;
-        if now >= self.neighbor_refresh_at {
-            self.neighbor_refresh_at = now + NEIGHBOR_REFRESH;
+        if !self.core.neighbors.is_empty() && now >= self.core.neighbor_refresh_at {
+            self.core.neighbor_refresh_at = now + NEIGHBOR_REFRESH;
             let frames: Vec<_> = self
+                .core
                 .neighbors
                 .iter()
-                .map(|&(ip, mac)| self.arp_reply(ip, mac))
+                .map(|&(ip, mac)| self.arp_frame(ArpOperation::Reply, ip, mac))
                 .collect();
-            self.counters.neighbor_refreshes += frames.len() as u64;
+            self.core.counters.neighbor_refreshes += frames.len() as u64;
             self.port.inject.extend(frames);
         }
+        self.ask_arp(now);
         let mut budget_hit = true;
-        for _ in 0..self.config.ingress_budget {
-            match self
-                .iface
-                .poll_ingress_single(now, &mut self.port, &mut self.sockets)
-            {
-                PollIngressSingleResult::None => {
-                    budget_hit = false;
-                    break;
-                }
-                PollIngressSingleResult::PacketProcessed => did = true,
-                PollIngressSingleResult::SocketStateChanged => {
-                    did = true;
-                    self.update_listeners();
-                }
-            }
+        for _ in 0..self.core.config.ingress_budget {
+            let Self { port, core } = self;
+            let Some((rx, tx)) = port.receive(now) else {
+                budget_hit = false;
+                break;
+            };
+            did = true;
+            phy::RxToken::consume(rx, |frame| core.dispatch(frame, tx, now));
+            self.flush_forgotten();
         }
         if budget_hit {
-            self.counters.ingress_budget_hits += 1;
+            self.core.counters.ingress_budget_hits += 1;
         }
-        self.update_listeners();
-        self.egress_due = false;
-        let mut budget_hit = true;
-        for _ in 0..self.config.egress_budget {
-            self.release_tails();
-            match self
-                .iface
-                .poll_egress(now, &mut self.port, &mut self.sockets)
-            {
-                PollResult::None => {
-                    budget_hit = false;
-                    break;
-                }
-                PollResult::SocketStateChanged => did = true,
+        self.core.fire_timers(now);
+        if matches!(
+            self.core
+                .control
+                .poll_egress(now, &mut self.port, &mut self.core.control_sockets),
+            PollResult::SocketStateChanged
+        ) {
+            did = true;
+        }
+        self.core.control.poll_maintenance(now);
+        self.core.egress_due = false;
+        let work = std::mem::take(&mut self.core.work);
+        for &id in &work {
+            let Some(c) = self.core.conn_mut(id) else {
+                continue;
+            };
+            c.queued = false;
+            self.core.counters.conn_visits += 1;
+            let rounds = self.core.config.egress_budget;
+            let (sent, hit) = self.core.egress(&mut self.port, id, rounds, now);
+            if hit {
+                self.core.counters.egress_budget_hits += 1;
             }
+            did |= sent;
+            did |= self.core.settle(&mut self.port, id, now);
         }
-        if budget_hit {
-            self.counters.egress_budget_hits += 1;
+        // The list's allocation is kept for the next poll.
+        let mut work = work;
+        work.clear();
+        if self.core.work.is_empty() {
+            self.core.work = work;
         }
-        self.iface.poll_maintenance(now);
-        did |= self.update_conns();
-        if !budget_hit && !self.egress_due {
-            let at = self.poll_at(now);
-            if at.is_none_or(|t| t > now) {
-                self.quiet = Some(at);
-            }
-        }
+        self.flush_forgotten();
         did
     }
 
-    /// One round of egress: each socket sends at most one segment. Lets
-    /// a writer that queues a segment at a time ([`Stack::send_segment`])
-    /// queue the next; [`Stack::poll`] still follows for timers and state.
-    /// Returns whether a socket's state may have changed.
+    /// One round of egress: each connection with work sends at most one
+    /// segment. Lets a writer that queues a segment at a time
+    /// ([`Stack::send_segment`]) queue the next; [`Stack::poll`] still
+    /// follows for timers and state. Returns whether a connection sent.
     pub fn poll_egress(&mut self, now: Instant) -> bool {
-        self.release_tails();
-        matches!(
-            self.iface
-                .poll_egress(now, &mut self.port, &mut self.sockets),
-            PollResult::SocketStateChanged
-        )
+        let mut sent = false;
+        for i in 0..self.core.work.len() {
+            let id = self.core.work[i];
+            sent |= self.core.egress(&mut self.port, id, 1, now).0;
+        }
+        sent
     }
 
     /// Whether [`Stack::poll`] may have work at `now` although no frame
-    /// arrived: false after a poll that processed what had arrived and
-    /// left nothing to send, until a timer of smoltcp's is due or a call
-    /// changed a socket (queued data, a close, a read that may have
-    /// reopened a closing window). A caller that checked its device for
-    /// frames skips the poll (and its walk over every socket) otherwise.
+    /// arrived: a connection was touched by a call (queued data, a close,
+    /// a read that may have reopened a closing window) or its timer is
+    /// due, or the stack has frames of its own to send. A caller that
+    /// checked its device for frames skips the poll otherwise.
     pub fn needs_poll(&self, now: Instant) -> bool {
-        match self.quiet {
-            None => true,
-            Some(at) => {
-                self.egress_due || !self.port.inject.is_empty() || at.is_some_and(|t| now >= t)
-            }
-        }
-    }
-
-    /// A socket changed outside [`Stack::poll`]: the next poll must run.
-    fn stir(&mut self) {
-        self.quiet = None;
+        let c = &self.core;
+        !c.work.is_empty()
+            || c.egress_due
+            || !self.port.inject.is_empty()
+            || c.timers.peek().is_some_and(|Reverse((t, _, _))| *t <= now)
+            || (!c.arp_wait.is_empty() && now >= c.arp_retry_at)
+            || (!c.neighbors.is_empty() && now >= c.neighbor_refresh_at)
     }
 
     /// Whether data, a FIN, a reset or a SYN was queued since the last
@@ -964,129 +1833,72 @@ impl<D: Device> Stack<D> {
     /// rings needs another poll only then (timers and ACKs wait for the
     /// next pass or [`Stack::poll_at`]).
     pub fn egress_due(&self) -> bool {
-        self.egress_due
+        self.core.egress_due
     }
 
     /// When to poll next at the latest (`now` or earlier: at once).
     pub fn poll_at(&mut self, now: Instant) -> Option<Instant> {
-        if !self.port.inject.is_empty() {
+        if self.needs_poll(now) {
             return Some(now);
         }
-        let t = self.iface.poll_at(now, &self.sockets);
-        let refresh = (!self.neighbors.is_empty()).then_some(self.neighbor_refresh_at);
-        match (t, refresh) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let c = &mut self.core;
+        let control = c.control.poll_at(now, &c.control_sockets);
+        let refresh = (!c.neighbors.is_empty()).then_some(c.neighbor_refresh_at);
+        let arp = (!c.arp_wait.is_empty()).then_some(c.arp_retry_at);
+        [c.next_timer(), control, refresh, arp]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
-    /// Move passive sockets that left Listen to their listener's half-open
-    /// list and re-arm the port; hand established ones to `accept`.
-    fn update_listeners(&mut self) {
-        for l in &mut self.listeners {
-            if let Some(h) = l.socket {
-                let s = self.sockets.get::<tcp::Socket<'static>>(h);
-                if s.state() != State::Listen {
-                    let mut c = Conn::new(s.state(), l.port);
-                    c.remote = s
-                        .remote_endpoint()
-                        .and_then(|ep| Some((v4(ep.addr)?, ep.port)));
-                    self.conns.insert(h, c);
-                    l.half_open.push(h);
-                    l.socket = None;
-                    if l.half_open.len() + l.ready.len() < self.config.backlog {
-                        let _ = arm(&mut self.sockets, &self.config, l);
-                    } else {
-                        self.counters.backlog_full += 1;
-                    }
-                }
-            }
-            let mut i = 0;
-            while i < l.half_open.len() {
-                let h = l.half_open[i];
-                let state = self.sockets.get::<tcp::Socket<'static>>(h).state();
-                match state {
-                    State::SynReceived => i += 1,
-                    State::Listen | State::Closed => {
-                        // Reset during the handshake: smoltcp returns such a
-                        // socket to Listen; the port has its own listener.
-                        l.half_open.swap_remove(i);
-                        if let Some(c) = self.conns.remove(&h) {
-                            forget(&mut self.port, &c);
-                        }
-                        self.sockets.remove(h);
-                        self.counters.half_open_dropped += 1;
-                    }
-                    _ => {
-                        l.half_open.swap_remove(i);
-                        l.ready.push_back(h);
-                        self.counters.accepted += 1;
-                    }
-                }
-            }
-            if l.socket.is_none() && l.half_open.len() + l.ready.len() < self.config.backlog {
-                let _ = arm(&mut self.sockets, &self.config, l);
+    /// Connections that had something happen since the last call (frames,
+    /// a timer, a call of the application's), each once, into `out`: the
+    /// ones a caller's pass has to look at besides those it has work for.
+    pub fn take_active(&mut self, out: &mut Vec<ConnId>) {
+        for id in self.core.active.drain(..) {
+            if let Some(c) = self
+                .core
+                .slots
+                .get_mut(id.index as usize)
+                .filter(|s| s.generation == id.generation)
+                .and_then(|s| s.conn.as_deref_mut())
+            {
+                c.active = false;
+                out.push(id);
             }
         }
     }
 
-    /// Track transitions: established, FIN received, reset.
-    fn update_conns(&mut self) -> bool {
-        let mut changed = false;
-        for (h, c) in &mut self.conns {
-            let s = self.sockets.get::<tcp::Socket<'static>>(*h);
-            let state = s.state();
-            if state == c.last {
-                continue;
-            }
-            changed = true;
-            if c.remote.is_none() {
-                c.remote = s
-                    .remote_endpoint()
-                    .and_then(|ep| Some((v4(ep.addr)?, ep.port)));
-            }
-            match state {
-                State::Established => c.established = true,
-                State::CloseWait | State::LastAck | State::Closing | State::TimeWait => {
-                    c.established = true;
-                    if matches!(state, State::CloseWait | State::LastAck)
-                        || matches!(c.last, State::CloseWait | State::LastAck)
-                    {
-                        c.fin_received = true;
-                    }
-                    if matches!(state, State::Closing | State::TimeWait) {
-                        c.fin_received = true;
-                    }
-                }
-                State::Closed => {
-                    let orderly =
-                        matches!(c.last, State::LastAck | State::TimeWait | State::Closing);
-                    if !orderly && !c.reset {
-                        c.reset = true;
-                        self.counters.resets += 1;
-                    }
-                }
-                _ => {}
-            }
-            if c.established && c.peer_emss.is_none() {
-                if let Some(flow) = c.flow() {
-                    let syn = self.port.mss.get(flow).unwrap_or_default();
-                    let remote = syn.mss.map_or(DEFAULT_REMOTE_MSS, usize::from);
-                    c.peer_emss = Some(local_mss(&self.port).min(remote));
-                    self.port.sent.set_peer(flow, syn);
-                }
-            }
-            c.last = state;
+    /// Empty the device wrapper's tables of the connections that left.
+    fn flush_forgotten(&mut self) {
+        for flow in self.core.forgotten.drain(..) {
+            self.port.forget(flow);
         }
-        changed
     }
-}
 
-impl Conn {
-    /// Whether the peer's FIN has arrived, from what was tracked and the
-    /// socket's present state.
-    fn fin_received_now(&self, s: &tcp::Socket<'_>) -> bool {
-        self.fin_received || fin_state(s.state())
+    /// Ask ARP for the next hops new connections wait for, once per
+    /// [`ARP_RETRY`].
+    fn ask_arp(&mut self, now: Instant) {
+        if self.core.arp_wait.is_empty() || now < self.core.arp_retry_at {
+            return;
+        }
+        self.core.arp_retry_at = now + ARP_RETRY;
+        let mut hops: Vec<Ipv4Address> = Vec::new();
+        for &id in &self.core.arp_wait {
+            if let Some(c) = self.core.conn(id) {
+                let hop = self.core.next_hop(c.remote.0);
+                if !hops.contains(&hop) {
+                    hops.push(hop);
+                }
+            }
+        }
+        for hop in hops {
+            let frame = self.arp_frame(ArpOperation::Request, hop, self.core.mac);
+            if let Some(tx) = self.port.transmit(now) {
+                phy::TxToken::consume(tx, frame.len(), |buf| buf.copy_from_slice(&frame));
+                self.core.counters.arp_requests += 1;
+            }
+        }
     }
 }
 
@@ -1096,31 +1908,6 @@ fn fin_state(state: State) -> bool {
         state,
         State::CloseWait | State::LastAck | State::Closing | State::TimeWait
     )
-}
-
-/// The IPv4 address, if it is one (other families may be compiled in by
-/// another crate's smoltcp features).
-#[allow(unreachable_patterns)]
-fn v4(addr: IpAddress) -> Option<Ipv4Address> {
-    match addr {
-        IpAddress::Ipv4(a) => Some(a),
-        _ => None,
-    }
-}
-
-/// The receive buffer of a new socket: [`Config::rx_buffer`], cut to what
-/// the sockets in `sockets` leave of [`Config::rx_budget`].
-fn rx_size(sockets: &SocketSet<'static>, config: &Config) -> usize {
-    let want = config.rx_buffer.min(crate::MAX_BUFFER);
-    let Some(budget) = config.rx_budget else {
-        return want;
-    };
-    let held: usize = sockets
-        .iter()
-        .filter_map(|(_, s)| tcp::Socket::downcast(s))
-        .map(tcp::Socket::recv_capacity)
-        .sum();
-    want.min(budget.saturating_sub(held)).max(crate::MIN_BUFFER)
 }
 
 /// A socket with the stack's settings and a receive buffer of `rx_size`.
@@ -1134,17 +1921,6 @@ fn new_socket(config: &Config, rx_size: usize) -> tcp::Socket<'static> {
     s.set_timeout(config.timeout);
     s.set_keep_alive(config.keep_alive);
     s
-}
-
-/// A fresh listening socket for `l`'s port.
-fn arm(sockets: &mut SocketSet<'static>, config: &Config, l: &mut Listener) -> Result<(), Error> {
-    let mut s = new_socket(config, rx_size(sockets, config));
-    s.listen(l.port).map_err(|e| match e {
-        tcp::ListenError::Unaddressable => Error::Unaddressable,
-        _ => Error::InvalidState,
-    })?;
-    l.socket = Some(sockets.add(s));
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1175,11 +1951,7 @@ impl<D: Device> Stack<D> {
             }
         }
         let mut find = Find(None);
-        let _ = write!(
-            find,
-            "{:?}",
-            self.sockets.get::<tcp::Socket<'static>>(conn.0)
-        );
+        let _ = write!(find, "{:?}", self.core.conn(conn)?.socket());
         let text = find.0?;
         let at = text.find("Reno { cwnd: ")? + "Reno { cwnd: ".len();
         text[at..]
@@ -1191,7 +1963,7 @@ impl<D: Device> Stack<D> {
 
     /// The device wrapper's mirror of it.
     pub(crate) fn mirrored_cwnd(&self, conn: ConnId) -> Option<usize> {
-        let flow = self.conns.get(&conn.0)?.flow()?;
+        let flow = self.core.conn(conn)?.flow();
         self.port.sent.get(flow)?.congestion_window()
     }
 }

@@ -1,0 +1,312 @@
+//! Many connections on one stack: dispatch through the flow table, visits
+//! only for connections with work, listening under a SYN flood, slots
+//! and flows that are given back.
+
+mod common;
+
+use common::{connect, data, PORT};
+use iwarp_tcp::sim::{LinkConfig, Sim, Step};
+use iwarp_tcp::{Config, ConnId, Error};
+use smoltcp::phy::ChecksumCapabilities;
+use smoltcp::time::Duration;
+use smoltcp::wire::{
+    EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, IpProtocol, Ipv4Address,
+    Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+};
+
+/// Small buffers: thousands of connections in one test process; room
+/// for all of them to be half open at once (they connect in one burst).
+fn small() -> Config {
+    Config {
+        rx_buffer: 4096,
+        tx_buffer: 4096,
+        half_open: 4096,
+        ..Config::default()
+    }
+}
+
+/// Open `n` connections from A to B's port and accept them all.
+fn open_many(sim: &mut Sim, n: u16) -> Vec<(ConnId, ConnId)> {
+    let _ = sim.b.listen(PORT);
+    let ours: Vec<ConnId> = (0..n)
+        .map(|i| sim.a.connect((Sim::IP_B, PORT), 20000 + i).unwrap())
+        .collect();
+    let mut theirs = Vec::new();
+    let limit = sim.now + Duration::from_secs(10);
+    sim.run(limit, |s| {
+        while let Some(b) = s.b.accept(PORT) {
+            theirs.push(b);
+        }
+        if theirs.len() == ours.len() && ours.iter().all(|&a| s.a.is_established(a)) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    // Pair them by B's view of the peer's port.
+    let mut pairs = Vec::new();
+    for &b in &theirs {
+        let (_, remote) = sim.b.endpoints(b).unwrap();
+        pairs.push((ours[usize::from(remote.port - 20000)], b));
+    }
+    pairs.sort();
+    pairs
+}
+
+#[test]
+fn thousands_of_connections_each_move_verified_data() {
+    let mut sim = Sim::new(small(), small(), LinkConfig::default());
+    let pairs = open_many(&mut sim, 2000);
+    assert_eq!(pairs.len(), 2000);
+    assert_eq!(sim.b.connection_count(), 2000);
+    assert_eq!(sim.b.flow_count(), 2000);
+    let msgs: Vec<Vec<u8>> = (0..pairs.len()).map(|i| data(300, i as u64)).collect();
+    for (i, &(a, _)) in pairs.iter().enumerate() {
+        assert_eq!(sim.a.send_slice(a, &msgs[i]), Ok(300));
+    }
+    let mut got = vec![Vec::new(); pairs.len()];
+    let limit = sim.now + Duration::from_secs(10);
+    sim.run(limit, |s| {
+        let mut done = true;
+        for (i, &(_, b)) in pairs.iter().enumerate() {
+            let _ = s.b.recv(b, |buf| {
+                got[i].extend_from_slice(buf);
+                buf.len()
+            });
+            done &= got[i].len() == msgs[i].len();
+        }
+        if done {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert_eq!(got, msgs, "each connection got its own bytes");
+    assert_eq!(
+        sim.b.counters().control_frames,
+        2,
+        "only the neighbour ARP replies"
+    );
+}
+
+/// Traffic on one connection visits that connection, whatever else is
+/// open: the stack's work per pass does not grow with idle connections.
+#[test]
+fn idle_connections_cost_no_visits() {
+    let visits_for_exchange = |idle: u16| {
+        let mut sim = Sim::new(small(), small(), LinkConfig::default());
+        let pairs = open_many(&mut sim, idle + 1);
+        // Let every handshake's delayed ACKs and timers run out.
+        let quiet = sim.now + Duration::from_secs(2);
+        sim.run(quiet, |_| Step::Idle).unwrap_err();
+        let (a, b) = pairs[0];
+        let before = (sim.a.counters().conn_visits, sim.b.counters().conn_visits);
+        let msg = data(3000, 7);
+        let mut off = 0;
+        let mut got = Vec::new();
+        let limit = sim.now + Duration::from_secs(5);
+        sim.run(limit, |s| {
+            if off < msg.len() {
+                off += s.a.send_slice(a, &msg[off..]).unwrap();
+            }
+            let _ = s.b.recv(b, |buf| {
+                got.extend_from_slice(buf);
+                buf.len()
+            });
+            if got.len() == msg.len() {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+        assert_eq!(got, msg);
+        (
+            sim.a.counters().conn_visits - before.0,
+            sim.b.counters().conn_visits - before.1,
+        )
+    };
+    let alone = visits_for_exchange(0);
+    let crowded = visits_for_exchange(1000);
+    assert!(alone.0 > 0 && alone.1 > 0);
+    assert_eq!(alone, crowded, "visits with 1000 idle connections open");
+}
+
+#[test]
+fn a_released_connection_id_names_nothing_after_its_slot_is_reused() {
+    let mut sim = Sim::new(small(), small(), LinkConfig::default());
+    let (a, _) = connect(&mut sim, 40000, Duration::from_secs(1));
+    sim.a.abort(a).unwrap();
+    sim.poll();
+    sim.a.release(a).unwrap();
+    let (again, _) = connect(&mut sim, 40001, Duration::from_secs(1));
+    assert_ne!(again, a);
+    assert_eq!(sim.a.connection_count(), 1);
+    // The old id reaches neither the new connection nor anything else.
+    assert_eq!(sim.a.state(a), None);
+    assert_eq!(sim.a.send_slice(a, b"x"), Err(Error::UnknownConnection));
+    assert_eq!(sim.a.recv(a, |b| b.len()), Err(Error::UnknownConnection));
+    assert_eq!(sim.a.close(a), Err(Error::UnknownConnection));
+    assert_eq!(sim.a.release(a), Err(Error::UnknownConnection));
+    assert!(sim.a.is_established(again));
+    assert_eq!(sim.a.send_slice(again, b"x"), Ok(1));
+}
+
+#[test]
+fn connections_that_close_give_back_slots_and_flows() {
+    let mut sim = Sim::new(small(), small(), LinkConfig::default());
+    sim.b.listen(PORT).unwrap();
+    for round in 0..50u16 {
+        let pairs: Vec<_> = (0..20u16)
+            .map(|i| connect(&mut sim, 30000 + round * 20 + i, Duration::from_secs(1)))
+            .collect();
+        for &(a, b) in &pairs {
+            sim.a.close(a).unwrap();
+            sim.b.close(b).unwrap();
+        }
+        let limit = sim.now + Duration::from_secs(5);
+        sim.run(limit, |s| {
+            if pairs
+                .iter()
+                .all(|&(a, b)| s.a.is_closed(a) && s.b.is_closed(b))
+            {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+        for &(a, b) in &pairs {
+            sim.a.release(a).unwrap();
+            sim.b.release(b).unwrap();
+        }
+        assert_eq!(sim.b.connection_count(), 0);
+        assert_eq!(sim.b.flow_count(), 0);
+        assert_eq!(sim.a.connection_count(), 0);
+    }
+    assert_eq!(sim.b.counters().accepted, 1000);
+}
+
+#[test]
+fn a_full_flow_table_refuses_new_connections() {
+    let b = Config {
+        max_connections: 8,
+        ..small()
+    };
+    let mut sim = Sim::new(small(), b, LinkConfig::default());
+    sim.b.listen(PORT).unwrap();
+    let clients: Vec<_> = (0..10)
+        .map(|i| sim.a.connect((Sim::IP_B, PORT), 41000 + i).unwrap())
+        .collect();
+    let limit = sim.now + Duration::from_secs(5);
+    sim.run(limit, |s| {
+        if clients
+            .iter()
+            .all(|&c| s.a.is_established(c) || s.a.is_reset(c))
+        {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    let est = clients.iter().filter(|&&c| sim.a.is_established(c)).count();
+    assert_eq!(est, 8);
+    assert_eq!(sim.b.counters().flow_table_full, 2);
+    assert_eq!(sim.b.flow_count(), 8);
+}
+
+/// A SYN from `ip:port` (a host that never answers) to B's port.
+fn syn_frame(ip: Ipv4Address, port: u16) -> Vec<u8> {
+    let tcp = TcpRepr {
+        src_port: port,
+        dst_port: PORT,
+        control: TcpControl::Syn,
+        seq_number: TcpSeqNumber(i32::from(port) * 1000),
+        ack_number: None,
+        window_len: 1000,
+        window_scale: None,
+        max_seg_size: Some(1460),
+        sack_permitted: false,
+        sack_ranges: [None; 3],
+        timestamp: None,
+        payload: &[],
+    };
+    let ip_repr = Ipv4Repr {
+        src_addr: ip,
+        dst_addr: Sim::IP_B,
+        next_header: IpProtocol::Tcp,
+        payload_len: tcp.buffer_len(),
+        hop_limit: 64,
+    };
+    let eth = EthernetRepr {
+        src_addr: EthernetAddress([0x02, 0, 0x5e, 0, 0, 0x63]),
+        dst_addr: Sim::MAC_B,
+        ethertype: EthernetProtocol::Ipv4,
+    };
+    let mut buf = vec![0; 14 + ip_repr.buffer_len() + tcp.buffer_len()];
+    let mut f = EthernetFrame::new_unchecked(&mut buf[..]);
+    eth.emit(&mut f);
+    let caps = ChecksumCapabilities::default();
+    let mut p = Ipv4Packet::new_unchecked(f.payload_mut());
+    ip_repr.emit(&mut p, &caps);
+    let mut t = TcpPacket::new_unchecked(p.payload_mut());
+    tcp.emit(&mut t, &ip.into(), &Sim::IP_B.into(), &caps);
+    buf
+}
+
+#[test]
+fn a_half_open_flood_drops_the_oldest_and_clients_still_connect() {
+    let b = Config {
+        half_open: 16,
+        ..small()
+    };
+    let mut sim = Sim::new(small(), b, LinkConfig::default());
+    sim.b.listen(PORT).unwrap();
+    let flooder = Ipv4Address::new(198, 18, 0, 99);
+    let mut next = 1000u16;
+    let mut flood = |sim: &mut Sim, n: u16| {
+        for _ in 0..n {
+            sim.b.device_mut().rx.push_back(syn_frame(flooder, next));
+            next = next.checked_add(1).unwrap_or(1000);
+        }
+    };
+    flood(&mut sim, 100);
+    sim.poll();
+    assert_eq!(sim.b.half_open(PORT), 16);
+    assert_eq!(sim.b.counters().half_open_evicted, 84);
+    // A client connects while the flood goes on.
+    let a = sim.a.connect((Sim::IP_B, PORT), 40000).unwrap();
+    let mut accepted = None;
+    let limit = sim.now + Duration::from_secs(5);
+    let mut next_flood = sim.now;
+    sim.run(limit, |s| {
+        // Eight SYNs every round trip of the link (100 µs): half the
+        // half-open limit arrives while the client's handshake is open.
+        if s.now >= next_flood {
+            next_flood = s.now + Duration::from_micros(25);
+            flood(s, 2);
+            return Step::IdleUntil(next_flood);
+        }
+        accepted = accepted.or_else(|| s.b.accept(PORT));
+        if accepted.is_some() && s.a.is_established(a) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    let (_, remote) = sim.b.endpoints(accepted.unwrap()).unwrap();
+    assert_eq!(remote.port, 40000);
+    assert!(sim.b.half_open(PORT) <= 16);
+    // Half-open connections, the client's and the accepted one: no more.
+    assert!(
+        sim.b.connection_count() <= 17,
+        "{}",
+        sim.b.connection_count()
+    );
+    sim.b.unlisten(PORT);
+    assert_eq!(sim.b.connection_count(), 1, "the accepted one stays");
+}
