@@ -168,7 +168,7 @@ pub const EMPTY_WC: WorkCompletion = WorkCompletion {
     status: WcStatus::Success,
     opcode: WcOpcode::Send,
     byte_len: 0,
-    qp: iwarp::cq::QpId(0),
+    qp: iwarp::cq::QpId::from_raw(0),
     invalidated_stag: None,
     solicited: false,
     imm_data: None,

@@ -215,6 +215,44 @@ impl<T> Slab<T> {
     }
 }
 
+/// The accessors of a handle type that wraps a packed [`Key`] value.
+macro_rules! handle_impl {
+    ($t:ident) => {
+        impl $t {
+            /// The handle with this packed value (see [`crate::slab`]);
+            /// a value that names no live object is rejected where used.
+            pub const fn from_raw(raw: u32) -> Self {
+                Self(raw)
+            }
+
+            /// The packed value: slot index and generation (see
+            /// [`crate::slab`]); never 0 for a handle a context issued.
+            pub const fn raw(self) -> u32 {
+                self.0
+            }
+
+            /// The slot index.
+            pub const fn index(self) -> u32 {
+                $crate::slab::Key::from_raw(self.0).index()
+            }
+
+            /// The generation of the slot's occupant.
+            pub const fn generation(self) -> u16 {
+                $crate::slab::Key::from_raw(self.0).generation()
+            }
+
+            pub(crate) const fn key(self) -> $crate::slab::Key {
+                $crate::slab::Key::from_raw(self.0)
+            }
+
+            pub(crate) const fn from_key(key: $crate::slab::Key) -> Self {
+                Self(key.raw())
+            }
+        }
+    };
+}
+pub(crate) use handle_impl;
+
 #[cfg(test)]
 mod tests {
     use super::*;
