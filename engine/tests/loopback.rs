@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, HandleCounts, Mr, Pd,
-    Progress, Qp,
-    QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-    WorkCompletion, EMPTY_WC,
+    Progress, Qp, QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, Sge, WcOpcode,
+    WcStatus, WorkCompletion, EMPTY_WC,
 };
 
 const WAIT: Duration = Duration::from_secs(30);

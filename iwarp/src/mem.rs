@@ -507,7 +507,10 @@ mod tests {
         assert_eq!(t.write(span, b"abcdefg"), 4);
         assert_eq!(&t.owned_bytes(mr.lkey).unwrap()[..10], b"\0\0\0\0abcd\0\0");
         assert_eq!(t.read(span.advance(1)), b"bcd");
-        assert_eq!(t.invalidate(mr.rkey, PdId::from_raw(9)), Err(MemError::NotAssociated));
+        assert_eq!(
+            t.invalidate(mr.rkey, PdId::from_raw(9)),
+            Err(MemError::NotAssociated)
+        );
         t.invalidate(mr.rkey, PD).unwrap();
         assert!(!t.is_valid(mr.rkey));
         assert_eq!(

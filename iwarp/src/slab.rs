@@ -313,7 +313,14 @@ mod tests {
     fn any_key_is_safe() {
         let mut s = Slab::new();
         let k = s.insert(7u8).unwrap();
-        for raw in [0, 1, u32::MAX, k.raw() ^ 1, k.raw() + (1 << INDEX_BITS), 1 << 19] {
+        for raw in [
+            0,
+            1,
+            u32::MAX,
+            k.raw() ^ 1,
+            k.raw() + (1 << INDEX_BITS),
+            1 << 19,
+        ] {
             let key = Key::from_raw(raw);
             assert!(key == k || s.get(key).is_none());
             assert!(key == k || s.remove(key).is_none());

@@ -254,8 +254,7 @@ impl Context {
     /// table is full, the handle returned names nothing;
     /// [`Context::try_create_cq`] says so.
     pub fn create_cq(&mut self, capacity: usize) -> CqId {
-        self.try_create_cq(capacity)
-            .unwrap_or(CqId::from_raw(0))
+        self.try_create_cq(capacity).unwrap_or(CqId::from_raw(0))
     }
 
     /// Create a completion queue of `capacity` entries, or fail with
@@ -308,13 +307,7 @@ impl Context {
         let key = self
             .qps
             .insert_with(|key| QpSlot {
-                qp: Box::new(Qp::new(
-                    QpId::from_key(key),
-                    pd,
-                    send_cq,
-                    recv_cq,
-                    config,
-                )),
+                qp: Box::new(Qp::new(QpId::from_key(key), pd, send_cq, recv_cq, config)),
                 pd,
                 send_cq,
                 recv_cq,
@@ -346,10 +339,7 @@ impl Context {
     /// Destroy a queue pair (without flushing: destroy after Error); its
     /// slot is reused.
     pub fn destroy_qp(&mut self, qp: QpId) -> Result<(), VerbsError> {
-        let slot = self
-            .qps
-            .remove(qp.key())
-            .ok_or(VerbsError::InvalidHandle)?;
+        let slot = self.qps.remove(qp.key()).ok_or(VerbsError::InvalidHandle)?;
         self.hold(slot.pd, slot.send_cq, slot.recv_cq, false);
         Ok(())
     }
