@@ -16,11 +16,11 @@ use iwarp::cq::{CqId, QpId, WorkCompletion};
 use iwarp::mem::{Access, MrInfo, PdId};
 use iwarp::mpa::handshake::Negotiated;
 use iwarp::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr, Sge};
-use iwarp::verbs::{Context, VerbsError};
+use iwarp::verbs::{Context, HandleCounts, VerbsError};
 use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
-use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Request, Shared, Sock};
+use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Released, Request, Shared, Sock};
 use crate::kernel::{Sleeper, XdpRef};
 use crate::post::WorkQueues;
 use crate::xdp::worker::XdpIo;
@@ -54,6 +54,12 @@ pub struct Stats {
     pub xdp: Option<XdpStats>,
     /// AF_XDP backend: each engine's counters (one per receive queue).
     pub engines: Vec<EngineStats>,
+    /// Objects alive in the core: PDs, CQs, QPs (including those still
+    /// closing after the application dropped them) and memory regions.
+    pub live: HandleCounts,
+    /// Slots of the core's tables: the most objects alive at once (freed
+    /// slots are reused).
+    pub slots: HandleCounts,
 }
 
 /// Who runs the progress engine.
@@ -225,6 +231,8 @@ impl Device {
         let mut s = Stats {
             passes: e.passes,
             connections: e.conn_count(),
+            live: e.ctx.live(),
+            slots: e.ctx.slots(),
             ..Stats::default()
         };
         if let Some(x) = e.xdp.first() {
@@ -236,26 +244,35 @@ impl Device {
         s
     }
 
-    /// Allocate a protection domain.
+    /// Allocate a protection domain; the core frees it once the last
+    /// clone of the handle, the last region registered with it and the
+    /// last QP created with it are gone.
     pub fn alloc_pd(&self) -> Pd {
-        let id = self.shared().engine().ctx.alloc_pd();
+        let mut e = self.shared().engine();
+        let id = e.ctx.alloc_pd();
+        let life = Life::new(self.shared(), &e.released, Released::Pd(id));
         Pd {
             id,
             shared: self.shared().clone(),
+            life,
         }
     }
 
     /// Create a completion queue holding up to `capacity` completions the
     /// application has not polled (and as many again inside the core).
+    /// The core frees it once the last clone of the handle and the last
+    /// QP that uses it are gone.
     pub fn create_cq(&self, capacity: usize) -> Cq {
         let q = Arc::new(CqQueue::new(capacity));
         let mut e = self.shared().engine();
         let id = e.ctx.create_cq(capacity);
         e.add_cq(id, q.clone());
+        let life = Life::new(self.shared(), &e.released, Released::Cq(id));
         Cq {
             id,
             q,
             shared: self.shared().clone(),
+            _life: life,
         }
     }
 
@@ -289,6 +306,7 @@ impl Device {
         match info {
             Ok(info) => Ok(Mr {
                 shared: self.shared().clone(),
+                _pd: pd.life.clone(),
                 ptr,
                 layout,
                 info,
@@ -468,11 +486,44 @@ fn check_init(shared: &Arc<Shared>, qp: &QpInit) -> Result<(), CmError> {
     }
 }
 
-/// A protection domain.
+/// Shared by the clones of a [`Pd`] or [`Cq`] (and, for a PD, by its
+/// regions): dropping the last one hands the object to the engine, which
+/// frees it in the core on its next pass.
+#[derive(Debug)]
+struct Life {
+    shared: Arc<Shared>,
+    released: Arc<crossbeam_queue::SegQueue<Released>>,
+    what: Released,
+}
+
+impl Life {
+    fn new(
+        shared: &Arc<Shared>,
+        released: &Arc<crossbeam_queue::SegQueue<Released>>,
+        what: Released,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            shared: shared.clone(),
+            released: released.clone(),
+            what,
+        })
+    }
+}
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        // No engine lock here: a handle may drop while it is held.
+        self.released.push(self.what);
+        self.shared.kick();
+    }
+}
+
+/// A protection domain. Clones share it.
 #[derive(Clone, Debug)]
 pub struct Pd {
     id: PdId,
     shared: Arc<Shared>,
+    life: Arc<Life>,
 }
 
 impl Pd {
@@ -488,6 +539,7 @@ pub struct Cq {
     id: CqId,
     q: Arc<CqQueue>,
     shared: Arc<Shared>,
+    _life: Arc<Life>,
 }
 
 impl Cq {
@@ -537,6 +589,8 @@ impl Cq {
 #[derive(Debug)]
 pub struct Mr {
     shared: Arc<Shared>,
+    /// The region keeps its PD alive.
+    _pd: Arc<Life>,
     ptr: NonNull<u8>,
     layout: Layout,
     info: MrInfo,

@@ -31,10 +31,11 @@ use std::time::Duration;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 
 use iwarp::cq::{CqId, QpId, WorkCompletion};
+use iwarp::mem::PdId;
 use iwarp::mpa::handshake::{self, ConnectRequest, Handshake, HandshakeError, Negotiated};
 use iwarp::qp::QpEvent;
 use iwarp::time::Instant as CoreInstant;
-use iwarp::verbs::Context;
+use iwarp::verbs::{Context, VerbsError};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
@@ -111,6 +112,14 @@ impl CqQueue {
             self.cv.notify_all();
         }
     }
+}
+
+/// An object the application released (the last clone of its handle was
+/// dropped): the engine frees it in the core on its next pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Released {
+    Pd(PdId),
+    Cq(CqId),
 }
 
 /// Connection-manager state of one QP, shared with the application's `Qp`.
@@ -272,6 +281,11 @@ pub(crate) struct Engine {
     lingering: Vec<Lingering>,
     draining: Vec<Draining>,
     cqs: Vec<(CqId, Arc<CqQueue>)>,
+    /// PDs and CQs the application released ([`Released`]).
+    pub(crate) released: Arc<SegQueue<Released>>,
+    /// Released PDs and CQs the core still refused, because QPs not yet
+    /// destroyed use them: tried again on every pass until freed.
+    dying: Vec<Released>,
     rx_buf: Vec<u8>,
     /// Where `poll_transmit` writes; what a socket does not take moves to
     /// its connection's `out`.
@@ -301,6 +315,8 @@ impl Engine {
             lingering: Vec::new(),
             draining: Vec::new(),
             cqs: Vec::new(),
+            released: Arc::new(SegQueue::new()),
+            dying: Vec::new(),
             rx_buf: vec![0; IO_BUF],
             tx_buf: vec![0; IO_BUF],
             xdp: Vec::new(),
@@ -829,11 +845,40 @@ impl Engine {
         work
     }
 
+    /// Free in the core the PDs and CQs the application released; those
+    /// QPs still use wait in `dying` (a QP lingers after its handle is
+    /// dropped, until its connection closes). Returns how many were freed.
+    fn free_released(&mut self) -> usize {
+        if self.dying.is_empty() && self.released.is_empty() {
+            return 0;
+        }
+        let mut todo = std::mem::take(&mut self.dying);
+        while let Some(r) = self.released.pop() {
+            todo.push(r);
+        }
+        let mut freed = 0;
+        for r in todo {
+            let result = match r {
+                Released::Pd(pd) => self.ctx.dealloc_pd(pd),
+                Released::Cq(cq) => self.ctx.destroy_cq(cq).inspect(|()| {
+                    self.cqs.retain(|(id, _)| *id != cq);
+                }),
+            };
+            match result {
+                Ok(()) => freed += 1,
+                Err(VerbsError::Busy) => self.dying.push(r),
+                Err(_) => {}
+            }
+        }
+        freed
+    }
+
     /// Move completions from the core's CQs into the application's queues.
     /// A queue holding `capacity` entries takes no more: the core's CQ
-    /// fills and eventually overruns, as a verbs CQ would.
+    /// fills and eventually overruns, as a verbs CQ would. Then free what
+    /// the application released.
     pub(crate) fn move_completions(&mut self) -> usize {
-        let mut work = 0;
+        let mut work = self.free_released();
         for (id, q) in &self.cqs {
             let Some(core) = self.ctx.cq(*id) else {
                 continue;

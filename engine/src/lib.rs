@@ -159,6 +159,7 @@ pub use iwarp::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use iwarp::mem::Access;
 pub use iwarp::mpa::handshake::{ConnectRequest, HandshakeError, Negotiated, RtrSet, RtrType};
 pub use iwarp::qp::{PostError, QpState, RecvWr, SendOp, SendWr, Sge};
+pub use iwarp::verbs::HandleCounts;
 pub use xdp::{EngineStats, XdpConfig, XdpStats};
 
 /// A placeholder completion for initialising the buffers passed to
@@ -168,7 +169,7 @@ pub const EMPTY_WC: WorkCompletion = WorkCompletion {
     status: WcStatus::Success,
     opcode: WcOpcode::Send,
     byte_len: 0,
-    qp: iwarp::cq::QpId(0),
+    qp: iwarp::cq::QpId::from_raw(0),
     invalidated_stag: None,
     solicited: false,
     imm_data: None,

@@ -9,9 +9,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use iwarp_engine::{
-    Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp,
-    QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-    WorkCompletion, EMPTY_WC,
+    Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, HandleCounts, Mr, Pd,
+    Progress, Qp, QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, Sge, WcOpcode,
+    WcStatus, WorkCompletion, EMPTY_WC,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -1147,5 +1147,130 @@ fn concurrent_posters(mode: Mode) {
         let mut b = [0; 8];
         back.read((t * 8) as usize, &mut b);
         assert_eq!(u64::from_le_bytes(b), t << 32 | (PER - 1), "thread {t}");
+    }
+}
+
+/// Poll `f` until it holds; panics after [`WAIT`].
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn released_pds_and_cqs_free_their_slots() {
+    let dev = open(true);
+    let first = dev.alloc_pd().id();
+    dev.progress();
+    for _ in 0..10_000 {
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(4);
+        let mr = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+        drop((mr, cq, pd));
+        dev.progress();
+    }
+    let s = dev.stats();
+    assert_eq!(s.live, Default::default(), "{s:?}");
+    let one = HandleCounts {
+        pds: 1,
+        cqs: 1,
+        qps: 0,
+        mrs: 1,
+    };
+    assert_eq!(s.slots, one, "{s:?}");
+    // A region keeps its PD: the PD is freed after the region.
+    let pd = dev.alloc_pd();
+    assert_eq!(pd.id().index(), first.index(), "the slot is reused");
+    assert_ne!(pd.id(), first);
+    let mr = dev.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+    drop(pd);
+    dev.progress();
+    assert_eq!((dev.stats().live.pds, dev.stats().live.mrs), (1, 1));
+    drop(mr);
+    dev.progress();
+    assert_eq!(dev.stats().live, Default::default());
+}
+
+/// Connections opened and closed one after another, each with its own
+/// PD, CQ and region on both sides: once they are closed, both devices'
+/// tables are back to empty, the server's QP slot is reused by every
+/// connection (with a new generation each time), and no table grew past
+/// one connection's objects.
+#[test]
+fn server_returns_to_baseline_after_connections_close() {
+    const CYCLES: usize = 20;
+    let (cdev, sdev) = (open(false), open(false));
+    let mut listener = sdev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    let mut ids = Vec::new();
+    for i in 0..CYCLES {
+        let (spd, scq, sinit) = init_sized(&sdev, 4);
+        let server = std::thread::spawn(move || {
+            let req = listener.get_request(Some(WAIT)).unwrap();
+            (req.accept(sinit, ConnParams::default()).unwrap(), listener)
+        });
+        let (cpd, ccq, cinit) = init_sized(&cdev, 4);
+        let cqp = cdev.connect(addr, cinit, ConnParams::default()).unwrap();
+        let (sqp, l) = server.join().unwrap();
+        let server = Side {
+            qp: sqp,
+            pd: spd,
+            cq: scq,
+            dev: sdev.clone(),
+        };
+        let client = Side {
+            qp: cqp,
+            pd: cpd,
+            cq: ccq,
+            dev: cdev.clone(),
+        };
+        let (smr, cmr) = (server.mr(8), client.mr(8));
+        server
+            .qp
+            .post_recv(&RecvWr {
+                wr_id: 1,
+                sgl: &[smr.sge(0, 8)],
+            })
+            .unwrap();
+        cmr.write(0, &[i as u8; 8]);
+        client
+            .qp
+            .post_send(&SendWr {
+                wr_id: 2,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[cmr.sge(0, 8)],
+                signaled: true,
+            })
+            .unwrap();
+        assert_eq!(client.wait_one().status, WcStatus::Success);
+        assert_eq!(server.wait_one().status, WcStatus::Success);
+        ids.push(server.qp.id());
+        drop((smr, cmr, client, server));
+        for dev in [&cdev, &sdev] {
+            eventually("tables empty after the close", || {
+                dev.stats().live == Default::default()
+            });
+        }
+        listener = l;
+    }
+    for dev in [&cdev, &sdev] {
+        let s = dev.stats();
+        assert_eq!(s.connections, 0);
+        let one = HandleCounts {
+            pds: 1,
+            cqs: 1,
+            qps: 1,
+            mrs: 1,
+        };
+        assert_eq!(s.slots, one, "{s:?}");
+    }
+    assert!(ids.iter().all(|id| id.index() == ids[0].index()), "{ids:?}");
+    for (k, id) in ids.iter().enumerate() {
+        assert!(!ids[..k].contains(id), "{id:?} issued twice");
     }
 }

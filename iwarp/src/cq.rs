@@ -8,13 +8,22 @@
 
 use std::collections::VecDeque;
 
-/// Identifies a queue pair within a [`crate::verbs::Context`].
+/// Identifies a queue pair within a [`crate::verbs::Context`]: a slot
+/// index and a generation packed into a `u32` ([`crate::slab`]), so the
+/// handle of a destroyed QP never names the QP that reuses its slot. The
+/// packed value ([`QpId::raw`]) is the QP number applications print and
+/// exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct QpId(pub u32);
+pub struct QpId(u32);
 
-/// Identifies a completion queue within a [`crate::verbs::Context`].
+crate::slab::handle_impl!(QpId);
+
+/// Identifies a completion queue within a [`crate::verbs::Context`]:
+/// index and generation, as [`QpId`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct CqId(pub u32);
+pub struct CqId(u32);
+
+crate::slab::handle_impl!(CqId);
 
 /// The outcome of a work request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -202,7 +211,7 @@ mod tests {
             status: WcStatus::Success,
             opcode: WcOpcode::Recv,
             byte_len: 0,
-            qp: QpId(0),
+            qp: QpId::from_raw(0),
             invalidated_stag: None,
             solicited,
             imm_data: None,

@@ -15,6 +15,7 @@
 //! | [`qp`] | RFC 5040, 5041, 7306 | queue pairs: DDP segmentation and placement, RDMAP operations (atomics and Immediate Data included), Terminate |
 //! | [`cq`] | verbs | completion queues and work completions |
 //! | [`verbs`] | verbs | [`verbs::Context`], the owner of protection domains, regions, CQs and QPs |
+//! | [`slab`] | – | the generational table behind the handles of PDs, CQs and QPs |
 //!
 //! Peer input never panics the core: every violation becomes a Terminate
 //! message with the layer/type/code the RFCs assign, the QP moves to
@@ -29,6 +30,7 @@ pub mod mem;
 pub mod mpa;
 pub mod pcap;
 pub mod qp;
+pub mod slab;
 pub mod testing;
 pub mod time;
 pub mod tshark;

@@ -76,8 +76,11 @@ impl fmt::Debug for Access {
 }
 
 /// A protection domain: regions and QPs of one PD only see each other.
+/// Index and generation in a `u32`, as [`crate::cq::QpId`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PdId(pub u32);
+pub struct PdId(u32);
+
+crate::slab::handle_impl!(PdId);
 
 /// What a registration returns: the keys and the address space of the region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,6 +129,9 @@ impl core::error::Error for MemError {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
     index: u32,
+    /// The key of the registration checked: a span kept while its region
+    /// is deregistered and the slot reused reaches nothing.
+    key: u8,
     offset: usize,
     len: usize,
 }
@@ -146,6 +152,7 @@ impl Span {
         let n = n.min(self.len);
         Self {
             index: self.index,
+            key: self.key,
             offset: self.offset + n,
             len: self.len - n,
         }
@@ -358,6 +365,7 @@ impl MemTable {
         }
         Ok(Span {
             index: stag >> 8,
+            key: stag as u8,
             offset: (to - r.iova) as usize,
             len,
         })
@@ -365,6 +373,9 @@ impl MemTable {
 
     fn region_of(&self, span: Span) -> Option<&Region> {
         let r = self.slots.get(span.index as usize)?.as_ref()?;
+        if r.key != span.key {
+            return None;
+        }
         let end = span.offset.checked_add(span.len)?;
         (end <= r.len).then_some(r)
     }
@@ -412,6 +423,17 @@ impl MemTable {
         self.slots.iter().filter(|s| s.is_some()).count()
     }
 
+    /// Slots of the table: the most regions registered at once (a
+    /// deregistered region's slot is reused by the next registration).
+    pub fn slots(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// Whether a region of protection domain `pd` is registered.
+    pub fn has_pd(&self, pd: PdId) -> bool {
+        self.slots.iter().flatten().any(|r| r.pd == pd)
+    }
+
     /// Whether no region is registered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -430,7 +452,7 @@ impl fmt::Debug for MemTable {
 mod tests {
     use super::*;
 
-    const PD: PdId = PdId(1);
+    const PD: PdId = PdId::from_raw(1);
 
     fn table_with(len: usize, access: Access) -> (MemTable, MrInfo) {
         let mut t = MemTable::new(7);
@@ -455,7 +477,7 @@ mod tests {
             Err(MemError::InvalidStag)
         );
         assert_eq!(
-            t.check(mr.rkey, PdId(2), mr.iova, 1, Access::REMOTE_WRITE),
+            t.check(mr.rkey, PdId::from_raw(2), mr.iova, 1, Access::REMOTE_WRITE),
             Err(MemError::NotAssociated)
         );
         assert_eq!(
@@ -485,7 +507,10 @@ mod tests {
         assert_eq!(t.write(span, b"abcdefg"), 4);
         assert_eq!(&t.owned_bytes(mr.lkey).unwrap()[..10], b"\0\0\0\0abcd\0\0");
         assert_eq!(t.read(span.advance(1)), b"bcd");
-        assert_eq!(t.invalidate(mr.rkey, PdId(9)), Err(MemError::NotAssociated));
+        assert_eq!(
+            t.invalidate(mr.rkey, PdId::from_raw(9)),
+            Err(MemError::NotAssociated)
+        );
         t.invalidate(mr.rkey, PD).unwrap();
         assert!(!t.is_valid(mr.rkey));
         assert_eq!(
@@ -515,6 +540,43 @@ mod tests {
             );
             t.deregister(b.lkey).unwrap();
         }
+    }
+
+    #[test]
+    fn span_of_a_deregistered_region_reaches_nothing() {
+        let (mut t, old) = table_with(8, Access::REMOTE_WRITE);
+        let span = t
+            .check(old.rkey, PD, old.iova, 8, Access::REMOTE_WRITE)
+            .unwrap();
+        t.deregister(old.lkey).unwrap();
+        let new = t
+            .register_owned(PD, vec![0u8; 8].into_boxed_slice(), Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(new.lkey >> 8, old.lkey >> 8, "the slot is reused");
+        assert_eq!(t.write(span, &[1; 8]), 0);
+        assert!(t.read(span).is_empty());
+        assert_eq!(t.owned_bytes(new.lkey).unwrap(), &[0; 8]);
+        assert_eq!(t.deregister(old.lkey), Err(MemError::InvalidStag));
+        assert!(t.is_valid(new.lkey));
+    }
+
+    #[test]
+    fn deregistration_frees_the_slot() {
+        let mut t = MemTable::new(5);
+        let keep = t
+            .register_owned(PD, vec![0u8; 4].into_boxed_slice(), Access::NONE)
+            .unwrap();
+        for _ in 0..10_000 {
+            let a = t
+                .register_owned(PD, vec![0u8; 4].into_boxed_slice(), Access::NONE)
+                .unwrap();
+            t.deregister(a.lkey).unwrap();
+        }
+        assert_eq!((t.len(), t.slots()), (1, 2));
+        assert!(t.has_pd(PD));
+        t.deregister(keep.lkey).unwrap();
+        assert!(!t.has_pd(PD));
+        assert!(t.is_empty());
     }
 
     #[test]

@@ -3,7 +3,16 @@
 //!
 //! Objects are named by small copyable handles ([`PdId`], [`CqId`],
 //! [`QpId`], STags); the context lends each QP the memory table and the
-//! CQs while it runs, so nothing is shared or reference-counted. A backend
+//! CQs while it runs, so nothing is shared or reference-counted.
+//!
+//! PDs, CQs and QPs live in generational slabs ([`crate::slab`]): a
+//! destroyed object's slot is reused, so the tables stay as large as the
+//! most objects alive at once, and a handle carries its slot's generation,
+//! so a stale handle names nothing (calls with it fail with
+//! [`VerbsError::InvalidHandle`] or do nothing) rather than reaching the
+//! object that took the slot. STags do the same with their key
+//! ([`crate::mem`]). A PD cannot be deallocated while QPs or regions use
+//! it, nor a CQ destroyed while QPs use it ([`VerbsError::Busy`]). A backend
 //! (the AF_XDP engine, the kernel-socket backend, or the in-memory
 //! [`crate::testing::Pair`]) owns a context and moves bytes between each
 //! QP and its TCP connection:
@@ -21,6 +30,7 @@ use crate::cq::{Cq, CqId, QpId, WorkCompletion};
 use crate::mem::{Access, MemTable, MrInfo, PdId};
 use crate::mpa::handshake::{self, HandshakeError};
 use crate::qp::{PostError, Qp, QpConfig, QpEvent, QpState, QpStats, RecvWr, SendWr};
+use crate::slab::Slab;
 use crate::time::Instant;
 
 /// Why a verbs call failed.
@@ -28,8 +38,11 @@ use crate::time::Instant;
 pub enum VerbsError {
     /// The handle names no live object.
     InvalidHandle,
-    /// The memory table is full.
+    /// A table (memory, PDs, CQs or QPs) is full.
     NoResources,
+    /// The object is still in use: a PD by QPs or memory regions, a CQ by
+    /// QPs.
+    Busy,
     /// Posting a work request failed.
     Post(PostError),
     /// A connection-setup call failed.
@@ -41,6 +54,7 @@ impl core::fmt::Display for VerbsError {
         match self {
             Self::InvalidHandle => f.write_str("invalid handle"),
             Self::NoResources => f.write_str("out of resources"),
+            Self::Busy => f.write_str("in use"),
             Self::Post(e) => write!(f, "post failed: {e}"),
             Self::Connect(e) => write!(f, "connection setup failed: {e}"),
         }
@@ -61,15 +75,52 @@ impl From<HandshakeError> for VerbsError {
     }
 }
 
-/// Completion queues of a context, indexed by [`CqId`].
+/// Completion queues of a context, named by [`CqId`].
 #[derive(Debug, Default)]
-pub struct CqTable(Vec<Option<Cq>>);
+pub struct CqTable(Slab<CqSlot>);
+
+#[derive(Debug)]
+struct CqSlot {
+    cq: Cq,
+    /// References from QPs (a QP using it for both queues counts twice).
+    users: u32,
+}
 
 impl CqTable {
     /// The queue named by `id`.
     pub fn get_mut(&mut self, id: CqId) -> Option<&mut Cq> {
-        self.0.get_mut(id.0 as usize)?.as_mut()
+        self.0.get_mut(id.key()).map(|s| &mut s.cq)
     }
+}
+
+/// A live protection domain.
+#[derive(Debug, Default)]
+struct PdSlot {
+    /// QPs of the PD (its regions are counted by the memory table).
+    qps: u32,
+}
+
+/// A QP and the objects it holds on to.
+#[derive(Debug)]
+struct QpSlot {
+    /// Boxed: a vacant slot costs a pointer, not a whole QP.
+    qp: Box<Qp>,
+    pd: PdId,
+    send_cq: CqId,
+    recv_cq: CqId,
+}
+
+/// Live objects, or slots, of each table of a [`Context`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandleCounts {
+    /// Protection domains.
+    pub pds: usize,
+    /// Completion queues.
+    pub cqs: usize,
+    /// Queue pairs.
+    pub qps: usize,
+    /// Memory regions.
+    pub mrs: usize,
 }
 
 /// A device context. See the module documentation.
@@ -77,8 +128,8 @@ impl CqTable {
 pub struct Context {
     mem: MemTable,
     cqs: CqTable,
-    qps: Vec<Option<Qp>>,
-    next_pd: u32,
+    qps: Slab<QpSlot>,
+    pds: Slab<PdSlot>,
 }
 
 impl Context {
@@ -87,16 +138,65 @@ impl Context {
         Self {
             mem: MemTable::new(seed),
             cqs: CqTable::default(),
-            qps: Vec::new(),
-            next_pd: 1,
+            qps: Slab::new(),
+            pds: Slab::new(),
         }
     }
 
-    /// Allocate a protection domain.
+    /// Allocate a protection domain. When the PD table is full, the
+    /// handle returned names nothing (every use of it fails with
+    /// [`VerbsError::InvalidHandle`]); [`Context::try_alloc_pd`] says so.
     pub fn alloc_pd(&mut self) -> PdId {
-        let pd = PdId(self.next_pd);
-        self.next_pd += 1;
-        pd
+        self.try_alloc_pd().unwrap_or(PdId::from_raw(0))
+    }
+
+    /// Allocate a protection domain, or fail with
+    /// [`VerbsError::NoResources`] when the PD table is full.
+    pub fn try_alloc_pd(&mut self) -> Result<PdId, VerbsError> {
+        self.pds
+            .insert(PdSlot::default())
+            .map(PdId::from_key)
+            .ok_or(VerbsError::NoResources)
+    }
+
+    /// Deallocate a protection domain; its slot is reused. Fails with
+    /// [`VerbsError::Busy`] while QPs or memory regions use it.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        let slot = self.pds.get(pd.key()).ok_or(VerbsError::InvalidHandle)?;
+        if slot.qps > 0 || self.mem.has_pd(pd) {
+            return Err(VerbsError::Busy);
+        }
+        self.pds.remove(pd.key());
+        Ok(())
+    }
+
+    fn check_pd(&self, pd: PdId) -> Result<(), VerbsError> {
+        if self.pds.contains(pd.key()) {
+            Ok(())
+        } else {
+            Err(VerbsError::InvalidHandle)
+        }
+    }
+
+    /// Live objects of each table.
+    pub fn live(&self) -> HandleCounts {
+        HandleCounts {
+            pds: self.pds.len(),
+            cqs: self.cqs.0.len(),
+            qps: self.qps.len(),
+            mrs: self.mem.len(),
+        }
+    }
+
+    /// Slots of each table: the most objects alive at once, which bounds
+    /// the memory the tables keep.
+    pub fn slots(&self) -> HandleCounts {
+        HandleCounts {
+            pds: self.pds.slots(),
+            cqs: self.cqs.0.slots(),
+            qps: self.qps.slots(),
+            mrs: self.mem.slots(),
+        }
     }
 
     /// Register a buffer owned by the context.
@@ -106,6 +206,7 @@ impl Context {
         buf: Box<[u8]>,
         access: Access,
     ) -> Result<MrInfo, VerbsError> {
+        self.check_pd(pd)?;
         self.mem
             .register_owned(pd, buf, access)
             .map_err(|_| VerbsError::NoResources)
@@ -125,12 +226,14 @@ impl Context {
         len: usize,
         access: Access,
     ) -> Result<MrInfo, VerbsError> {
+        self.check_pd(pd)?;
         // SAFETY: forwarded from the caller.
         unsafe { self.mem.register(pd, addr, len, addr as u64, access) }
             .ok_or(VerbsError::NoResources)
     }
 
-    /// Deregister a region; returns the buffer of an owned one.
+    /// Deregister a region; returns the buffer of an owned one. Its slot
+    /// is reused, with another key: the old STag stays invalid.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<Option<Box<[u8]>>, VerbsError> {
         self.mem
             .deregister(lkey)
@@ -147,11 +250,36 @@ impl Context {
         &mut self.mem
     }
 
-    /// Create a completion queue of `capacity` entries.
+    /// Create a completion queue of `capacity` entries. When the CQ
+    /// table is full, the handle returned names nothing;
+    /// [`Context::try_create_cq`] says so.
     pub fn create_cq(&mut self, capacity: usize) -> CqId {
-        let id = CqId(self.cqs.0.len() as u32);
-        self.cqs.0.push(Some(Cq::new(capacity)));
-        id
+        self.try_create_cq(capacity).unwrap_or(CqId::from_raw(0))
+    }
+
+    /// Create a completion queue of `capacity` entries, or fail with
+    /// [`VerbsError::NoResources`] when the CQ table is full.
+    pub fn try_create_cq(&mut self, capacity: usize) -> Result<CqId, VerbsError> {
+        let slot = CqSlot {
+            cq: Cq::new(capacity),
+            users: 0,
+        };
+        self.cqs
+            .0
+            .insert(slot)
+            .map(CqId::from_key)
+            .ok_or(VerbsError::NoResources)
+    }
+
+    /// Destroy a completion queue (with the completions it holds); its
+    /// slot is reused. Fails with [`VerbsError::Busy`] while QPs use it.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        let slot = self.cqs.0.get(cq.key()).ok_or(VerbsError::InvalidHandle)?;
+        if slot.users > 0 {
+            return Err(VerbsError::Busy);
+        }
+        self.cqs.0.remove(cq.key());
+        Ok(())
     }
 
     /// The completion queue named by `id`.
@@ -172,27 +300,53 @@ impl Context {
         recv_cq: CqId,
         config: QpConfig,
     ) -> Result<QpId, VerbsError> {
+        self.check_pd(pd)?;
         if self.cqs.get_mut(send_cq).is_none() || self.cqs.get_mut(recv_cq).is_none() {
             return Err(VerbsError::InvalidHandle);
         }
-        let id = QpId(self.qps.len() as u32);
-        self.qps
-            .push(Some(Qp::new(id, pd, send_cq, recv_cq, config)));
-        Ok(id)
+        let key = self
+            .qps
+            .insert_with(|key| QpSlot {
+                qp: Box::new(Qp::new(QpId::from_key(key), pd, send_cq, recv_cq, config)),
+                pd,
+                send_cq,
+                recv_cq,
+            })
+            .ok_or(VerbsError::NoResources)?;
+        self.hold(pd, send_cq, recv_cq, true);
+        Ok(QpId::from_key(key))
     }
 
-    /// Destroy a queue pair (without flushing: destroy after Error).
+    /// Count a QP's references to its PD and CQs in (`take`) or out.
+    fn hold(&mut self, pd: PdId, send_cq: CqId, recv_cq: CqId, take: bool) {
+        let count = |n: &mut u32| {
+            *n = if take {
+                n.saturating_add(1)
+            } else {
+                n.saturating_sub(1)
+            }
+        };
+        if let Some(p) = self.pds.get_mut(pd.key()) {
+            count(&mut p.qps);
+        }
+        for cq in [send_cq, recv_cq] {
+            if let Some(c) = self.cqs.0.get_mut(cq.key()) {
+                count(&mut c.users);
+            }
+        }
+    }
+
+    /// Destroy a queue pair (without flushing: destroy after Error); its
+    /// slot is reused.
     pub fn destroy_qp(&mut self, qp: QpId) -> Result<(), VerbsError> {
-        self.qps
-            .get_mut(qp.0 as usize)
-            .and_then(Option::take)
-            .map(|_| ())
-            .ok_or(VerbsError::InvalidHandle)
+        let slot = self.qps.remove(qp.key()).ok_or(VerbsError::InvalidHandle)?;
+        self.hold(slot.pd, slot.send_cq, slot.recv_cq, false);
+        Ok(())
     }
 
     /// The queue pair named by `qp`.
     pub fn qp(&self, qp: QpId) -> Option<&Qp> {
-        self.qps.get(qp.0 as usize)?.as_ref()
+        self.qps.get(qp.key()).map(|s| &*s.qp)
     }
 
     fn with_qp<R>(
@@ -200,11 +354,11 @@ impl Context {
         qp: QpId,
         f: impl FnOnce(&mut Qp, &mut crate::qp::Env<'_>) -> R,
     ) -> Result<R, VerbsError> {
-        let q = self
+        let q = &mut self
             .qps
-            .get_mut(qp.0 as usize)
-            .and_then(Option::as_mut)
-            .ok_or(VerbsError::InvalidHandle)?;
+            .get_mut(qp.key())
+            .ok_or(VerbsError::InvalidHandle)?
+            .qp;
         let mut env = crate::qp::Env {
             mem: &mut self.mem,
             cqs: &mut self.cqs,

@@ -717,7 +717,7 @@ fn run(cfg: &Cfg) -> Res<()> {
                             } else {
                                 1
                             },
-                            qpn: qps[j].id().0,
+                            qpn: qps[j].id().raw(),
                             psn: ((psn >> (j * 3)) & 0x00ff_ffff) as u32,
                             rkey,
                             vaddr,
