@@ -21,7 +21,10 @@ use crate::cq::{Cq, CqId, QpId, WorkCompletion};
 use crate::mem::{Access, MemTable, MrInfo, PdId};
 use crate::mpa::handshake::{self, HandshakeError};
 use crate::qp::{PostError, Qp, QpConfig, QpEvent, QpState, QpStats, RecvWr, SendWr};
+use crate::srq::SrqTable;
 use crate::time::Instant;
+
+mod shared_rq;
 
 /// Why a verbs call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +37,11 @@ pub enum VerbsError {
     Post(PostError),
     /// A connection-setup call failed.
     Connect(HandshakeError),
+    /// The object is in use (an SRQ with QPs attached).
+    Busy,
+    /// An argument is out of range (e.g. an SRQ limit above its capacity,
+    /// or a QP and its SRQ in different protection domains).
+    InvalidArgument,
 }
 
 impl core::fmt::Display for VerbsError {
@@ -43,6 +51,8 @@ impl core::fmt::Display for VerbsError {
             Self::NoResources => f.write_str("out of resources"),
             Self::Post(e) => write!(f, "post failed: {e}"),
             Self::Connect(e) => write!(f, "connection setup failed: {e}"),
+            Self::Busy => f.write_str("object in use"),
+            Self::InvalidArgument => f.write_str("invalid argument"),
         }
     }
 }
@@ -79,6 +89,7 @@ pub struct Context {
     cqs: CqTable,
     qps: Vec<Option<Qp>>,
     next_pd: u32,
+    srqs: SrqTable,
 }
 
 impl Context {
@@ -89,6 +100,7 @@ impl Context {
             cqs: CqTable::default(),
             qps: Vec::new(),
             next_pd: 1,
+            srqs: SrqTable::default(),
         }
     }
 
@@ -183,11 +195,15 @@ impl Context {
 
     /// Destroy a queue pair (without flushing: destroy after Error).
     pub fn destroy_qp(&mut self, qp: QpId) -> Result<(), VerbsError> {
-        self.qps
+        let q = self
+            .qps
             .get_mut(qp.0 as usize)
             .and_then(Option::take)
-            .map(|_| ())
-            .ok_or(VerbsError::InvalidHandle)
+            .ok_or(VerbsError::InvalidHandle)?;
+        if let Some(srq) = q.srq() {
+            self.srqs.detach(srq);
+        }
+        Ok(())
     }
 
     /// The queue pair named by `qp`.
@@ -208,6 +224,7 @@ impl Context {
         let mut env = crate::qp::Env {
             mem: &mut self.mem,
             cqs: &mut self.cqs,
+            srqs: &mut self.srqs,
         };
         Ok(f(q, &mut env))
     }
