@@ -85,6 +85,7 @@ fn init(dev: &Device, cq: &Cq) -> QpInit {
         sq_depth: 64,
         rq_depth: 8,
         sig_all: false,
+        srq: None,
     }
 }
 
