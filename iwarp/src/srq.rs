@@ -119,8 +119,9 @@ impl Srq {
     }
 }
 
-/// Why an SRQ could not be created or modified: the arguments, checked
-/// as `ibv_create_srq`/`ibv_modify_srq` check them.
+/// Whether `capacity` and `limit` are valid for an SRQ, as
+/// `ibv_create_srq`/`ibv_modify_srq` check them: a capacity of at least
+/// one, a limit no larger than it.
 fn check_limit(capacity: usize, limit: u32) -> bool {
     capacity > 0 && limit as usize <= capacity
 }

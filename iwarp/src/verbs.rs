@@ -1,5 +1,5 @@
 //! The verbs context: owner of protection domains, memory regions,
-//! completion queues and queue pairs of one engine.
+//! completion queues, shared receive queues and queue pairs of one engine.
 //!
 //! Objects are named by small copyable handles ([`PdId`], [`CqId`],
 //! [`QpId`], STags); the context lends each QP the memory table and the
