@@ -38,6 +38,7 @@ fn init(dev: &Device, pd: &iwarp_engine::Pd, cq: &Cq) -> QpInit {
         sq_depth: 8,
         rq_depth: 2,
         sig_all: false,
+        srq: None,
     }
 }
 

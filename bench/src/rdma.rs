@@ -150,6 +150,7 @@ fn init(pd: Pd, cq: &Cq, sq_depth: usize) -> QpInit {
         sq_depth,
         rq_depth: 4,
         sig_all: false,
+        srq: None,
     }
 }
 

@@ -183,6 +183,7 @@ pub fn run(
                 sq_depth: 4,
                 rq_depth: 4,
                 sig_all: false,
+                srq: None,
             };
             qps.push(
                 req.accept(qi, ConnParams::default())
@@ -236,6 +237,7 @@ pub fn run(
                 sq_depth: p.window + 4,
                 rq_depth: 4,
                 sig_all: false,
+                srq: None,
             };
             qps.push(
                 dev.connect(t.addr, qi, ConnParams::default())

@@ -3,6 +3,7 @@
 
 use std::alloc::Layout;
 use std::collections::hash_map::RandomState;
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::SocketAddr;
@@ -16,11 +17,14 @@ use iwarp::cq::{CqId, QpId, WorkCompletion};
 use iwarp::mem::{Access, MrInfo, PdId};
 use iwarp::mpa::handshake::Negotiated;
 use iwarp::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr, Sge};
+use iwarp::srq::{SrqEvent, SrqId};
 use iwarp::verbs::{Context, HandleCounts, VerbsError};
 use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
-use crate::kernel::{emss_of, lock, ConnShared, CqQueue, Released, Request, Shared, Sock};
+use crate::kernel::{
+    emss_of, lock, ConnShared, CqQueue, Released, Request, Shared, Sock, SrqEvents,
+};
 use crate::kernel::{Sleeper, XdpRef};
 use crate::post::WorkQueues;
 use crate::xdp::worker::XdpIo;
@@ -276,6 +280,35 @@ impl Device {
         }
     }
 
+    /// Create a shared receive queue of `capacity` receives in `pd`, its
+    /// limit armed at `limit` (0: disarmed); see [`Srq`]. Fails with
+    /// `InvalidInput` when `capacity` is 0, `limit` exceeds it, or `pd`
+    /// belongs to another device.
+    pub fn create_srq(&self, pd: &Pd, capacity: usize, limit: u32) -> io::Result<Srq> {
+        if !Arc::ptr_eq(&pd.shared, self.shared()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the PD belongs to another device",
+            ));
+        }
+        let ev = Arc::new(SrqEvents::default());
+        let mut e = self.shared().engine();
+        let id = e
+            .ctx
+            .create_srq(pd.id, capacity, limit)
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+        e.add_srq(id, ev.clone());
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                shared: self.shared().clone(),
+                id,
+                pd: pd.id,
+                wq: Arc::new(WorkQueues::srq(id, capacity)),
+                ev,
+            }),
+        })
+    }
+
     /// Register a zeroed, page-aligned buffer of `len` bytes owned by the
     /// returned [`Mr`]; deregistered and freed when it is dropped.
     pub fn reg_mr(&self, pd: &Pd, len: usize, access: Access) -> io::Result<Mr> {
@@ -374,7 +407,8 @@ impl Device {
     ) -> Result<Qp, CmError> {
         let start = Instant::now();
         check_init(self.shared(), &qp)?;
-        let (sq_depth, rq_depth) = (qp.sq_depth, qp.rq_depth);
+        let (sq_depth, rq_depth) = (qp.sq_depth, qp.rq_depth_in_engine());
+        let srq = qp.srq.clone();
         let conn = Arc::new(ConnShared::default());
         let xdp = !self.shared().engine().xdp.is_empty();
         let (sock, local, emss) = if xdp {
@@ -394,10 +428,7 @@ impl Device {
         let id = {
             let mut e = shared.engine();
             let now = e.now();
-            let id = match e
-                .ctx
-                .create_qp(qp.pd.id, qp.send_cq.id, qp.recv_cq.id, qp.config(emss))
-            {
+            let id = match qp.create_in(&mut e.ctx, emss) {
                 Ok(id) => id,
                 Err(err) => {
                     e.drop_sock(sock);
@@ -431,6 +462,7 @@ impl Device {
             conn,
             local,
             peer: addr,
+            srq,
         };
         result.map(|()| qp)
     }
@@ -472,6 +504,51 @@ fn pin(cpu: usize) {
     }
 }
 
+/// Queue a work request with `push` on `wq` (a QP's or an SRQ's queues);
+/// when the queue is full as far as it knows, learn what the core
+/// retired (under the lock) and try once more. With manual progress, a
+/// post that finds the device lock free hands the request to the core at
+/// once with `now` (see [`Qp::post_send`]).
+fn post_via(
+    shared: &Arc<Shared>,
+    wq: &Arc<WorkQueues>,
+    push: impl Fn(&WorkQueues) -> Result<(), Option<PostError>>,
+    now: impl Fn(&WorkQueues, &mut Context) -> Result<(), Option<PostError>>,
+) -> Result<(), PostError> {
+    if !shared.threaded {
+        if let Ok(mut e) = shared.engine.try_lock() {
+            let r = match now(wq, &mut e.ctx) {
+                Err(None) => {
+                    wq.settle(&e.ctx);
+                    now(wq, &mut e.ctx)
+                }
+                r => r,
+            };
+            drop(e);
+            r.map_err(|e| e.unwrap_or(PostError::QueueFull))?;
+            shared.kick();
+            return Ok(());
+        }
+    }
+    match push(wq) {
+        Ok(()) => {}
+        Err(Some(e)) => return Err(e),
+        Err(None) => {
+            {
+                let mut e = shared.engine();
+                wq.drain(&mut e.ctx);
+                wq.settle(&e.ctx);
+            }
+            push(wq).map_err(|e| e.unwrap_or(PostError::QueueFull))?;
+        }
+    }
+    if wq.list() {
+        shared.posted.push(wq.clone());
+    }
+    shared.kick();
+    Ok(())
+}
+
 /// Post `recvs` on a QP that is not connected yet.
 fn post_recvs(ctx: &mut Context, id: QpId, recvs: &[RecvWr<'_>]) -> Result<(), VerbsError> {
     recvs.iter().try_for_each(|wr| ctx.post_recv(id, wr))
@@ -479,10 +556,13 @@ fn post_recvs(ctx: &mut Context, id: QpId, recvs: &[RecvWr<'_>]) -> Result<(), V
 
 fn check_init(shared: &Arc<Shared>, qp: &QpInit) -> Result<(), CmError> {
     let same = |s: &Arc<Shared>| Arc::ptr_eq(s, shared);
-    if same(&qp.pd.shared) && same(&qp.send_cq.shared) && same(&qp.recv_cq.shared) {
-        Ok(())
-    } else {
-        Err(CmError::Verbs(VerbsError::InvalidHandle))
+    if !(same(&qp.pd.shared) && same(&qp.send_cq.shared) && same(&qp.recv_cq.shared)) {
+        return Err(CmError::Verbs(VerbsError::InvalidHandle));
+    }
+    match &qp.srq {
+        Some(s) if !same(&s.inner.shared) => Err(CmError::Verbs(VerbsError::InvalidHandle)),
+        Some(s) if s.inner.pd != qp.pd.id => Err(CmError::Verbs(VerbsError::InvalidArgument)),
+        _ => Ok(()),
     }
 }
 
@@ -715,9 +795,32 @@ pub struct QpInit {
     pub rq_depth: usize,
     /// Complete every send-queue work request, signaled or not.
     pub sig_all: bool,
+    /// Take receives from this shared receive queue (same device and
+    /// PD) instead of a receive queue of the QP's own: `rq_depth` is then
+    /// not used, and [`Qp::post_recv`] fails with
+    /// [`PostError::SrqAttached`].
+    pub srq: Option<Srq>,
 }
 
 impl QpInit {
+    /// Create the core QP this describes.
+    fn create_in(&self, ctx: &mut Context, emss: usize) -> Result<QpId, VerbsError> {
+        let (pd, scq, rcq) = (self.pd.id, self.send_cq.id, self.recv_cq.id);
+        match &self.srq {
+            Some(s) => ctx.create_qp_with_srq(pd, scq, rcq, s.inner.id, self.config(emss)),
+            None => ctx.create_qp(pd, scq, rcq, self.config(emss)),
+        }
+    }
+
+    /// The depth of the engine's receive queue for the QP: none on an SRQ.
+    fn rq_depth_in_engine(&self) -> usize {
+        if self.srq.is_some() {
+            0
+        } else {
+            self.rq_depth
+        }
+    }
+
     fn config(&self, emss: usize) -> QpConfig {
         QpConfig {
             sq_depth: self.sq_depth,
@@ -739,6 +842,9 @@ pub struct Qp {
     conn: Arc<ConnShared>,
     local: SocketAddr,
     peer: SocketAddr,
+    /// The shared receive queue the QP takes receives from (kept alive
+    /// as long as the QP).
+    srq: Option<Srq>,
 }
 
 impl Qp {
@@ -754,12 +860,7 @@ impl Qp {
         let conn = Arc::new(ConnShared::default());
         let mut e = shared.engine();
         let now = e.now();
-        let id = e.ctx.create_qp(
-            init.pd.id,
-            init.send_cq.id,
-            init.recv_cq.id,
-            init.config(req.emss),
-        )?;
+        let id = init.create_in(&mut e.ctx, req.emss)?;
         let mut result = post_recvs(&mut e.ctx, id, recvs)
             .and_then(|()| e.ctx.listen(id, params.mpa_config(params.timeout), now));
         if result.is_ok() {
@@ -799,12 +900,13 @@ impl Qp {
             wq: Arc::new(WorkQueues::new(
                 id,
                 init.sq_depth,
-                init.rq_depth,
+                init.rq_depth_in_engine(),
                 recvs.len(),
             )),
             conn,
             local: req.local,
             peer: req.peer,
+            srq: init.srq,
         })
     }
 
@@ -816,9 +918,18 @@ impl Qp {
         self.post(|q| q.push_send(wr), |q, ctx| q.post_send_now(wr, ctx))
     }
 
-    /// Post a receive work request. Errors are synchronous.
+    /// Post a receive work request. Errors are synchronous; a QP on a
+    /// shared receive queue refuses it ([`PostError::SrqAttached`]).
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        if self.srq.is_some() {
+            return Err(PostError::SrqAttached);
+        }
         self.post(|q| q.push_recv(wr), |q, ctx| q.post_recv_now(wr, ctx))
+    }
+
+    /// The shared receive queue the QP takes its receives from.
+    pub fn srq(&self) -> Option<&Srq> {
+        self.srq.as_ref()
     }
 
     /// Queue with `push`; when the queue is full as far as it knows, learn
@@ -834,38 +945,7 @@ impl Qp {
         push: impl Fn(&WorkQueues) -> Result<(), Option<PostError>>,
         now: impl Fn(&WorkQueues, &mut Context) -> Result<(), Option<PostError>>,
     ) -> Result<(), PostError> {
-        if !self.shared.threaded {
-            if let Ok(mut e) = self.shared.engine.try_lock() {
-                let r = match now(&self.wq, &mut e.ctx) {
-                    Err(None) => {
-                        self.wq.settle(&e.ctx);
-                        now(&self.wq, &mut e.ctx)
-                    }
-                    r => r,
-                };
-                drop(e);
-                r.map_err(|e| e.unwrap_or(PostError::QueueFull))?;
-                self.shared.kick();
-                return Ok(());
-            }
-        }
-        match push(&self.wq) {
-            Ok(()) => {}
-            Err(Some(e)) => return Err(e),
-            Err(None) => {
-                {
-                    let mut e = self.shared.engine();
-                    self.wq.drain(&mut e.ctx);
-                    self.wq.settle(&e.ctx);
-                }
-                push(&self.wq).map_err(|e| e.unwrap_or(PostError::QueueFull))?;
-            }
-        }
-        if self.wq.list() {
-            self.shared.posted.push(self.wq.clone());
-        }
-        self.shared.kick();
-        Ok(())
+        post_via(&self.shared, &self.wq, push, now)
     }
 
     /// Graceful close: outstanding work requests are flushed, the TCP
@@ -944,6 +1024,96 @@ impl Drop for Qp {
     }
 }
 
+/// A shared receive queue: one queue of posted receives that the QPs
+/// created on it ([`QpInit::srq`]) take from, whichever engine drives
+/// them (the device has one verbs context, shared by its engines). See
+/// [`iwarp::srq`] for the semantics: each message that consumes a
+/// receive takes the oldest at its first segment and completes on the
+/// consuming QP's receive CQ; an empty SRQ terminates that QP's
+/// connection as an empty receive queue would; the limit event fires once
+/// and must be re-armed with [`Self::arm_limit`].
+///
+/// Posts go through a lock-free queue to the engine, as a QP's do
+/// ([`Qp::post_recv`]): errors are synchronous and `QueueFull` is exact.
+/// Clones share the queue. The SRQ is destroyed when the last handle
+/// (QPs on it hold one each) is dropped, after the core QPs of closing
+/// connections are gone; receives no QP took are discarded.
+#[derive(Clone, Debug)]
+pub struct Srq {
+    inner: Arc<SrqInner>,
+}
+
+#[derive(Debug)]
+struct SrqInner {
+    shared: Arc<Shared>,
+    id: SrqId,
+    pd: PdId,
+    wq: Arc<WorkQueues>,
+    ev: Arc<SrqEvents>,
+}
+
+impl Srq {
+    /// Post a receive work request. Errors are synchronous.
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        let i = &*self.inner;
+        post_via(
+            &i.shared,
+            &i.wq,
+            |q| q.push_recv(wr),
+            |q, ctx| q.post_recv_now(wr, ctx),
+        )
+    }
+
+    /// Arm the limit at `limit` (0: disarm), as `ibv_modify_srq` with
+    /// `IBV_SRQ_LIMIT`: one [`SrqEvent::LimitReached`] when taking a
+    /// receive leaves fewer than `limit` posted. Receives posted before
+    /// the call count. `InvalidInput` when `limit` exceeds the capacity.
+    pub fn arm_limit(&self, limit: u32) -> io::Result<()> {
+        let i = &*self.inner;
+        let mut e = i.shared.engine();
+        i.wq.drain(&mut e.ctx);
+        e.ctx
+            .modify_srq(i.id, limit)
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))
+    }
+
+    /// Receives posted and not yet taken by a QP (takes the engine lock).
+    pub fn posted(&self) -> usize {
+        let i = &*self.inner;
+        let mut e = i.shared.engine();
+        i.wq.drain(&mut e.ctx);
+        e.ctx.srq_occupancy(i.id).unwrap_or(0)
+    }
+
+    /// The next asynchronous event, if any. Never blocks (in
+    /// [`Progress::Manual`] mode events arrive with [`Device::progress`]).
+    pub fn poll_event(&self) -> Option<SrqEvent> {
+        lock(&self.inner.ev.m).pop_front()
+    }
+
+    /// Wait up to `timeout` for the next asynchronous event.
+    pub fn wait_event(&self, timeout: Duration) -> Option<SrqEvent> {
+        let i = &*self.inner;
+        let deadline = Instant::now() + timeout;
+        i.shared
+            .wait_for(&i.ev.m, &i.ev.cv, Some(deadline), VecDeque::pop_front)
+    }
+
+    /// The core's identifier.
+    pub fn id(&self) -> SrqId {
+        self.inner.id
+    }
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // No QP handle holds the SRQ any more: what is still queued is
+        // discarded with it.
+        self.wq.close();
+        self.shared.engine().drop_srq(self.id);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -967,6 +1137,7 @@ mod tests {
             sq_depth: 4,
             rq_depth: 4,
             sig_all: false,
+            srq: None,
         }
     }
 

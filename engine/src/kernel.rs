@@ -34,6 +34,7 @@ use iwarp::cq::{CqId, QpId, WorkCompletion};
 use iwarp::mem::PdId;
 use iwarp::mpa::handshake::{self, ConnectRequest, Handshake, HandshakeError, Negotiated};
 use iwarp::qp::QpEvent;
+use iwarp::srq::{SrqEvent, SrqId};
 use iwarp::time::Instant as CoreInstant;
 use iwarp::verbs::{Context, VerbsError};
 use mio::net::{TcpListener, TcpStream};
@@ -120,6 +121,14 @@ impl CqQueue {
 pub(crate) enum Released {
     Pd(PdId),
     Cq(CqId),
+}
+
+/// The asynchronous events of one shared receive queue, shared with the
+/// application's `Srq`: the engine moves them out of the core each pass.
+#[derive(Debug, Default)]
+pub(crate) struct SrqEvents {
+    pub(crate) m: Mutex<VecDeque<SrqEvent>>,
+    pub(crate) cv: Condvar,
 }
 
 /// Connection-manager state of one QP, shared with the application's `Qp`.
@@ -286,6 +295,13 @@ pub(crate) struct Engine {
     /// Released PDs and CQs the core still refused, because QPs not yet
     /// destroyed use them: tried again on every pass until freed.
     dying: Vec<Released>,
+    /// Shared receive queues the application holds, with their event
+    /// queues.
+    srqs: Vec<(SrqId, Arc<SrqEvents>)>,
+    /// Shared receive queues the application dropped while core QPs
+    /// (closing connections) were still attached: destroyed once they
+    /// are gone.
+    dying_srqs: Vec<SrqId>,
     rx_buf: Vec<u8>,
     /// Where `poll_transmit` writes; what a socket does not take moves to
     /// its connection's `out`.
@@ -317,6 +333,8 @@ impl Engine {
             cqs: Vec::new(),
             released: Arc::new(SegQueue::new()),
             dying: Vec::new(),
+            srqs: Vec::new(),
+            dying_srqs: Vec::new(),
             rx_buf: vec![0; IO_BUF],
             tx_buf: vec![0; IO_BUF],
             xdp: Vec::new(),
@@ -339,6 +357,43 @@ impl Engine {
 
     pub(crate) fn add_cq(&mut self, id: CqId, q: Arc<CqQueue>) {
         self.cqs.push((id, q));
+    }
+
+    pub(crate) fn add_srq(&mut self, id: SrqId, ev: Arc<SrqEvents>) {
+        self.srqs.push((id, ev));
+    }
+
+    /// The application dropped its last handle of `srq` (and every QP
+    /// handle on it): destroy it now, or once the core QPs of the
+    /// connections still closing are destroyed.
+    pub(crate) fn drop_srq(&mut self, srq: SrqId) {
+        self.srqs.retain(|(id, _)| *id != srq);
+        if self.ctx.destroy_srq(srq) == Err(VerbsError::Busy) {
+            self.dying_srqs.push(srq);
+        }
+    }
+
+    /// Move the core's SRQ events to the application's queues; destroy
+    /// dropped SRQs whose QPs are gone.
+    fn move_srq_events(&mut self) -> usize {
+        let mut work = 0;
+        for (id, ev) in &self.srqs {
+            let mut moved = false;
+            while let Some(e) = self.ctx.poll_srq_event(*id) {
+                lock(&ev.m).push_back(e);
+                moved = true;
+                work += 1;
+            }
+            if moved {
+                ev.cv.notify_all();
+            }
+        }
+        if !self.dying_srqs.is_empty() {
+            let ctx = &mut self.ctx;
+            self.dying_srqs
+                .retain(|&id| ctx.destroy_srq(id) == Err(VerbsError::Busy));
+        }
+        work
     }
 
     pub(crate) fn add_listener(&mut self, mut sock: TcpListener) -> io::Result<Arc<ListenShared>> {
@@ -873,12 +928,13 @@ impl Engine {
         freed
     }
 
-    /// Move completions from the core's CQs into the application's queues.
-    /// A queue holding `capacity` entries takes no more: the core's CQ
+    /// Move completions from the core's CQs into the application's queues
+    /// (and SRQ events into theirs). A queue holding `capacity` entries takes no more: the core's CQ
     /// fills and eventually overruns, as a verbs CQ would. Then free what
     /// the application released.
     pub(crate) fn move_completions(&mut self) -> usize {
         let mut work = self.free_released();
+        work += self.move_srq_events();
         for (id, q) in &self.cqs {
             let Some(core) = self.ctx.cq(*id) else {
                 continue;

@@ -11,6 +11,12 @@
 //!   (with a blocking [`Cq::wait`]), registered memory owned by the
 //!   region, and connected queue pairs whose posts fail synchronously
 //!   without taking the device lock.
+//! * [`Srq`]: shared receive queues, one queue of posted receives for
+//!   many QPs ([`QpInit::srq`]), with the limit event of verbs
+//!   ([`SrqEvent::LimitReached`], [`Srq::wait_event`]). It lives in the
+//!   device's one verbs context, so QPs of every engine of a multi-core
+//!   AF_XDP device take from it under the device lock; posts reach it
+//!   through a lock-free queue, as a QP's do.
 //! * [`Listener`], [`ConnRequest`], [`ConnParams`], [`CmError`],
 //!   [`CmEvent`]: connection setup (TCP plus the MPA exchange) and the
 //!   events of an established connection.
@@ -122,6 +128,7 @@
 //!     sq_depth: 64,
 //!     rq_depth: 64,
 //!     sig_all: false,
+//!     srq: None,
 //! };
 //! let qp = dev.connect("198.18.0.2:4791".parse()?, init, ConnParams::default())?;
 //! let mr = dev.reg_mr(&pd, 4096, Access::LOCAL_WRITE)?;
@@ -151,7 +158,7 @@ mod post;
 pub mod xdp;
 
 pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener};
-pub use device::{Backend, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, Stats};
+pub use device::{Backend, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, Srq, Stats};
 /// The protocol core, for its types ([`iwarp::qp::SendWr`],
 /// [`iwarp::cq::WorkCompletion`], [`iwarp::mem::Access`], ...).
 pub use iwarp;
@@ -159,6 +166,7 @@ pub use iwarp::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use iwarp::mem::Access;
 pub use iwarp::mpa::handshake::{ConnectRequest, HandshakeError, Negotiated, RtrSet, RtrType};
 pub use iwarp::qp::{PostError, QpState, RecvWr, SendOp, SendWr, Sge};
+pub use iwarp::srq::SrqEvent;
 pub use iwarp::verbs::HandleCounts;
 pub use xdp::{EngineStats, XdpConfig, XdpStats};
 

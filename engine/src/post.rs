@@ -17,6 +17,10 @@
 //! Posting to a QP in Error completes with a flush, as before, once the
 //! engine has moved the request (the next pass).
 //!
+//! A shared receive queue's posts travel the same way: its `WorkQueues`
+//! name the SRQ instead of a QP and have a receive queue only, as deep as
+//! the SRQ; settling reads the SRQ's occupancy in the core.
+//!
 //! With manual progress the posting threads are the engine's only
 //! drivers, and the hop through the queues is pure cost on the latency
 //! path (a 4-byte RDMA Write ping-pong pays it once per half round trip).
@@ -30,7 +34,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crossbeam_queue::ArrayQueue;
 use iwarp::cq::QpId;
 use iwarp::qp::{PostError, RecvWr, SendOp, SendWr, Sge, MAX_SGE};
+use iwarp::srq::SrqId;
 use iwarp::verbs::Context;
+
+/// Where the queued work requests go in the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dest {
+    /// A QP: sends and receives.
+    Qp(QpId),
+    /// A shared receive queue: receives only (its send queue has depth 0).
+    Srq(SrqId),
+}
 
 /// A send-queue work request with its gather list copied.
 #[derive(Clone, Copy, Debug)]
@@ -125,11 +139,12 @@ impl<T> Queue<T> {
     }
 }
 
-/// The work queues of one QP between its application threads and the
-/// engine. Shared by the `Qp` handle and the device's posted list.
+/// The work queues of one QP (or the receive queue of one shared
+/// receive queue) between its application threads and the engine.
+/// Shared by the `Qp` (`Srq`) handle and the device's posted list.
 #[derive(Debug)]
 pub(crate) struct WorkQueues {
-    qp: QpId,
+    dest: Dest,
     sq: Queue<QueuedSend>,
     rq: Queue<QueuedRecv>,
     /// On the device's posted list (or about to be taken off it).
@@ -142,8 +157,17 @@ impl WorkQueues {
     /// Queues of depths `sq_depth`/`rq_depth` for core QP `qp`, which
     /// already holds `recvs_in_core` receives.
     pub(crate) fn new(qp: QpId, sq_depth: usize, rq_depth: usize, recvs_in_core: usize) -> Self {
+        Self::with_dest(Dest::Qp(qp), sq_depth, rq_depth, recvs_in_core)
+    }
+
+    /// The receive queue of core SRQ `srq`, of `capacity` receives.
+    pub(crate) fn srq(srq: SrqId, capacity: usize) -> Self {
+        Self::with_dest(Dest::Srq(srq), 0, capacity, 0)
+    }
+
+    fn with_dest(dest: Dest, sq_depth: usize, rq_depth: usize, recvs_in_core: usize) -> Self {
         Self {
-            qp,
+            dest,
             sq: Queue::new(sq_depth, 0),
             rq: Queue::new(rq_depth, recvs_in_core),
             listed: AtomicBool::new(false),
@@ -184,9 +208,7 @@ impl WorkQueues {
         ctx: &mut Context,
     ) -> Result<(), Option<PostError>> {
         wr.check().map_err(Some)?;
-        self.post_now(&self.sq, ctx, |ctx| {
-            let _ = ctx.post_send(self.qp, wr);
-        })
+        self.post_now(&self.sq, ctx, |ctx| self.post_send_core(ctx, wr))
     }
 
     /// [`Self::post_send_now`] for a receive.
@@ -196,9 +218,22 @@ impl WorkQueues {
         ctx: &mut Context,
     ) -> Result<(), Option<PostError>> {
         wr.check().map_err(Some)?;
-        self.post_now(&self.rq, ctx, |ctx| {
-            let _ = ctx.post_recv(self.qp, wr);
-        })
+        self.post_now(&self.rq, ctx, |ctx| self.post_recv_core(ctx, wr))
+    }
+
+    /// Hand a checked send to the core.
+    fn post_send_core(&self, ctx: &mut Context, wr: &SendWr<'_>) {
+        if let Dest::Qp(qp) = self.dest {
+            let _ = ctx.post_send(qp, wr);
+        }
+    }
+
+    /// Hand a checked receive to the core.
+    fn post_recv_core(&self, ctx: &mut Context, wr: &RecvWr<'_>) {
+        let _ = match self.dest {
+            Dest::Qp(qp) => ctx.post_recv(qp, wr),
+            Dest::Srq(srq) => ctx.post_srq_recv(srq, wr),
+        };
     }
 
     /// Take a place in `q`, move what is queued into the core, then hand
@@ -246,12 +281,11 @@ impl WorkQueues {
             while self.sq.q.pop().is_some() {}
             return 0;
         }
-        let qp = self.qp;
         // The checks passed at post time and the depths were reserved:
         // the core accepts every one (or the QP is gone already).
         let mut n = self.rq.drain(|r| {
-            let _ = ctx.post_recv(
-                qp,
+            self.post_recv_core(
+                ctx,
                 &RecvWr {
                     wr_id: r.wr_id,
                     sgl: &r.sgl[..usize::from(r.nsge)],
@@ -259,8 +293,8 @@ impl WorkQueues {
             );
         });
         n += self.sq.drain(|s| {
-            let _ = ctx.post_send(
-                qp,
+            self.post_send_core(
+                ctx,
                 &SendWr {
                     wr_id: s.wr_id,
                     op: s.op,
@@ -275,7 +309,10 @@ impl WorkQueues {
     /// Learn what the core retired since the last settle (device lock,
     /// after [`Self::drain`]).
     pub(crate) fn settle(&self, ctx: &Context) {
-        let (sq, rq) = ctx.qp_occupancy(self.qp).unwrap_or((0, 0));
+        let (sq, rq) = match self.dest {
+            Dest::Qp(qp) => ctx.qp_occupancy(qp).unwrap_or((0, 0)),
+            Dest::Srq(srq) => (0, ctx.srq_occupancy(srq).unwrap_or(0)),
+        };
         self.sq.settle(sq);
         self.rq.settle(rq);
     }

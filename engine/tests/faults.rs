@@ -161,6 +161,7 @@ fn init(cq: &Cq, pd: &Pd) -> QpInit {
         sq_depth: 64,
         rq_depth: 16,
         sig_all: false,
+        srq: None,
     }
 }
 

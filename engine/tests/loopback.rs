@@ -131,6 +131,7 @@ fn init_sized(dev: &Device, depth: usize) -> (Pd, Cq, QpInit) {
         sq_depth: depth,
         rq_depth: depth,
         sig_all: false,
+        srq: None,
     };
     (pd, cq, init)
 }
@@ -1148,6 +1149,205 @@ fn concurrent_posters(mode: Mode) {
         back.read((t * 8) as usize, &mut b);
         assert_eq!(u64::from_le_bytes(b), t << 32 | (PER - 1), "thread {t}");
     }
+}
+
+/// Several QPs of one server device share one SRQ: each client's Sends
+/// land in receives taken from it in posting order, complete on the
+/// consuming QP's own receive CQ with that QP's id, and the limit event
+/// fires once at the watermark and again only after re-arming. A client
+/// whose Send finds the SRQ empty is terminated as with an empty receive
+/// queue; the other QPs go on.
+fn srq_shared_by_several_qps(mode: Mode) {
+    const QPS: usize = 3;
+    const MSGS: usize = 3;
+    const LEN: usize = 20_000; // two FPDUs at the clamped MSS
+    const RBUF: usize = 32 * 1024;
+    let manual = mode == Mode::Manual;
+    let (cdev, sdev) = (open(manual), open(manual));
+    // The test waits on the server's CQs only: both devices need a driver.
+    let drivers = manual.then(|| (Driver::start(&cdev), Driver::start(&sdev)));
+    let listener = sdev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    let spd = sdev.alloc_pd();
+    let scq = sdev.create_cq(1024);
+    assert!(
+        sdev.create_srq(&spd, 16, 17).is_err(),
+        "limit above capacity"
+    );
+    let srq = sdev.create_srq(&spd, 16, 4).unwrap();
+    let rbufs = sdev.reg_mr(&spd, 16 * RBUF, Access::LOCAL_WRITE).unwrap();
+    let post = |k: usize| {
+        srq.post_recv(&RecvWr {
+            wr_id: 1000 + k as u64,
+            sgl: &[rbufs.sge(k * RBUF, RBUF)],
+        })
+        .unwrap();
+    };
+    for k in 0..QPS * MSGS {
+        post(k);
+    }
+    let rcqs: Vec<Cq> = (0..QPS).map(|_| sdev.create_cq(64)).collect();
+    let inits: Vec<QpInit> = rcqs
+        .iter()
+        .map(|rcq| QpInit {
+            pd: spd.clone(),
+            send_cq: scq.clone(),
+            recv_cq: rcq.clone(),
+            sq_depth: 8,
+            rq_depth: 8,
+            sig_all: false,
+            srq: Some(srq.clone()),
+        })
+        .collect();
+    let server = std::thread::spawn(move || {
+        inits
+            .into_iter()
+            .map(|init| {
+                let req = listener.get_request(Some(WAIT)).unwrap();
+                req.accept(init, ConnParams::default()).unwrap()
+            })
+            .collect::<Vec<Qp>>()
+    });
+    let cpd = cdev.alloc_pd();
+    let ccq = cdev.create_cq(256);
+    let mut clients = Vec::new();
+    for _ in 0..QPS {
+        let init = QpInit {
+            pd: cpd.clone(),
+            send_cq: ccq.clone(),
+            recv_cq: ccq.clone(),
+            sq_depth: 8,
+            rq_depth: 8,
+            sig_all: false,
+            srq: None,
+        };
+        clients.push(cdev.connect(addr, init, ConnParams::default()).unwrap());
+    }
+    let sqps = server.join().unwrap();
+    // Accepted in connection order: server QP i talks to client i.
+    for (c, s) in clients.iter().zip(&sqps) {
+        assert_eq!(c.local_addr(), s.peer_addr());
+        assert!(s.srq().is_some());
+    }
+    let probe = RecvWr {
+        wr_id: 1,
+        sgl: &[rbufs.sge(0, 16)],
+    };
+    assert_eq!(
+        sqps[0].post_recv(&probe),
+        Err(iwarp_engine::PostError::SrqAttached)
+    );
+    // Every client sends its messages; they interleave at the server.
+    let src = cdev.reg_mr(&cpd, QPS * MSGS * LEN, Access::NONE).unwrap();
+    for m in 0..MSGS {
+        for (i, c) in clients.iter().enumerate() {
+            let n = m * QPS + i;
+            src.write(n * LEN, &pattern(LEN, (16 * i + m) as u8));
+            c.post_send(&SendWr {
+                wr_id: n as u64,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[src.sge(n * LEN, LEN)],
+                signaled: true,
+            })
+            .unwrap();
+        }
+    }
+    let mut used = Vec::new();
+    let mut buf = vec![0; LEN];
+    for (i, (rcq, sqp)) in rcqs.iter().zip(&sqps).enumerate() {
+        for m in 0..MSGS {
+            let mut wc = [EMPTY_WC; 1];
+            assert_eq!(rcq.wait(&mut wc, Some(WAIT)), 1, "QP {i} message {m}");
+            let wc = wc[0];
+            assert_eq!(wc.status, WcStatus::Success);
+            assert_eq!(wc.opcode, WcOpcode::Recv);
+            assert_eq!(wc.qp, sqp.id(), "the consuming QP's id");
+            assert_eq!(wc.byte_len as usize, LEN);
+            let k = (wc.wr_id - 1000) as usize;
+            rbufs.read(k * RBUF, &mut buf);
+            assert_eq!(buf, pattern(LEN, (16 * i + m) as u8), "buffer {k}");
+            used.push(k);
+        }
+    }
+    used.sort_unstable();
+    assert_eq!(used, (0..QPS * MSGS).collect::<Vec<_>>());
+    // 9 posted, limit 4: the 6th receive taken left 3. One event.
+    assert_eq!(
+        srq.wait_event(WAIT),
+        Some(iwarp_engine::SrqEvent::LimitReached)
+    );
+    assert_eq!(srq.poll_event(), None, "the limit disarmed");
+    assert_eq!(srq.posted(), 0);
+    // Re-armed at 2 with 3 posted: the second Send leaves 1.
+    for k in 0..3 {
+        post(k);
+    }
+    srq.arm_limit(2).unwrap();
+    for n in 0..2 {
+        clients[n]
+            .post_send(&SendWr {
+                wr_id: 100 + n as u64,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[src.sge(0, 10)],
+                signaled: true,
+            })
+            .unwrap();
+        let mut wc = [EMPTY_WC; 1];
+        assert_eq!(rcqs[n].wait(&mut wc, Some(WAIT)), 1);
+        assert_eq!((wc[0].qp, wc[0].status), (sqps[n].id(), WcStatus::Success));
+    }
+    assert_eq!(
+        srq.wait_event(WAIT),
+        Some(iwarp_engine::SrqEvent::LimitReached)
+    );
+    assert_eq!(srq.poll_event(), None);
+    // Client 2's Send takes the last receive, then client 0's finds none.
+    for n in [2, 0] {
+        clients[n]
+            .post_send(&SendWr {
+                wr_id: 200 + n as u64,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[src.sge(0, 10)],
+                signaled: true,
+            })
+            .unwrap();
+        if n == 2 {
+            let mut wc = [EMPTY_WC; 1];
+            assert_eq!(rcqs[2].wait(&mut wc, Some(WAIT)), 1);
+            assert_eq!((wc[0].qp, wc[0].status), (sqps[2].id(), WcStatus::Success));
+        }
+    }
+    let code = loop {
+        match clients[0].wait_event(WAIT) {
+            Some(CmEvent::RemoteTerminate(code)) => break code,
+            Some(_) => continue,
+            None => panic!("no Terminate"),
+        }
+    };
+    assert_eq!(code, iwarp::error::codes::DDP_U_INVALID_MSN_NO_BUFFER);
+    assert_eq!(sqps[1].state(), QpState::Rts, "the other QPs go on");
+    drop(clients);
+    drop(sqps);
+    drop(drivers);
+}
+
+#[test]
+fn srq_shared_by_several_qps_thread_mode() {
+    srq_shared_by_several_qps(Mode::Thread);
+}
+
+#[test]
+fn srq_shared_by_several_qps_manual_mode() {
+    srq_shared_by_several_qps(Mode::Manual);
 }
 
 /// Poll `f` until it holds; panics after [`WAIT`].

@@ -45,6 +45,7 @@ fn connect_without_a_route_is_unreachable() {
             sq_depth: 4,
             rq_depth: 4,
             sig_all: false,
+            srq: None,
         };
         dev.connect(
             "198.18.0.99:7174".parse().unwrap(),

@@ -85,6 +85,7 @@ fn init(dev: &Device, cq: &Cq) -> QpInit {
         sq_depth: 64,
         rq_depth: 8,
         sig_all: false,
+        srq: None,
     }
 }
 
@@ -580,4 +581,149 @@ fn write_throughput_one_vs_two_engines() {
     for n in [1, 2] {
         run(Kind::Xdp(n), Kind::Xdp(n), 4, 64 << 20);
     }
+}
+
+/// Kernel TCP clients (16 connections, spread by their transmit hash) to
+/// a two-engine AF_XDP server whose QPs all take their receives from one
+/// shared receive queue: the SRQ lives in the device's one verbs context,
+/// so QPs of both engines consume from it. Each client's two Sends (three
+/// FPDUs each) land whole in receives from the SRQ, complete on the
+/// consuming QP's own CQ with its id, and the limit event fires once.
+#[test]
+fn kernel_clients_share_one_srq_on_a_two_engine_server() {
+    if !is_root() {
+        return;
+    }
+    const N: usize = 16;
+    const MSGS: usize = 2;
+    const LEN: usize = 3000;
+    const RBUF: usize = 4096;
+    let topo = Topo::up(1500, Some(IP_A), None, 2);
+    let (up_tx, up_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let srv = spawn_in(&topo.b, move || {
+        let dev = open_on(Kind::Xdp(2), "xb", IP_B, None, false);
+        let pd = dev.alloc_pd();
+        let scq = dev.create_cq(256);
+        let srq = dev.create_srq(&pd, 64, 8).expect("srq");
+        let rbufs = dev
+            .reg_mr(&pd, N * MSGS * RBUF, Access::LOCAL_WRITE)
+            .unwrap();
+        for k in 0..N * MSGS {
+            srq.post_recv(&RecvWr {
+                wr_id: 1000 + k as u64,
+                sgl: &[rbufs.sge(k * RBUF, RBUF)],
+            })
+            .unwrap();
+        }
+        let l = dev
+            .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), PORT))
+            .expect("listen");
+        up_tx
+            .send(SocketAddr::new(IP_B.into(), l.local_addr().port()))
+            .unwrap();
+        let mut conns = Vec::new();
+        for _ in 0..N {
+            let req = l.get_request(Some(WAIT)).expect("connection request");
+            let id = req.private_data().first().copied().expect("client index");
+            let rcq = dev.create_cq(16);
+            let init = QpInit {
+                pd: pd.clone(),
+                send_cq: scq.clone(),
+                recv_cq: rcq.clone(),
+                sq_depth: 8,
+                rq_depth: 8,
+                sig_all: false,
+                srq: Some(srq.clone()),
+            };
+            let params = ConnParams {
+                crc: true,
+                ..ConnParams::default()
+            };
+            let qp = req.accept(init, params).expect("accept");
+            conns.push((id, qp, rcq));
+        }
+        let mut used = Vec::new();
+        for (id, qp, rcq) in &conns {
+            for m in 0..MSGS {
+                let wc = wait_op(rcq, WcOpcode::Recv);
+                assert_eq!(wc.qp, qp.id(), "conn {id}: the consuming QP's id");
+                assert_eq!(wc.byte_len as usize, LEN);
+                let k = (wc.wr_id - 1000) as usize;
+                let mut got = vec![0; LEN];
+                rbufs.read(k * RBUF, &mut got);
+                let seed = id.wrapping_mul(16).wrapping_add(m as u8);
+                assert!(got == pattern(LEN, seed), "conn {id}: Send {m} differs");
+                used.push(k);
+            }
+        }
+        used.sort_unstable();
+        assert_eq!(used, (0..N * MSGS).collect::<Vec<_>>());
+        // 32 posted, limit 8: the 25th receive taken left 7.
+        assert_eq!(
+            srq.wait_event(WAIT),
+            Some(iwarp_engine::SrqEvent::LimitReached)
+        );
+        assert_eq!(srq.poll_event(), None, "the limit disarmed");
+        assert_eq!(srq.posted(), 0);
+        done_tx.send(()).unwrap();
+        let s = dev.stats();
+        drop(conns);
+        drop(l);
+        drop(dev);
+        s
+    });
+    let addr = up_rx.recv_timeout(WAIT).expect("server up");
+    let cli = spawn_in(&topo.a, move || {
+        let dev = open_on(Kind::Kernel, "xa", IP_A, None, false);
+        let cq = dev.create_cq(256);
+        let pd = dev.alloc_pd();
+        let src = dev.reg_mr(&pd, N * MSGS * LEN, Access::NONE).unwrap();
+        let mut qps = Vec::new();
+        for i in 0..N {
+            let init = QpInit {
+                pd: pd.clone(),
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                sq_depth: 8,
+                rq_depth: 8,
+                sig_all: false,
+                srq: None,
+            };
+            let params = ConnParams {
+                private_data: vec![i as u8],
+                crc: true,
+                ..ConnParams::default()
+            };
+            qps.push(dev.connect(addr, init, params).expect("connect"));
+        }
+        for m in 0..MSGS {
+            for (i, qp) in qps.iter().enumerate() {
+                let n = m * N + i;
+                let seed = (i as u8).wrapping_mul(16).wrapping_add(m as u8);
+                src.write(n * LEN, &pattern(LEN, seed));
+                qp.post_send(&SendWr {
+                    wr_id: n as u64,
+                    op: SendOp::Send {
+                        solicited: false,
+                        invalidate: None,
+                    },
+                    sgl: &[src.sge(n * LEN, LEN)],
+                    signaled: true,
+                })
+                .unwrap();
+            }
+        }
+        for _ in 0..N * MSGS {
+            wait_op(&cq, WcOpcode::Send);
+        }
+        // Dropping the device resets its connections: wait for the server.
+        done_rx.recv_timeout(WAIT).expect("server done");
+        drop(qps);
+        drop(dev);
+    });
+    cli.join().expect("client");
+    let ss = srv.join().expect("server");
+    topo.assert_no_program();
+    assert_spread("server", &ss, 2, N as u64);
 }

@@ -108,6 +108,7 @@ fn init(cq: &Cq, pd: &iwarp_engine::Pd) -> QpInit {
         sq_depth: 128,
         rq_depth: 8,
         sig_all: false,
+        srq: None,
     }
 }
 

@@ -14,6 +14,7 @@
 //! | [`mem`] | RFC 5040 §5 | STag table, memory regions and access checks |
 //! | [`qp`] | RFC 5040, 5041, 7306 | queue pairs: DDP segmentation and placement, RDMAP operations (atomics and Immediate Data included), Terminate |
 //! | [`cq`] | verbs | completion queues and work completions |
+//! | [`srq`] | verbs | shared receive queues: one queue of posted receives for many QPs |
 //! | [`verbs`] | verbs | [`verbs::Context`], the owner of protection domains, regions, CQs and QPs |
 //! | [`slab`] | – | the generational table behind the handles of PDs, CQs and QPs |
 //!
@@ -31,6 +32,7 @@ pub mod mpa;
 pub mod pcap;
 pub mod qp;
 pub mod slab;
+pub mod srq;
 pub mod testing;
 pub mod time;
 pub mod tshark;

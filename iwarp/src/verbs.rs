@@ -1,5 +1,5 @@
 //! The verbs context: owner of protection domains, memory regions,
-//! completion queues and queue pairs of one engine.
+//! completion queues, shared receive queues and queue pairs of one engine.
 //!
 //! Objects are named by small copyable handles ([`PdId`], [`CqId`],
 //! [`QpId`], STags); the context lends each QP the memory table and the
@@ -31,7 +31,10 @@ use crate::mem::{Access, MemTable, MrInfo, PdId};
 use crate::mpa::handshake::{self, HandshakeError};
 use crate::qp::{PostError, Qp, QpConfig, QpEvent, QpState, QpStats, RecvWr, SendWr};
 use crate::slab::Slab;
+use crate::srq::SrqTable;
 use crate::time::Instant;
+
+mod shared_rq;
 
 /// Why a verbs call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,12 +44,15 @@ pub enum VerbsError {
     /// A table (memory, PDs, CQs or QPs) is full.
     NoResources,
     /// The object is still in use: a PD by QPs or memory regions, a CQ by
-    /// QPs.
+    /// QPs, an SRQ by QPs attached to it.
     Busy,
     /// Posting a work request failed.
     Post(PostError),
     /// A connection-setup call failed.
     Connect(HandshakeError),
+    /// An argument is out of range (e.g. an SRQ limit above its capacity,
+    /// or a QP and its SRQ in different protection domains).
+    InvalidArgument,
 }
 
 impl core::fmt::Display for VerbsError {
@@ -57,6 +63,7 @@ impl core::fmt::Display for VerbsError {
             Self::Busy => f.write_str("in use"),
             Self::Post(e) => write!(f, "post failed: {e}"),
             Self::Connect(e) => write!(f, "connection setup failed: {e}"),
+            Self::InvalidArgument => f.write_str("invalid argument"),
         }
     }
 }
@@ -130,6 +137,7 @@ pub struct Context {
     cqs: CqTable,
     qps: Slab<QpSlot>,
     pds: Slab<PdSlot>,
+    srqs: SrqTable,
 }
 
 impl Context {
@@ -140,6 +148,7 @@ impl Context {
             cqs: CqTable::default(),
             qps: Slab::new(),
             pds: Slab::new(),
+            srqs: SrqTable::default(),
         }
     }
 
@@ -341,6 +350,9 @@ impl Context {
     pub fn destroy_qp(&mut self, qp: QpId) -> Result<(), VerbsError> {
         let slot = self.qps.remove(qp.key()).ok_or(VerbsError::InvalidHandle)?;
         self.hold(slot.pd, slot.send_cq, slot.recv_cq, false);
+        if let Some(srq) = slot.qp.srq() {
+            self.srqs.detach(srq);
+        }
         Ok(())
     }
 
@@ -362,6 +374,7 @@ impl Context {
         let mut env = crate::qp::Env {
             mem: &mut self.mem,
             cqs: &mut self.cqs,
+            srqs: &mut self.srqs,
         };
         Ok(f(q, &mut env))
     }

@@ -188,6 +188,7 @@ fn open() -> Result<(Device, QpInit), Fail> {
         sq_depth: 4,
         rq_depth: 4,
         sig_all: false,
+        srq: None,
     };
     Ok((dev, init))
 }

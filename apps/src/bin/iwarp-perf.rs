@@ -420,6 +420,7 @@ fn data_init(cfg: &Cfg, pd: &iwarp_engine::Pd, cq: &Cq) -> QpInit {
         sq_depth: sq,
         rq_depth: rq,
         sig_all: false,
+        srq: None,
     }
 }
 
@@ -567,6 +568,7 @@ fn run(cfg: &Cfg) -> Res<()> {
         sq_depth: 4,
         rq_depth: 4,
         sig_all: false,
+        srq: None,
     };
     let comm_mr = dev
         .reg_mr(&pd, 2 * COMM_MSG, Access::LOCAL_WRITE)

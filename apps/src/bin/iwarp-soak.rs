@@ -255,6 +255,7 @@ fn init(cq: &Cq, pd: &iwarp_engine::Pd) -> QpInit {
         sq_depth: 4,
         rq_depth: RECVS + 2,
         sig_all: false,
+        srq: None,
     }
 }
 

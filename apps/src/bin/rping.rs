@@ -394,6 +394,7 @@ fn qp_init(pd: &Pd, cq: &Cq) -> QpInit {
         sq_depth: rping::SQ_DEPTH as usize,
         rq_depth: rping::RQ_DEPTH as usize,
         sig_all: false,
+        srq: None,
     }
 }
 

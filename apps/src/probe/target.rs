@@ -188,6 +188,7 @@ pub fn serve_one(
         sq_depth: 16,
         rq_depth: 2 * RECVS,
         sig_all: false,
+        srq: None,
     };
     let mut report = TargetReport::default();
     // The receives are posted before the reply: a probe sends at once.

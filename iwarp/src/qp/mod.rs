@@ -28,6 +28,7 @@ use crate::cq::{CqId, QpId, WcOpcode, WcStatus, WorkCompletion};
 use crate::error::TermCode;
 use crate::mem::{MemTable, PdId};
 use crate::mpa::handshake::{self, ConnectRequest, Handshake, HandshakeError, Negotiated};
+use crate::srq::{SrqId, SrqTable};
 use crate::time::Instant;
 use crate::verbs::CqTable;
 
@@ -203,6 +204,9 @@ pub enum PostError {
     /// The QP is in a state that does not accept this work request
     /// (e.g. a Send before the connection is set up).
     InvalidState,
+    /// The QP takes its receives from a shared receive queue: receives
+    /// are posted there, not to the QP.
+    SrqAttached,
 }
 
 impl core::fmt::Display for PostError {
@@ -212,6 +216,7 @@ impl core::fmt::Display for PostError {
             Self::InvalidSgl => "invalid scatter/gather list",
             Self::TooLong => "message too long",
             Self::InvalidState => "QP state does not accept work requests",
+            Self::SrqAttached => "the QP receives from a shared receive queue",
         })
     }
 }
@@ -327,11 +332,25 @@ impl SqEntry {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct RqEntry {
+pub(crate) struct RqEntry {
     wr_id: u64,
     sgl: [Sge; MAX_SGE],
     nsge: u8,
     len: u64,
+}
+
+impl RqEntry {
+    /// A checked receive, its list copied.
+    pub(crate) fn new(wr: &RecvWr<'_>) -> Result<Self, PostError> {
+        let len = wr.check()?;
+        let (sgl, nsge) = copy_sgl(wr.sgl);
+        Ok(Self {
+            wr_id: wr.wr_id,
+            sgl,
+            nsge,
+            len,
+        })
+    }
 }
 
 /// A send-queue work request that started and awaits (in-order) completion.
@@ -368,6 +387,7 @@ fn copy_sgl(sgl: &[Sge]) -> ([Sge; MAX_SGE], u8) {
 pub(crate) struct Env<'a> {
     pub(crate) mem: &'a mut MemTable,
     pub(crate) cqs: &'a mut CqTable,
+    pub(crate) srqs: &'a mut SrqTable,
 }
 
 /// Role in the MPA exchange.
@@ -390,7 +410,11 @@ pub struct Qp {
     handshake: Option<Handshake>,
     negotiated: Option<Negotiated>,
     sq: VecDeque<SqEntry>,
+    /// Posted receives; on a QP attached to a shared receive queue, the
+    /// one (at most) the message in progress took from it.
     rq: VecDeque<RqEntry>,
+    /// The shared receive queue receives come from, if any.
+    srq: Option<SrqId>,
     inflight: VecDeque<Inflight>,
     orq: VecDeque<tx::OrqEntry>,
     /// Atomic Requests sent whose responses are awaited, oldest first.
@@ -420,6 +444,7 @@ impl Qp {
             negotiated: None,
             sq: VecDeque::with_capacity(config.sq_depth),
             rq: VecDeque::with_capacity(config.rq_depth),
+            srq: None,
             inflight: VecDeque::with_capacity(config.sq_depth),
             orq: VecDeque::new(),
             aorq: VecDeque::new(),
@@ -440,6 +465,16 @@ impl Qp {
         self.id
     }
 
+    /// The shared receive queue the QP takes its receives from.
+    pub fn srq(&self) -> Option<SrqId> {
+        self.srq
+    }
+
+    /// Take receives from `srq` from now on (set once, at creation).
+    pub(crate) fn set_srq(&mut self, srq: SrqId) {
+        self.srq = Some(srq);
+    }
+
     /// The current state.
     pub fn state(&self) -> QpState {
         self.state
@@ -450,7 +485,8 @@ impl Qp {
         self.sq.len() + self.inflight.len()
     }
 
-    /// Posted receives not yet consumed.
+    /// Posted receives not yet consumed (attached to a shared receive
+    /// queue: the one the message in progress holds, if any).
     pub fn rq_occupancy(&self) -> usize {
         self.rq.len()
     }
@@ -612,6 +648,9 @@ impl Qp {
         wr: &RecvWr<'_>,
         env: &mut Env<'_>,
     ) -> Result<(), PostError> {
+        if self.srq.is_some() {
+            return Err(PostError::SrqAttached);
+        }
         let len = wr.check()?;
         let (sgl, nsge) = copy_sgl(wr.sgl);
         if self.rq.len() >= self.config.rq_depth {

@@ -237,6 +237,20 @@ impl Qp {
         }
     }
 
+    /// The receive the message at offset `mo` goes into: the head of the
+    /// receive queue. A QP on a shared receive queue takes the SRQ's
+    /// oldest at the message's first segment and holds it in its own
+    /// queue until the last segment completes it (or Error flushes it).
+    fn recv_head(&mut self, mo: u32, env: &mut Env<'_>) -> Option<super::RqEntry> {
+        if self.rq.is_empty() && mo == 0 {
+            if let Some(srq) = self.srq {
+                let e = env.srqs.get_mut(srq)?.take()?;
+                self.rq.push_back(e);
+            }
+        }
+        self.rq.front().copied()
+    }
+
     /// Scatter `d` into the head receive buffer at message offset `offset`.
     fn place_recv(&mut self, offset: u64, d: &[u8], env: &mut Env<'_>) -> Result<usize, Violation> {
         let rq = self
@@ -412,7 +426,7 @@ impl Qp {
                             // its own.
                             self.rx_untagged_body(hdr, IMMEDIATE_LEN, &v)?;
                         }
-                        let Some(rq) = self.rq.front() else {
+                        let Some(rq) = self.recv_head(mo, env) else {
                             return Err(v(codes::DDP_U_INVALID_MSN_NO_BUFFER));
                         };
                         if u64::from(mo) + payload as u64 > rq.len {
