@@ -81,7 +81,7 @@ struct Args {
     /// Persistent server: accept connections for ever and serve each on
     /// a thread of its own (several at once); a failed connection is
     /// reported and does not end the server.
-    #[arg(short = 'P', requires = "server")]
+    #[arg(short = 'P', conflicts_with = "client")]
     persistent: bool,
     /// Persistent server: stop accepting after N connections, wait for
     /// them to end and exit (0 when all succeeded, else the status of the
