@@ -278,3 +278,72 @@ fn persistent_is_for_the_server() {
         show(&c)
     );
 }
+
+/// Clients that connect while another's run is under way wait for it and
+/// are served one after another, each with its own two data connections
+/// (all from 127.0.0.1: told apart from the running client's data
+/// connections because they were there before its first sync).
+#[test]
+fn persistent_server_queues_clients_that_come_at_once() {
+    const WAITING: usize = 3;
+    let args = ["-s", "4096", "-n", "50", "-q", "2"];
+    let (server, port) = persistent_server("write_bw", WAITING as u32 + 1, &args);
+    let mut first = Command::new(BIN)
+        .args(["write_bw", "127.0.0.1", "-p", &port])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn client 1");
+    // Client 1 prints its addresses once its data connections are up.
+    let mut out = BufReader::new(first.stdout.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).expect("client 1 output") == 0 {
+            panic!("client 1 ended before its data connections:\n{seen}");
+        }
+        seen.push_str(&line);
+        if line.contains("local address") {
+            break;
+        }
+    }
+    let waiting: Vec<Child> = (0..WAITING)
+        .map(|_| {
+            Command::new(BIN)
+                .args(["write_bw", "127.0.0.1", "-p", &port])
+                .args(args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn a waiting client")
+        })
+        .collect();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("client 1 output");
+    let status = first.wait().expect("client 1");
+    assert!(status.success(), "client 1:\n{seen}{rest}");
+    assert_eq!(
+        rest.lines()
+            .filter(|l| l.trim_start().starts_with("4096 "))
+            .count(),
+        1,
+        "client 1:\n{seen}{rest}"
+    );
+    for (i, c) in waiting.into_iter().enumerate() {
+        let c = c.wait_with_output().expect("waiting client");
+        assert!(c.status.success(), "client {}:\n{}", i + 2, show(&c));
+        assert_eq!(rows(&c).len(), 1, "client {}:\n{}", i + 2, show(&c));
+    }
+    let s = server.wait_with_output().expect("server output");
+    assert!(s.status.success(), "server:\n{}", show(&s));
+    assert_eq!(rows(&s).len(), WAITING + 1, "server:\n{}", show(&s));
+    let runs = run_lines(&s);
+    assert_eq!(runs.len(), WAITING + 1, "server:\n{}", show(&s));
+    assert!(
+        runs.iter()
+            .all(|l| l.ends_with(": done, 0 connections open")),
+        "server:\n{}",
+        show(&s)
+    );
+}

@@ -155,8 +155,8 @@ struct Opts {
     /// server after N runs, without N it serves for ever (perftest's
     /// server serves one client). One client at a time: a client that
     /// connects during another's run waits for it (perftest's protocol
-    /// names no client, so one from the same address must not connect
-    /// while another opens its data connections).
+    /// names no client: one from the same address must not connect in
+    /// the moment another opens its data connections).
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
     persistent: Option<u64>,
     #[command(flatten)]
@@ -589,7 +589,12 @@ fn open_device(cfg: &Cfg) -> Res<Device> {
 /// The server's listening side. Both connections of a run come to the
 /// same port, so a persistent server keeps one listener for all runs and
 /// tells a run's data connections from the next client's comm connection
-/// by the address they come from.
+/// by when and whence they come: a client opens its data connections only
+/// once it has the answer to its first sync, so every request queued
+/// before that answer, and every later one from another address, is the
+/// comm connection of a later run. (perftest's protocol names no client:
+/// one from the same address whose request arrives while another opens
+/// its data connections would be taken for one of them.)
 struct Accepting {
     /// `None` once a single-shot server has its data connections.
     listener: Option<Listener>,
@@ -657,6 +662,19 @@ impl Accepting {
                 Err(e) => return Err(format!("{e}")),
             }
         }
+    }
+
+    /// Before the answer to a run's first sync: every request already
+    /// queued is the comm connection of a later run.
+    fn defer_queued(&mut self, cfg: &Cfg) -> Res<()> {
+        let l = self.listener()?;
+        let mut queued = Vec::new();
+        while let Ok(req) = l.get_request(Some(Duration::ZERO)) {
+            cfg.dbg(|| format!("request from {} kept for a later run", req.peer_addr()));
+            queued.push(req);
+        }
+        self.later.extend(queued);
+        Ok(())
     }
 
     /// The run has its data connections: a single-shot server stops
@@ -829,9 +847,13 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
             }
             Step::Ex(Exchange::Sync) => {
                 syncs += 1;
-                // Our server listens (the comm listener) before answering.
+                // Our server listens (the comm listener) before answering;
+                // what it holds then is not this run's.
                 let zero = PingpongDest::default().to_bytes();
-                comm.exchange(&zero)?;
+                comm.exchange_with(&zero, || match acc.as_deref_mut() {
+                    Some(a) if syncs == 1 => a.defer_queued(cfg),
+                    _ => Ok(()),
+                })?;
                 cfg.dbg(|| format!("sync {syncs}"));
             }
             Step::Ex(Exchange::ConnectData) => {
