@@ -52,8 +52,9 @@ use iwarp_apps::proto::rping::{
     self, echo_len, fill_ping, Client, ClientAction, RdmaInfo, Server, ServerAction, GO_AHEAD,
 };
 use iwarp_engine::{
-    Access, Backend, CmError, CmEvent, ConnParams, ConnRequest, Cq, Device, DeviceConfig, Mr, Pd,
-    Qp, QpInit, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
+    Access, Backend, CmError, CmEvent, ConnParams, ConnRequest, Cq, Device, DeviceConfig, Listener,
+    Mr, Pd, Qp, QpInit, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    EMPTY_WC,
 };
 
 /// rping over this project's iWARP stack: RDMA ping-pong, wire-compatible
@@ -625,8 +626,7 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
     let req = listener
         .get_request(accept_timeout)
         .map_err(|e| other(format!("waiting for a connection: {e}")))?;
-    drop(listener);
-    serve(args, dev, req, timeout, "rping")
+    serve(args, dev, req, Some(listener), timeout, "rping")
 }
 
 /// The persistent server (`-P`, like librdmacm's rping): accept
@@ -680,7 +680,7 @@ fn run_persistent(args: &Args, timeout: Duration, accept_timeout: Option<Duratio
             .name(format!("rping-conn-{n}"))
             .spawn(move || {
                 let tag = format!("rping[{n}]");
-                let status = match serve(&args, dev, req, timeout, &tag) {
+                let status = match serve(&args, dev, req, None, timeout, &tag) {
                     Ok(()) => None,
                     Err(Fail(code, msg)) => {
                         eprintln!("rping: connection {n} from {peer}: {msg}");
@@ -747,8 +747,16 @@ fn run_persistent(args: &Args, timeout: Duration, accept_timeout: Option<Duratio
 
 /// Serve one connection request to its end: accept it with resources of
 /// its own on `dev`, answer pings until the client disconnects, and
-/// release everything (QP, CQ, PD, buffers) on return.
-fn serve(args: &Args, dev: Device, req: ConnRequest, timeout: Duration, tag: &str) -> Res<()> {
+/// release everything (QP, CQ, PD, buffers) on return. `listener` (the
+/// single-shot server's) closes once the connection is accepted.
+fn serve(
+    args: &Args,
+    dev: Device,
+    req: ConnRequest,
+    listener: Option<Listener>,
+    timeout: Duration,
+    tag: &str,
+) -> Res<()> {
     let Resources {
         dev,
         pd,
@@ -783,6 +791,7 @@ fn serve(args: &Args, dev: Device, req: ConnRequest, timeout: Duration, tag: &st
             &[Conn::recv_wr(&sge)],
         )
         .map_err(|e| cm_fail(&format!("accept from {peer}"), &e))?;
+    drop(listener);
     report_connected(args, &qp, tag);
     let mut conn = Conn::start(qp, cq, timeout, args.debug, tag);
     let mut server = Server::new();
