@@ -600,8 +600,9 @@ struct Accepting {
     listener: Option<Listener>,
     /// Keep listening after a run's data connections (persistent).
     keep: bool,
-    /// Requests from another address that arrived while a run waited for
-    /// its data connections: the comm connections of later runs.
+    /// The comm connections of later runs: requests queued before a
+    /// run's first sync was answered, and requests from another address
+    /// while the run waited for its data connections.
     later: VecDeque<ConnRequest>,
 }
 
