@@ -133,8 +133,27 @@ fn show(o: &Output) -> String {
     )
 }
 
+/// A server process, killed if the test fails before it ends (a
+/// persistent server short of its runs waits for ever).
+struct ServerProc(Option<Child>);
+
+impl ServerProc {
+    fn wait_with_output(mut self) -> std::io::Result<Output> {
+        self.0.take().expect("waited once").wait_with_output()
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// A `--persistent N` server of `test` on a port of its own.
-fn persistent_server(test: &str, runs: u32, extra: &[&str]) -> (Child, String) {
+fn persistent_server(test: &str, runs: u32, extra: &[&str]) -> (ServerProc, String) {
     let port = free_port().to_string();
     let child = Command::new(BIN)
         .args([test, "-p", &port, "--persistent", &runs.to_string()])
@@ -143,7 +162,7 @@ fn persistent_server(test: &str, runs: u32, extra: &[&str]) -> (Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn server");
-    (child, port)
+    (ServerProc(Some(child)), port)
 }
 
 fn perf_client(test: &str, port: &str, extra: &[&str]) -> Output {

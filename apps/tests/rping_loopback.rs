@@ -189,6 +189,17 @@ fn bad_size_is_a_usage_error() {
     assert!(text(&c.stderr).contains("Invalid size 22"));
 }
 
+/// A child killed when dropped: a client pinging for ever must not outlive
+/// a failed test.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A client process started in the background.
 fn spawn_client(port: u16, extra: &[&str]) -> Child {
     Command::new(RPING)
@@ -292,16 +303,16 @@ fn persistent_server_survives_failing_clients() {
         "probe: {pout}"
     );
     // 4: pings without end and is killed while 5 runs alongside it.
-    let mut endless = spawn_client(port, &["-C", "0", "-V", "-v"]);
-    let mut lines = BufReader::new(endless.stdout.take().unwrap()).lines();
+    let mut endless = KillOnDrop(spawn_client(port, &["-C", "0", "-V", "-v"]));
+    let mut lines = BufReader::new(endless.0.stdout.take().unwrap()).lines();
     for _ in 0..3 {
         let line = lines.next().expect("client 4 pings").unwrap();
         assert!(line.starts_with("ping data: rdma-ping-"), "{line}");
     }
     let c = client(port, &["-C", "10", "-V", "-v"]);
     assert_pings(&c, 10, "client 5 (alongside 4)");
-    endless.kill().unwrap();
-    endless.wait().unwrap();
+    endless.0.kill().unwrap();
+    endless.0.wait().unwrap();
     // 6: still served afterwards.
     let c = client(port, &["-C", "10", "-V", "-v"]);
     assert_pings(&c, 10, "client 6");
