@@ -87,4 +87,37 @@ for t in write_bw write_lat read_bw read_lat send_bw send_lat; do
         done
     done
 done
+
+# Our --persistent server against VM perftest clients one after another
+# (write_bw twice: perftest's protocol does not name the test, so one
+# server runs one); every run prints its own row and releases its
+# connections before the next.
+persistent() {
+    local name="perftest-write_bw-persistent-server" out rc why=""
+    if [[ -n "${PERFTEST_FILTER:-}" && ! "$name" =~ $PERFTEST_FILTER ]]; then
+        return
+    fi
+    local common="-s 4096 -n 100"
+    out="$TMP/$name.log"
+    local start=$SECONDS
+    perftest_run "$name" "$out" scripts/siw-interop -q -T 120 vm-client "$PORT" \
+        "$BIN write_bw -p $PORT --persistent 2 $common" \
+        "ib_write_bw -R -d siw0 $common @HOST@ && sleep 1 && ib_write_bw -R -d siw0 $common @HOST@"
+    rc=$?
+    [[ -n "$LOGS" ]] && mkdir -p "$LOGS" && cp "$out" "$LOGS/"
+    if ((rc != 0)); then
+        why="$(grep -E '^(host|vm) rc=' "$out" | tr '\n' ' ')$(grep -m1 '^iwarp-perf: ' "$out")"
+    elif [[ "$(grep -cE '^iwarp-perf: run [12] from .*: done, 0 connections open$' "$out")" != 2 ]]; then
+        why="our server did not report two released runs"
+    elif [[ "$(grep -cE '^ 4096 +100 ' "$out")" -lt 2 ]]; then
+        why="fewer than two result rows for 4096 bytes"
+    fi
+    if [[ -z "$why" ]]; then
+        echo "PASS $name ($((SECONDS - start)) s)"
+    else
+        echo "FAIL $name: $why"
+        tail -n 40 "$out" | sed 's/^/    | /'
+    fi
+}
+persistent
 exit 0

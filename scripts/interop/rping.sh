@@ -125,6 +125,32 @@ server_case() {
 server_case rping-vm-client-server-crc-off 64 off
 server_case rping-vm-client-server-crc-required 512 on --siw tunable --siw-param mpa_crc_required=1
 
+# Our persistent server (-P) against the VM's rping clients: three one after
+# another, then two at once, each verifying its pings (-V; without -v, the
+# log keeps only the VM console's last lines); the server prints all 25
+# and exits 0 after its 5 connections.
+name=rping-persistent-server
+run "$name" vm-client 7174 \
+    "$RPING -s -P --max-conns 5 -a @HOST@ -v -C 5 -d --timeout 60" \
+    "for s in 64 1000 4096; do rping -c -a @HOST@ -V -C 5 -S \$s || exit 1; done
+rping -c -a @HOST@ -V -C 5 -S 512 & a=\$!
+rping -c -a @HOST@ -V -C 5 -S 65535 & b=\$!
+wait \$a || exit 1
+wait \$b"
+if [[ "$(rc_of vm)" != 0 ]] || has 'data mismatch'; then
+    fail "$name" "a VM rping client failed"
+elif [[ "$(rc_of host)" != 0 ]]; then
+    fail "$name" "our server failed"
+elif ! has '^rping: persistent server done: 5 connections, 0 failed$'; then
+    fail "$name" "our server did not serve 5 connections"
+elif [[ "$(count '^rping\[[1-5]\]: server DISCONNECT EVENT\.\.\. 5 pings')" != 5 ]]; then
+    fail "$name" "not every connection ended after 5 pings"
+elif [[ "$(count '^server ping data: rdma-ping-')" != 25 ]]; then
+    fail "$name" "our server did not print 25 pings"
+else
+    pass "$name"
+fi
+
 # --- failures ----------------------------------------------------------------
 
 # Nobody listens on 7174 (the VM's only listener is an rping on 9999).

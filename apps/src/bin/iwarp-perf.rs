@@ -5,12 +5,15 @@
 //! `apps/src/proto/perftest.rs` and `docs/interop-protocols.md`).
 //!
 //! One binary, one subcommand per tool. Without an address it is the
-//! server; with one, the client (like perftest).
+//! server; with one, the client (like perftest). perftest's server serves
+//! one client; with `--persistent [N]` ours serves one client after
+//! another (N runs, or for ever), each run printing its own results.
 
 #[path = "../perf/stats.rs"]
 mod stats;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -20,9 +23,9 @@ use iwarp_apps::proto::perftest::{
     self as pt, BwReport, BwUnit, Exchange, LatStats, PingpongDest, Side, Test, Verb,
 };
 use iwarp_engine::{
-    Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, Listener, Mr,
-    Progress, Qp, QpInit, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
-    EMPTY_WC,
+    Access, Backend, CmError, CmEvent, ConnParams, ConnRequest, Cq, Device, DeviceConfig, Listener,
+    Mr, Progress, Qp, QpInit, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion, EMPTY_WC,
 };
 
 type Res<T> = Result<T, String>;
@@ -37,6 +40,12 @@ const CONNECT_RETRY: Duration = Duration::from_secs(10);
 /// Pause between the comm connection's establishment and our first Send
 /// (client).
 const FIRST_SEND_DELAY: Duration = Duration::from_millis(300);
+/// Server: how often a wait for a data connection checks that the
+/// client's comm connection is still up.
+const ALIVE_CHECK: Duration = Duration::from_millis(100);
+/// Persistent server: how long the connections of a finished run may take
+/// to close before the count of those left is reported.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
 /// How long we let the peer close first at the end.
 const PEER_CLOSE_WAIT: Duration = Duration::from_millis(1000);
 /// Comm-connection buffer: receive at 0, send at `COMM_MSG`.
@@ -59,8 +68,9 @@ const LAT_RX: usize = 16;
 /// (write_bw = ib_write_bw, ..., send_lat = ib_send_lat) and talks to it:
 /// run `ib_write_bw -R` on one side and `iwarp-perf write_bw` on the
 /// other. Without an address the tool is the server and waits for one
-/// client (single-shot, like perftest); with the server's address it is
-/// the client. Results are printed in perftest's format.
+/// client (single-shot, like perftest; `--persistent` serves one client
+/// after another); with the server's address it is the client. Results
+/// are printed in perftest's format.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -139,6 +149,16 @@ struct Opts {
     /// Debug output on stderr (not perftest's -d, which names a device).
     #[arg(short = 'd', long = "debug")]
     debug: bool,
+    /// Server: keep serving. After a client's test ends (or fails), wait
+    /// for the next client and run the test again, each run with its own
+    /// connections, queues and memory and its own results; N ends the
+    /// server after N runs, without N it serves for ever (perftest's
+    /// server serves one client). One client at a time: a client that
+    /// connects during another's run waits for it (perftest's protocol
+    /// names no client: one from the same address must not connect in
+    /// the moment another opens its data connections).
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "0")]
+    persistent: Option<u64>,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -161,6 +181,8 @@ struct Cfg {
     crc: bool,
     json: bool,
     debug: bool,
+    /// Persistent server: `Some(0)` serves for ever, `Some(n)` n runs.
+    persistent: Option<u64>,
     backend: Backend,
 }
 
@@ -168,6 +190,9 @@ impl Cfg {
     fn new(test: Test, o: Opts) -> Res<Self> {
         if !test.is_bw() && o.qps != 1 {
             return Err("-q is for bandwidth tests only".into());
+        }
+        if o.persistent.is_some() && o.address.is_some() {
+            return Err("--persistent is for the server (no address)".into());
         }
         let iters = o.iters.unwrap_or_else(|| test.default_iters());
         let size = o.size.unwrap_or_else(|| test.default_size());
@@ -216,6 +241,7 @@ impl Cfg {
             crc: o.crc,
             json: o.json,
             debug: o.debug,
+            persistent: o.persistent,
             backend: o.backend.backend()?,
         })
     }
@@ -248,7 +274,10 @@ fn main() -> ExitCode {
         Cmd::SendLat(o) => (Test::SendLat, o),
     };
     let _ = (opts.inline_size, opts.rdma_cm);
-    let result = Cfg::new(test, opts).and_then(|cfg| run(&cfg));
+    let result = Cfg::new(test, opts).and_then(|cfg| match (cfg.side, cfg.persistent) {
+        (Side::Server, Some(runs)) => serve_persistent(&cfg, runs),
+        _ => run(&cfg),
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -546,17 +575,182 @@ fn steps(cfg: &Cfg) -> Vec<Step> {
     v
 }
 
-fn run(cfg: &Cfg) -> Res<()> {
-    let lat = !cfg.test.is_bw();
-    let dev = Device::open(
+fn open_device(cfg: &Cfg) -> Res<Device> {
+    Device::open(
         cfg.backend.clone(),
         DeviceConfig {
             progress: Progress::Thread { cpu: None },
             seed: None,
-            busy_poll: lat,
+            busy_poll: !cfg.test.is_bw(),
         },
     )
-    .map_err(|e| format!("open device: {e}"))?;
+    .map_err(|e| format!("open device: {e}"))
+}
+
+/// The server's listening side. Both connections of a run come to the
+/// same port, so a persistent server keeps one listener for all runs and
+/// tells a run's data connections from the next client's comm connection
+/// by when and whence they come: a client opens its data connections only
+/// once it has the answer to its first sync, so every request queued
+/// before that answer, and every later one from another address, is the
+/// comm connection of a later run. (perftest's protocol names no client:
+/// one from the same address whose request arrives while another opens
+/// its data connections would be taken for one of them.)
+struct Accepting {
+    /// `None` once a single-shot server has its data connections.
+    listener: Option<Listener>,
+    /// Keep listening after a run's data connections (persistent).
+    keep: bool,
+    /// The comm connections of later runs: requests queued before a
+    /// run's first sync was answered, and requests from another address
+    /// while the run waited for its data connections.
+    later: VecDeque<ConnRequest>,
+}
+
+impl Accepting {
+    fn listen(cfg: &Cfg, dev: &Device, keep: bool) -> Res<Self> {
+        let l = dev
+            .listen(SocketAddr::from(([0, 0, 0, 0], cfg.port)))
+            .map_err(|e| format!("listen on port {}: {e}", cfg.port))?;
+        cfg.dbg(|| format!("listening on {}", l.local_addr()));
+        Ok(Self {
+            listener: Some(l),
+            keep,
+            later: VecDeque::new(),
+        })
+    }
+
+    fn listener(&self) -> Res<&Listener> {
+        self.listener
+            .as_ref()
+            .ok_or_else(|| "internal: no listener".to_string())
+    }
+
+    /// The comm connection request of the next run (waits for ever).
+    fn next_comm(&mut self, cfg: &Cfg) -> Res<ConnRequest> {
+        cfg.out(
+            "\n************************************\n* Waiting for client to connect... *\n************************************\n",
+        );
+        flush();
+        if let Some(req) = self.later.pop_front() {
+            return Ok(req);
+        }
+        self.listener()?
+            .get_request(None)
+            .map_err(|e| format!("waiting for a client: {e}"))
+    }
+
+    /// The next data connection request from `ip` (the comm connection's
+    /// peer); requests from elsewhere wait for a later run. Fails early
+    /// when `alive` says the client is gone.
+    fn next_data(&mut self, cfg: &Cfg, ip: IpAddr, alive: impl Fn() -> bool) -> Res<ConnRequest> {
+        let deadline = Instant::now() + PEER_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("{}", CmError::Timeout));
+            }
+            match self.listener()?.get_request(Some(left.min(ALIVE_CHECK))) {
+                Ok(req) if req.peer_addr().ip() == ip => return Ok(req),
+                Ok(req) => {
+                    cfg.dbg(|| format!("request from {} kept for a later run", req.peer_addr()));
+                    self.later.push_back(req);
+                }
+                Err(CmError::Timeout) => {
+                    if !alive() {
+                        return Err("the client closed its comm connection".into());
+                    }
+                }
+                Err(e) => return Err(format!("{e}")),
+            }
+        }
+    }
+
+    /// Before the answer to a run's first sync: every request already
+    /// queued is the comm connection of a later run.
+    fn defer_queued(&mut self, cfg: &Cfg) -> Res<()> {
+        let l = self.listener()?;
+        let mut queued = Vec::new();
+        while let Ok(req) = l.get_request(Some(Duration::ZERO)) {
+            cfg.dbg(|| format!("request from {} kept for a later run", req.peer_addr()));
+            queued.push(req);
+        }
+        self.later.extend(queued);
+        Ok(())
+    }
+
+    /// The run has its data connections: a single-shot server stops
+    /// listening.
+    fn data_done(&mut self) {
+        if !self.keep {
+            self.listener = None;
+        }
+    }
+}
+
+fn run(cfg: &Cfg) -> Res<()> {
+    let dev = open_device(cfg)?;
+    if cfg.server.is_some() {
+        return run_test(cfg, &dev, None);
+    }
+    let mut acc = Accepting::listen(cfg, &dev, false)?;
+    let req = acc.next_comm(cfg)?;
+    run_test(cfg, &dev, Some((&mut acc, req)))
+}
+
+/// `--persistent`: run the test with one client after another on one
+/// device and one listener, each run with resources of its own that are
+/// released before the next (the line `run N ...: K connections open`
+/// on stderr reports what is left on the device, 0 when all is
+/// released). A failed run is reported and the server goes on. `runs`
+/// 0 serves for ever; otherwise the server exits after `runs` runs,
+/// successfully when none failed.
+fn serve_persistent(cfg: &Cfg, runs: u64) -> Res<()> {
+    let dev = open_device(cfg)?;
+    let mut acc = Accepting::listen(cfg, &dev, true)?;
+    let mut n = 0u64;
+    let mut failed = 0u64;
+    while runs == 0 || n < runs {
+        let req = acc.next_comm(cfg)?;
+        n += 1;
+        let peer = req.peer_addr();
+        let result = run_test(cfg, &dev, Some((&mut acc, req)));
+        let open = wait_released(&dev);
+        match result {
+            Ok(()) => eprintln!("iwarp-perf: run {n} from {peer}: done, {open} connections open"),
+            Err(e) => {
+                failed += 1;
+                eprintln!("iwarp-perf: run {n} from {peer}: failed: {e}; {open} connections open");
+            }
+        }
+    }
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(format!("{failed} of {n} runs failed"))
+    }
+}
+
+/// Wait (bounded) until the device drives no connection any more: the
+/// QPs of a finished run are gone once their close completes. Returns
+/// how many are left.
+fn wait_released(dev: &Device) -> usize {
+    let deadline = Instant::now() + RELEASE_WAIT;
+    loop {
+        let open = dev.stats().connections;
+        if open == 0 || Instant::now() >= deadline {
+            return open;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One run of the test on `dev`: as the client (`server` is `None`), or
+/// as the server with the comm connection's request and the listener
+/// its data connections come to. Everything the run creates (PD, CQs,
+/// QPs, memory) is released when it returns.
+fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnRequest)>) -> Res<()> {
+    let dev = dev.clone();
     let pd = dev.alloc_pd();
 
     // Comm connection.
@@ -578,7 +772,8 @@ fn run(cfg: &Cfg) -> Res<()> {
         wr_id: COMM_RECV,
         sgl: &comm_sge,
     }];
-    let mut listener: Option<Listener> = None;
+    let mut acc: Option<&mut Accepting> = None;
+    let mut client_ip: Option<IpAddr> = None;
     let server_addr;
     let comm_qp = match &cfg.server {
         Some(host) => {
@@ -595,22 +790,14 @@ fn run(cfg: &Cfg) -> Res<()> {
         }
         None => {
             server_addr = None;
-            let l = dev
-                .listen(SocketAddr::from(([0, 0, 0, 0], cfg.port)))
-                .map_err(|e| format!("listen on port {}: {e}", cfg.port))?;
-            cfg.out(
-                "\n************************************\n* Waiting for client to connect... *\n************************************\n",
-            );
-            flush();
-            let req = l
-                .get_request(None)
-                .map_err(|e| format!("waiting for a client: {e}"))?;
+            let (a, req) = server.take().ok_or("internal: no listener")?;
             cfg.dbg(|| format!("comm request from {}", req.peer_addr()));
+            client_ip = Some(req.peer_addr().ip());
             let qp = req
                 .accept_with_recvs(comm_init, comm_params(cfg), &comm_recv)
                 .map_err(|e| format!("accept: {e}"))?;
             // The data connections come to the same port: keep listening.
-            listener = Some(l);
+            acc = Some(a);
             qp
         }
     };
@@ -663,9 +850,13 @@ fn run(cfg: &Cfg) -> Res<()> {
             }
             Step::Ex(Exchange::Sync) => {
                 syncs += 1;
-                // Our server listens (the comm listener) before answering.
+                // Our server listens (the comm listener) before answering;
+                // what it holds then is not this run's.
                 let zero = PingpongDest::default().to_bytes();
-                comm.exchange(&zero)?;
+                comm.exchange_with(&zero, || match acc.as_deref_mut() {
+                    Some(a) if syncs == 1 => a.defer_queued(cfg),
+                    _ => Ok(()),
+                })?;
                 cfg.dbg(|| format!("sync {syncs}"));
             }
             Step::Ex(Exchange::ConnectData) => {
@@ -688,18 +879,21 @@ fn run(cfg: &Cfg) -> Res<()> {
                 let init = data_init(cfg, &pd, &data_cq);
                 let mut qps = Vec::with_capacity(q);
                 for j in 0..q {
-                    let qp = match (server_addr, &listener) {
-                        (Some(addr), _) => {
+                    let qp = match (server_addr, acc.as_deref_mut(), client_ip) {
+                        (Some(addr), _, _) => {
                             connect_retry(&dev, addr, &init, &data_params(cfg), &[], cfg)?
                         }
-                        (None, Some(l)) => {
-                            let req = l
-                                .get_request(Some(PEER_TIMEOUT))
+                        (None, Some(a), Some(ip)) => {
+                            let comm_qp = &comm.qp;
+                            let req = a
+                                .next_data(cfg, ip, || {
+                                    !matches!(comm_qp.state(), QpState::Error | QpState::Closing)
+                                })
                                 .map_err(|e| format!("waiting for data connection {j}: {e}"))?;
                             req.accept(init.clone(), data_params(cfg))
                                 .map_err(|e| format!("accept data connection {j}: {e}"))?
                         }
-                        (None, None) => return Err("internal: no listener".into()),
+                        _ => return Err("internal: no listener".into()),
                     };
                     cfg.dbg(|| format!("data connection {j}: {:?}", qp.negotiated()));
                     qps.push(qp);
@@ -738,8 +932,8 @@ fn run(cfg: &Cfg) -> Res<()> {
                     slot,
                     credit,
                 });
-                if let Some(l) = listener.take() {
-                    drop(l);
+                if let Some(a) = acc.as_deref_mut() {
+                    a.data_done();
                 }
                 let d = data.as_ref().expect("just set");
                 let mut s = pt::info_block(

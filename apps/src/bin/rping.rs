@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! rping -s [-a ADDR] [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d]   server
+//!          [-P [--max-conns N]]                                       persistent server
 //! rping -c  -a ADDR  [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d]   client
 //!       [--crc] [--markers] [--timeout SECS] [--first-send-delay MS]
 //! ```
@@ -15,6 +16,14 @@
 //! around a Linux siw responder race, see its help text.
 //!
 //! The server serves one connection and exits when the client disconnects.
+//! With `-P` (librdmacm's persistent server mode) it accepts connection
+//! after connection and serves each on a thread of its own with its own
+//! PD, CQ, QP and buffers, several at once; a connection that fails
+//! (early disconnect, protocol error, hostile peer) is reported on stderr
+//! as `rping: connection N from ADDR: ...` and the server goes on.
+//! `--max-conns N` (ours; librdmacm's server never exits) bounds it: after
+//! N connection requests it waits for their end and exits, 0 when every
+//! connection succeeded, else with the status of the first that failed.
 //! Unlike librdmacm's rping (whose server ignores `-C`), our server with
 //! `-C COUNT` expects exactly COUNT pings: a disconnect before that is a
 //! mid-run disconnect. Without `-C`, a disconnect between two pings is a
@@ -34,6 +43,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -42,13 +52,14 @@ use iwarp_apps::proto::rping::{
     self, echo_len, fill_ping, Client, ClientAction, RdmaInfo, Server, ServerAction, GO_AHEAD,
 };
 use iwarp_engine::{
-    Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, Mr, Pd, Qp, QpInit,
-    QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
+    Access, Backend, CmError, CmEvent, ConnParams, ConnRequest, Cq, Device, DeviceConfig, Listener,
+    Mr, Pd, Qp, QpInit, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    EMPTY_WC,
 };
 
 /// rping over this project's iWARP stack: RDMA ping-pong, wire-compatible
 /// with librdmacm's rping.
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(
     about,
     disable_version_flag = true,
@@ -68,6 +79,17 @@ struct Args {
     /// Run as client.
     #[arg(short = 'c')]
     client: bool,
+    /// Persistent server: accept connections for ever and serve each on
+    /// a thread of its own (several at once); a failed connection is
+    /// reported and does not end the server.
+    #[arg(short = 'P', conflicts_with = "client")]
+    persistent: bool,
+    /// Persistent server: stop accepting after N connections, wait for
+    /// them to end and exit (0 when all succeeded, else the status of the
+    /// first that failed).
+    #[arg(long, value_name = "N", requires = "persistent",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_conns: Option<u64>,
     /// Address to bind (server; default any) or connect to (client).
     #[arg(short = 'a')]
     addr: Option<String>,
@@ -181,6 +203,9 @@ struct Conn {
     outstanding: usize,
     timeout: Duration,
     debug: bool,
+    /// Prefix of debug lines: `rping`, or `rping[N]` for connection N of
+    /// a persistent server.
+    tag: String,
     events: Vec<CmEvent>,
 }
 
@@ -206,6 +231,12 @@ impl Resources {
     fn open(backend: Backend) -> Res<Self> {
         let dev = Device::open(backend, DeviceConfig::default())
             .map_err(|e| other(format!("open device: {e}")))?;
+        Self::on(dev)
+    }
+
+    /// A PD, a CQ and the advertisement buffers of their own on `dev`
+    /// (each connection of a persistent server has its own).
+    fn on(dev: Device) -> Res<Self> {
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(2 * rping::SQ_DEPTH as usize);
         let recv_buf = reg(&dev, &pd, RdmaInfo::LEN, Access::LOCAL_WRITE)?;
@@ -237,13 +268,14 @@ impl Conn {
     }
 
     /// A connected QP with its first [`Self::recv_wr`] posted.
-    fn start(qp: Qp, cq: Cq, timeout: Duration, debug: bool) -> Self {
+    fn start(qp: Qp, cq: Cq, timeout: Duration, debug: bool, tag: &str) -> Self {
         Self {
             qp,
             cq,
             outstanding: 1,
             timeout,
             debug,
+            tag: tag.to_string(),
             events: Vec::new(),
         }
     }
@@ -273,7 +305,7 @@ impl Conn {
         let mut down = false;
         while let Some(ev) = self.qp.poll_event() {
             if self.debug {
-                eprintln!("rping: cm event {ev:?}");
+                eprintln!("{}: cm event {ev:?}", self.tag);
             }
             down |= matches!(
                 ev,
@@ -299,7 +331,8 @@ impl Conn {
                 let wc = wc[0];
                 if self.debug {
                     eprintln!(
-                        "rping: completion {} {:?} {} bytes",
+                        "{}: completion {} {:?} {} bytes",
+                        self.tag,
                         wr_name(wc.wr_id),
                         wc.status,
                         wc.byte_len
@@ -343,7 +376,12 @@ impl Conn {
             let n = self.cq.wait(&mut wc, Some(Duration::from_millis(50)));
             for w in &wc[..n] {
                 if self.debug {
-                    eprintln!("rping: completion {} {:?}", wr_name(w.wr_id), w.status);
+                    eprintln!(
+                        "{}: completion {} {:?}",
+                        self.tag,
+                        wr_name(w.wr_id),
+                        w.status
+                    );
                 }
                 self.outstanding = self.outstanding.saturating_sub(1);
                 if w.status == WcStatus::WrFlushError {
@@ -414,11 +452,11 @@ fn reg(dev: &Device, pd: &Pd, len: usize, access: Access) -> Res<Mr> {
         .map_err(|e| other(format!("register memory: {e}")))
 }
 
-fn report_connected(args: &Args, qp: &Qp) {
+fn report_connected(args: &Args, qp: &Qp, tag: &str) {
     if args.debug {
         let n = qp.negotiated();
         eprintln!(
-            "rping: connected {} -> {}: MPA rev {} crc {} markers tx {} rx {} ird {} ord {}",
+            "{tag}: connected {} -> {}: MPA rev {} crc {} markers tx {} rx {} ird {} ord {}",
             qp.local_addr(),
             qp.peer_addr(),
             n.revision,
@@ -471,8 +509,8 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
             &[Conn::recv_wr(&sge)],
         )
         .map_err(|e| cm_fail(&format!("connect to {peer}"), &e))?;
-    report_connected(args, &qp);
-    let mut conn = Conn::start(qp, cq, timeout, args.debug);
+    report_connected(args, &qp, "rping");
+    let mut conn = Conn::start(qp, cq, timeout, args.debug, "rping");
     // See `--first-send-delay`: give a Linux siw responder time to finish
     // its accept before our first FPDU arrives.
     std::thread::sleep(Duration::from_millis(args.first_send_delay));
@@ -572,20 +610,14 @@ fn send_op() -> SendOp {
     }
 }
 
+/// The single-shot server: one connection, then exit.
 fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) -> Res<()> {
     let bind = resolve(args.addr.as_deref().unwrap_or("0.0.0.0"), args.port)?;
-    let Resources {
-        dev,
-        pd,
-        cq,
-        recv_buf,
-        send_buf,
-    } = Resources::open(args.backend.backend().map_err(|e| Fail(2, e))?)?;
-    send_buf.write(0, &GO_AHEAD);
-    // Sized for the largest ping any client may advertise.
-    let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-    let rdma_len = rping::MAX_SIZE.max(args.size);
-    let rdma_buf = reg(&dev, &pd, rdma_len, rw)?;
+    let dev = Device::open(
+        args.backend.backend().map_err(|e| Fail(2, e))?,
+        DeviceConfig::default(),
+    )
+    .map_err(|e| other(format!("open device: {e}")))?;
     let listener = dev
         .listen(bind)
         .map_err(|e| other(format!("listen on {bind}: {e}")))?;
@@ -595,10 +627,153 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
     let req = listener
         .get_request(accept_timeout)
         .map_err(|e| other(format!("waiting for a connection: {e}")))?;
+    serve(args, dev, req, Some(listener), timeout, "rping")
+}
+
+/// The persistent server (`-P`, like librdmacm's rping): accept
+/// connection after connection, each served on a thread of its own with
+/// its own PD, CQ, QP and buffers, several at once. A connection that
+/// fails is reported (`rping: connection N from ADDR: ...`) and the
+/// server goes on. With `--max-conns N` the server stops accepting after
+/// N connection requests, waits for their end and exits: 0 when every
+/// connection succeeded, else the status of the first (in accept order)
+/// that failed. With `--timeout`, a wait of that long for the next
+/// connection ends the server the same way (status 1).
+fn run_persistent(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) -> Res<()> {
+    let bind = resolve(args.addr.as_deref().unwrap_or("0.0.0.0"), args.port)?;
+    let dev = Device::open(
+        args.backend.backend().map_err(|e| Fail(2, e))?,
+        DeviceConfig::default(),
+    )
+    .map_err(|e| other(format!("open device: {e}")))?;
+    let listener = dev
+        .listen(bind)
+        .map_err(|e| other(format!("listen on {bind}: {e}")))?;
+    if args.debug {
+        eprintln!(
+            "rping: listening on {} (persistent{})",
+            listener.local_addr(),
+            match args.max_conns {
+                Some(n) => format!(", {n} connections"),
+                None => String::new(),
+            }
+        );
+    }
+    let (done_tx, done_rx) = mpsc::channel::<(u64, Option<u8>)>();
+    let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut accepted = 0u64;
+    let mut idle = None;
+    while args.max_conns.is_none_or(|max| accepted < max) {
+        let req = match listener.get_request(accept_timeout) {
+            Ok(req) => req,
+            Err(e) => {
+                idle = Some(other(format!(
+                    "waiting for a connection after {accepted}: {e}"
+                )));
+                break;
+            }
+        };
+        accepted += 1;
+        let n = accepted;
+        let peer = req.peer_addr();
+        let (args, dev, done) = (args.clone(), dev.clone(), done_tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("rping-conn-{n}"))
+            .spawn(move || {
+                let tag = format!("rping[{n}]");
+                let status = match serve(&args, dev, req, None, timeout, &tag) {
+                    Ok(()) => None,
+                    Err(Fail(code, msg)) => {
+                        eprintln!("rping: connection {n} from {peer}: {msg}");
+                        Some(code)
+                    }
+                };
+                let _ = done.send((n, status));
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                eprintln!("rping: connection {n} from {peer}: no thread: {e}");
+                let _ = done_tx.send((n, Some(status::OTHER)));
+            }
+        }
+        // Reap the threads of connections that ended: a server that runs
+        // for ever keeps only the live ones.
+        let (live, ended): (Vec<_>, Vec<_>) = threads.drain(..).partition(|t| !t.is_finished());
+        threads = live;
+        for t in ended {
+            let _ = t.join();
+        }
+    }
+    drop(listener);
+    drop(done_tx);
+    for t in threads {
+        let _ = t.join();
+    }
+    let mut results: Vec<(u64, Option<u8>)> = done_rx.iter().collect();
+    results.sort_unstable();
+    let failed: Vec<u64> = results.iter().filter_map(|&(n, s)| s.map(|_| n)).collect();
+    if args.debug {
+        eprintln!(
+            "rping: persistent server done: {accepted} connections, {} failed{}",
+            failed.len(),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({})",
+                    failed
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        );
+    }
+    if let Some(f) = idle {
+        return Err(f);
+    }
+    match results.iter().find_map(|&(n, s)| s.map(|c| (n, c))) {
+        None => Ok(()),
+        Some((n, code)) => Err(Fail(
+            code,
+            format!(
+                "{} of {accepted} connections failed, the first: connection {n}",
+                failed.len()
+            ),
+        )),
+    }
+}
+
+/// Serve one connection request to its end: accept it with resources of
+/// its own on `dev`, answer pings until the client disconnects, and
+/// release everything (QP, CQ, PD, buffers) on return. `listener` (the
+/// single-shot server's) closes once the connection is accepted.
+fn serve(
+    args: &Args,
+    dev: Device,
+    req: ConnRequest,
+    listener: Option<Listener>,
+    timeout: Duration,
+    tag: &str,
+) -> Res<()> {
+    let Resources {
+        dev,
+        pd,
+        cq,
+        recv_buf,
+        send_buf,
+    } = Resources::on(dev)?;
+    send_buf.write(0, &GO_AHEAD);
+    // Sized for the largest ping any client may advertise.
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let rdma_len = rping::MAX_SIZE.max(args.size);
+    let rdma_buf = reg(&dev, &pd, rdma_len, rw)?;
     if args.debug {
         let r = req.request();
         eprintln!(
-            "rping: connection request from {}: MPA rev {} crc {} markers {} ird/ord {:?}",
+            "{tag}: connection request from {}: MPA rev {} crc {} markers {} ird/ord {:?}",
             req.peer_addr(),
             r.revision,
             r.crc,
@@ -618,9 +793,8 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
         )
         .map_err(|e| cm_fail(&format!("accept from {peer}"), &e))?;
     drop(listener);
-    report_connected(args, &qp);
-    let mut conn = Conn::start(qp, cq, timeout, args.debug);
-
+    report_connected(args, &qp, tag);
+    let mut conn = Conn::start(qp, cq, timeout, args.debug, tag);
     let mut server = Server::new();
     let mut read_len = 0usize;
     let mut buf = vec![0u8; rdma_len];
@@ -634,7 +808,7 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
                     let (total, flushed, state) = conn.drain(first);
                     if args.debug {
                         eprintln!(
-                            "rping: server DISCONNECT EVENT... {done} pings, QP {state:?}, {flushed} of {total} outstanding work requests flushed"
+                            "{tag}: server DISCONNECT EVENT... {done} pings, QP {state:?}, {flushed} of {total} outstanding work requests flushed"
                         );
                     }
                     return Ok(());
@@ -729,7 +903,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let timeout = Duration::from_secs_f64(secs);
-    let result = if args.server {
+    let result = if args.server && args.persistent {
+        run_persistent(&args, timeout, args.timeout.map(|_| timeout))
+    } else if args.server {
         run_server(&args, timeout, args.timeout.map(|_| timeout))
     } else {
         run_client(&args, timeout)
