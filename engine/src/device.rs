@@ -956,6 +956,7 @@ impl Qp {
             let mut e = self.shared.engine();
             self.wq.drain(&mut e.ctx);
             e.ctx.disconnect(self.id);
+            e.touch_qp(self.id);
         }
         self.shared.kick();
     }

@@ -21,7 +21,7 @@
 //! did any work is followed by another pass without sleeping, and the
 //! thread only sleeps after a pass in which every socket would block.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -316,6 +316,13 @@ pub(crate) struct Engine {
     next_dial: usize,
     /// Passes run.
     pub(crate) passes: u64,
+    /// AF_XDP: the engine that drives each QP of a connection.
+    homes: HashMap<QpId, usize>,
+    /// AF_XDP: per engine, the QPs the application changed since its
+    /// last pass ([`Self::touch_qp`]).
+    touched: Vec<Vec<QpId>>,
+    /// AF_XDP: QPs the engines destroyed in the current pass.
+    reaped: Vec<QpId>,
 }
 
 impl Engine {
@@ -339,6 +346,9 @@ impl Engine {
             tx_buf: vec![0; IO_BUF],
             xdp: Vec::new(),
             next_dial: 0,
+            homes: HashMap::new(),
+            touched: Vec::new(),
+            reaped: Vec::new(),
             passes: 0,
         }
     }
@@ -451,6 +461,7 @@ impl Engine {
             Sock::Xdp(k, c) => match self.xdp.get(k) {
                 Some(x) => {
                     lock(x).add_conn(qp, c, shared);
+                    self.homes.insert(qp, k);
                     return Ok(());
                 }
                 None => return Err(io::ErrorKind::NotConnected.into()),
@@ -571,13 +582,12 @@ impl Engine {
     pub(crate) fn next_deadline(&mut self, which: Option<usize>) -> Option<CoreInstant> {
         let now = self.now();
         if !self.xdp.is_empty() {
-            let ctx = &self.ctx;
             return self
                 .xdp
                 .iter()
                 .enumerate()
                 .filter(|(k, _)| which.is_none_or(|w| w == *k))
-                .filter_map(|(_, x)| lock(x).next_deadline(ctx, now))
+                .filter_map(|(_, x)| lock(x).next_deadline(now))
                 .min();
         }
         let conns = self
@@ -609,9 +619,14 @@ impl Engine {
         self.passes += 1;
         let mut work = 0;
         if !self.xdp.is_empty() {
-            for x in &self.xdp {
-                work += lock(x).run_once(&mut self.ctx, now);
+            for k in 0..self.xdp.len() {
+                let touched = self.touched.get_mut(k).map(std::mem::take);
+                let touched = touched.unwrap_or_default();
+                let x = &self.xdp[k];
+                work += lock(x).run_once(&mut self.ctx, now, &touched, &mut self.reaped);
+                self.give_back(k, touched);
             }
+            self.forget_reaped();
             work += self.move_completions();
             return work;
         }
@@ -994,7 +1009,37 @@ impl Engine {
     /// Use the AF_XDP backend's engines. Their sockets join the epoll set
     /// only while a thread sleeps in it ([`sleep_armed`]).
     pub(crate) fn set_xdp(&mut self, engines: Vec<XdpRef>) {
+        self.touched = vec![Vec::new(); engines.len()];
         self.xdp = engines;
+    }
+
+    /// The application changed `qp` (posted to it, disconnected it): the
+    /// AF_XDP engine that drives it visits it at its next pass (the
+    /// kernel backend visits every connection).
+    pub(crate) fn touch_qp(&mut self, qp: QpId) {
+        if let Some(&k) = self.homes.get(&qp) {
+            if let Some(t) = self.touched.get_mut(k) {
+                t.push(qp);
+            }
+        }
+    }
+
+    /// The touched list of engine `k` was handled: keep its allocation
+    /// (entries added meanwhile stay).
+    pub(crate) fn give_back(&mut self, k: usize, mut list: Vec<QpId>) {
+        if let Some(t) = self.touched.get_mut(k) {
+            if t.is_empty() {
+                list.clear();
+                *t = list;
+            }
+        }
+    }
+
+    /// The AF_XDP engines destroyed these QPs: they have no home any more.
+    pub(crate) fn forget_reaped(&mut self) {
+        for qp in self.reaped.drain(..) {
+            self.homes.remove(&qp);
+        }
     }
 
     /// What a thread about to sleep for AF_XDP engine `which` (every
@@ -1321,8 +1366,14 @@ impl Shared {
             work += self.drain_posted(&mut e);
             e.passes += 1;
             let mut g = lock(x);
-            work += g.drive(&mut e.ctx, now);
+            let k = g.index();
+            let touched = e.touched.get_mut(k).map(std::mem::take);
+            let touched = touched.unwrap_or_default();
+            let e = &mut *e;
+            work += g.drive(&mut e.ctx, now, &touched, &mut e.reaped);
             drop(g);
+            e.give_back(k, touched);
+            e.forget_reaped();
             work += e.move_completions();
         }
         let t3 = std::time::Instant::now();
@@ -1384,7 +1435,12 @@ impl Shared {
         let mut n = 0;
         for _ in 0..POSTED_PER_PASS {
             match self.posted.pop() {
-                Some(q) => n += q.drain(&mut e.ctx),
+                Some(q) => {
+                    n += q.drain(&mut e.ctx);
+                    if let Some(qp) = q.qp() {
+                        e.touch_qp(qp);
+                    }
+                }
                 None => break,
             }
         }

@@ -306,6 +306,14 @@ impl WorkQueues {
         n
     }
 
+    /// The QP the queues feed (`None`: a shared receive queue).
+    pub(crate) fn qp(&self) -> Option<QpId> {
+        match self.dest {
+            Dest::Qp(qp) => Some(qp),
+            Dest::Srq(_) => None,
+        }
+    }
+
     /// Learn what the core retired since the last settle (device lock,
     /// after [`Self::drain`]).
     pub(crate) fn settle(&self, ctx: &Context) {

@@ -224,6 +224,10 @@ pub struct EngineStats {
     pub connections: usize,
     /// Its user-space TCP's counters.
     pub tcp: iwarp_tcp::Counters,
+    /// Connections its user-space TCP holds (any state, until released).
+    pub tcp_connections: usize,
+    /// Entries of its flow table.
+    pub flows: usize,
     /// Its rings and socket counters (the steering counters are the
     /// device's, in every engine's entry).
     pub xdp: XdpStats,

@@ -7,13 +7,17 @@
 //!    egress of what is already queued);
 //! 3. connection management: new passive connections, MPA requests of
 //!    pending ones, outgoing TCP connects that completed;
-//! 4. for each connection: due core timers, `Stack::recv` straight into
+//! 4. for each connection with something to do, and only those (the
+//!    stack's active connections, the QPs the application posted to or
+//!    disconnected, QPs whose core timer is due, connections that had
+//!    more to send): due core timers, `Stack::recv` straight into
 //!    `Context::handle_input`, `Context::poll_transmit` straight into
 //!    `Stack::send`, events, close;
 //! 5. smoltcp egress (the transmit tokens write into UMEM frames);
 //! 6. tx burst: reclaim completions, submit, kick `sendto` while needed.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
@@ -84,6 +88,72 @@ struct Conn {
     /// The TCP connection is gone (closed, reset, released).
     gone: bool,
     orphan: Option<CoreInstant>,
+    /// On the list of connections the next pass visits.
+    hot: bool,
+    /// The core timer of the QP's entry in the timer heap.
+    timer: Option<CoreInstant>,
+}
+
+/// The connections the core drives, in slots that stay put, found by their
+/// TCP connection and by their QP in constant time.
+#[derive(Debug, Default)]
+struct ConnTable {
+    slots: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    by_conn: HashMap<ConnId, usize>,
+    by_qp: HashMap<QpId, usize>,
+}
+
+impl ConnTable {
+    fn insert(&mut self, c: Conn) -> usize {
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.by_conn.insert(c.conn, i);
+        self.by_qp.insert(c.qp, i);
+        self.slots[i] = Some(c);
+        i
+    }
+
+    fn remove(&mut self, i: usize) -> Option<Conn> {
+        let c = self.slots.get_mut(i)?.take()?;
+        self.by_conn.remove(&c.conn);
+        self.by_qp.remove(&c.qp);
+        self.free.push(i);
+        // Give the memory of a crowd that left back.
+        if self.by_conn.is_empty() && self.slots.len() > 64 {
+            *self = Self::default();
+        }
+        Some(c)
+    }
+
+    fn get(&self, i: usize) -> Option<&Conn> {
+        self.slots.get(i)?.as_ref()
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Conn> {
+        self.slots.get_mut(i)?.as_mut()
+    }
+
+    fn of_conn(&self, conn: ConnId) -> Option<usize> {
+        self.by_conn.get(&conn).copied()
+    }
+
+    fn of_qp(&self, qp: QpId) -> Option<usize> {
+        self.by_qp.get(&qp).copied()
+    }
+
+    fn len(&self) -> usize {
+        self.by_conn.len()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Conn> {
+        self.slots.iter_mut().flatten()
+    }
 }
 
 /// A connection that only sends bytes and closes (a reject reply).
@@ -195,7 +265,19 @@ pub(crate) struct XdpIo {
     listeners: Vec<Listening>,
     pending: Vec<Pending>,
     dials: Vec<Dial>,
-    conns: Vec<Conn>,
+    conns: ConnTable,
+    /// Connections the next pass visits (slots of `conns`).
+    hot: Vec<usize>,
+    /// Core timers of the QPs: (deadline, slot, QP); entries whose QP
+    /// moved its deadline or left are skipped.
+    qp_timers: BinaryHeap<Reverse<(CoreInstant, usize, u32)>>,
+    /// Slots of connections the application dropped, until reaped.
+    orphans: Vec<usize>,
+    /// The stack's active connections of the current pass.
+    active: Vec<ConnId>,
+    /// Local ports of accepted connections (they stay steered after their
+    /// listener is gone), with how many connections use each.
+    local_ports: HashMap<u16, usize>,
     lingering: Vec<Lingering>,
     /// A connection or listener went away: recompute the steered ports.
     steer_dirty: bool,
@@ -343,7 +425,12 @@ impl XdpIo {
                 listeners: Vec::new(),
                 pending: Vec::new(),
                 dials: Vec::new(),
-                conns: Vec::new(),
+                conns: ConnTable::default(),
+                hot: Vec::new(),
+                qp_timers: BinaryHeap::new(),
+                orphans: Vec::new(),
+                active: Vec::new(),
+                local_ports: HashMap::new(),
                 lingering: Vec::new(),
                 steer_dirty: false,
                 passive: HashMap::new(),
@@ -356,6 +443,11 @@ impl XdpIo {
             });
         }
         Ok(engines)
+    }
+
+    /// Index among the device's engines.
+    pub(crate) fn index(&self) -> usize {
+        self.index
     }
 
     /// The device's steering program (shared by its engines).
@@ -406,6 +498,8 @@ impl XdpIo {
             passes: self.passes,
             connections: self.conns.len(),
             tcp,
+            tcp_connections: self.stack.connection_count(),
+            flows: self.stack.flow_count(),
             xdp,
             forwarded_out: dev.forwarded_out,
             forwarded_in: dev.forwarded_in,
@@ -436,23 +530,14 @@ impl XdpIo {
     }
 
     /// Steer the ephemeral range, every listening port, and the local
-    /// port of every connection still alive on a port nobody listens on
-    /// any more (a server that accepted and closed its listener keeps its
-    /// connections). The map is written only when the set changed.
+    /// port of every accepted connection still alive on a port nobody
+    /// listens on any more (a server that accepted and closed its listener
+    /// keeps its connections). The map is written only when the set
+    /// changed.
     fn update_steering(&mut self) {
         self.steer_dirty = false;
         let mut ports: Vec<u16> = self.listeners.iter().map(|l| l.port).collect();
-        let live = self
-            .pending
-            .iter()
-            .map(|p| p.conn)
-            .chain(self.conns.iter().map(|c| c.conn))
-            .chain(self.lingering.iter().map(|l| l.conn));
-        for c in live {
-            if let Some((local, _)) = self.stack.endpoints(c) {
-                ports.push(local.port);
-            }
-        }
+        ports.extend(self.local_ports.keys());
         let listening: Vec<u16> = self.listeners.iter().map(|l| l.port).collect();
         self.stack.device_mut().forward.listening = listening;
         ports.sort_unstable();
@@ -572,7 +657,7 @@ impl XdpIo {
     /// Drive `qp` over `conn`.
     pub(crate) fn add_conn(&mut self, qp: QpId, conn: ConnId, shared: Arc<ConnShared>) {
         self.opening.remove(&conn);
-        self.conns.push(Conn {
+        let i = self.conns.insert(Conn {
             qp,
             conn,
             shared,
@@ -580,7 +665,82 @@ impl XdpIo {
             closing: false,
             gone: false,
             orphan: None,
+            hot: false,
+            timer: None,
         });
+        self.mark(i);
+    }
+
+    /// Visit the connection in slot `i` at the next pass.
+    fn mark(&mut self, i: usize) {
+        if let Some(c) = self.conns.get_mut(i) {
+            if !c.hot {
+                c.hot = true;
+                self.hot.push(i);
+            }
+        }
+    }
+
+    /// The application changed `qp` (posted to it, disconnected it):
+    /// visit its connection at the next pass.
+    pub(crate) fn touch_qp(&mut self, qp: QpId) {
+        if let Some(i) = self.conns.of_qp(qp) {
+            self.mark(i);
+        }
+    }
+
+    /// Keep the timer heap's entry of slot `i` at its QP's core timer.
+    fn schedule(&mut self, ctx: &Context, i: usize) {
+        let Some(c) = self.conns.get_mut(i) else {
+            return;
+        };
+        let t = ctx.poll_timeout(c.qp);
+        if t != c.timer {
+            c.timer = t;
+            if let Some(t) = t {
+                self.qp_timers.push(Reverse((t, i, c.qp.raw())));
+            }
+        }
+    }
+
+    /// Mark the connections with something to do: the stack's active
+    /// ones, the QPs the application touched, due core timers.
+    fn gather(&mut self, touched: &[QpId], now: CoreInstant) {
+        let mut active = std::mem::take(&mut self.active);
+        self.stack.take_active(&mut active);
+        for id in active.drain(..) {
+            if let Some(i) = self.conns.of_conn(id) {
+                self.mark(i);
+            }
+        }
+        self.active = active;
+        for &qp in touched {
+            self.touch_qp(qp);
+        }
+        while let Some(&Reverse((t, i, raw))) = self.qp_timers.peek() {
+            if t > now {
+                break;
+            }
+            self.qp_timers.pop();
+            let due = self
+                .conns
+                .get_mut(i)
+                .filter(|c| c.qp.raw() == raw && c.timer == Some(t));
+            if let Some(c) = due {
+                c.timer = None;
+                self.mark(i);
+            }
+        }
+        // Entries of moved timers and of connections that left: rebuild
+        // once they outnumber the live ones (amortised over the pushes).
+        if self.qp_timers.len() > 2 * self.conns.len() + 64 {
+            let conns = &self.conns;
+            self.qp_timers.retain(|Reverse((t, i, raw))| {
+                conns
+                    .get(*i)
+                    .is_some_and(|c| c.qp.raw() == *raw && c.timer == Some(*t))
+            });
+        }
     }
 
     /// Send `bytes` on `sock`, then close it.
@@ -598,32 +758,49 @@ impl XdpIo {
     /// The application dropped `qp`: returns false if the engine does not
     /// drive it (the caller destroys it).
     pub(crate) fn release_qp(&mut self, qp: QpId, now: CoreInstant) -> bool {
-        match self.conns.iter_mut().find(|c| c.qp == qp) {
-            Some(c) => {
-                c.orphan.get_or_insert(now);
-                true
+        let Some(i) = self.conns.of_qp(qp) else {
+            return false;
+        };
+        if let Some(c) = self.conns.get_mut(i) {
+            if c.orphan.is_none() {
+                c.orphan = Some(now);
+                self.orphans.push(i);
             }
-            None => false,
         }
+        self.mark(i);
+        true
     }
 
     pub(crate) fn pass_events(&mut self, ctx: &mut Context, qp: QpId) {
-        if let Some(c) = self.conns.iter().find(|c| c.qp == qp) {
+        if let Some(c) = self.conns.of_qp(qp).and_then(|i| self.conns.get(i)) {
             drain_events(ctx, qp, &c.shared);
         }
     }
 
     /// The earliest of smoltcp's and the connections' timers.
-    pub(crate) fn next_deadline(&mut self, ctx: &Context, now: CoreInstant) -> Option<CoreInstant> {
+    pub(crate) fn next_deadline(&mut self, now: CoreInstant) -> Option<CoreInstant> {
         let tcp = self.stack.poll_at(smol(now)).map(core);
-        let qps = self.conns.iter().filter_map(|c| ctx.poll_timeout(c.qp));
+        // The earliest live entry of the heap.
+        let mut qps = None;
+        while let Some(&Reverse((t, i, raw))) = self.qp_timers.peek() {
+            if self
+                .conns
+                .get(i)
+                .is_some_and(|c| c.qp.raw() == raw && c.timer == Some(t))
+            {
+                qps = Some(t);
+                break;
+            }
+            self.qp_timers.pop();
+        }
+        let hot = (!self.hot.is_empty()).then_some(now);
         let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
-        qps.chain(pending).chain(tcp).min()
+        pending.chain(qps).chain(tcp).chain(hot).min()
     }
 
     /// Reset every connection and send the resets (the device is closing).
     pub(crate) fn shutdown(&mut self, ctx: &mut Context, now: CoreInstant) {
-        for c in &mut self.conns {
+        for c in self.conns.iter_mut() {
             let _ = self.stack.abort(c.conn);
             ctx.handle_eof(c.qp);
             drain_events(ctx, c.qp, &c.shared);
@@ -647,8 +824,14 @@ impl XdpIo {
     }
 
     /// One pass; returns a measure of the work done (0: idle).
-    pub(crate) fn run_once(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
-        self.io_in(now) + self.drive(ctx, now) + self.io_out(now)
+    pub(crate) fn run_once(
+        &mut self,
+        ctx: &mut Context,
+        now: CoreInstant,
+        touched: &[QpId],
+        reaped: &mut Vec<QpId>,
+    ) -> usize {
+        self.io_in(now) + self.drive(ctx, now, touched, reaped) + self.io_out(now)
     }
 
     /// Steps 1-2 of a pass (no core state involved: a multi-core device
@@ -658,17 +841,37 @@ impl XdpIo {
         super::device::rx_and_poll(&mut self.stack, smol(now))
     }
 
-    /// Steps 3-4: everything that touches the core's context.
-    pub(crate) fn drive(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
+    /// Steps 3-4: everything that touches the core's context. `touched`:
+    /// QPs the application changed since the last pass (those of other
+    /// engines are skipped); the QPs this pass destroyed go to `reaped`.
+    pub(crate) fn drive(
+        &mut self,
+        ctx: &mut Context,
+        now: CoreInstant,
+        touched: &[QpId],
+        reaped: &mut Vec<QpId>,
+    ) -> usize {
         let mut work = self.accept_new(now);
         work += self.pump_pending(now);
         work += self.pump_dials();
-        for i in 0..self.conns.len() {
+        self.gather(touched, now);
+        let mut hot = std::mem::take(&mut self.hot);
+        for &i in &hot {
+            let Some(c) = self.conns.get_mut(i) else {
+                continue;
+            };
+            c.hot = false;
             work += self.pump_conn(ctx, i, now);
+            self.schedule(ctx, i);
+        }
+        hot.clear();
+        if self.hot.is_empty() {
+            // The list's allocation serves the next pass.
+            self.hot = hot;
         }
         work += self.segment_rounds(ctx, now);
         work += self.pump_lingering(now);
-        work + self.reap(ctx, now)
+        work + self.reap(ctx, now, reaped)
     }
 
     /// Steps 5-6 (as [`Self::io_in`], without the device lock).
@@ -705,6 +908,7 @@ impl XdpIo {
                 {
                     let key = (u32::from_be_bytes(ip.octets()), port, local.port);
                     self.passive.insert(conn, key);
+                    *self.local_ports.entry(local.port).or_default() += 1;
                 }
                 let config = handshake::Config {
                     ird: iwarp::wire::mpa::IrdOrd::MAX,
@@ -826,7 +1030,9 @@ impl XdpIo {
 
     fn pump_conn(&mut self, ctx: &mut Context, i: usize, now: CoreInstant) -> usize {
         let mut work = 0;
-        let c = &mut self.conns[i];
+        let Some(c) = self.conns.get_mut(i) else {
+            return 0;
+        };
         let qp = c.qp;
         if ctx.poll_timeout(qp).is_some_and(|d| d <= now) {
             ctx.handle_timeout(qp, now);
@@ -856,6 +1062,7 @@ impl XdpIo {
             }
         }
         let mut drained = true;
+        let mut more = false;
         if !c.closing && ctx.may_transmit(qp) && !self.stack.is_reset(c.conn) {
             let sent = if self.align {
                 send_segments(&mut self.stack, ctx, qp, c.conn)
@@ -870,6 +1077,7 @@ impl XdpIo {
                     }
                     // A full buffer may hide more to send.
                     drained = n == 0 || self.stack.state(c.conn).is_none();
+                    more = !drained && !self.align;
                 }
                 Err(_) => drained = true,
             }
@@ -886,8 +1094,16 @@ impl XdpIo {
                 c.eof = true;
                 ctx.handle_eof(qp);
             }
-            release(&mut self.stack, &mut self.passive, c.conn);
+            release(
+                &mut self.stack,
+                &mut self.passive,
+                &mut self.local_ports,
+                c.conn,
+            );
             work += 1 + drain_events(ctx, qp, &c.shared);
+        }
+        if more && !c.gone {
+            self.mark(i);
         }
         work
     }
@@ -907,7 +1123,9 @@ impl XdpIo {
             self.stack.poll_egress(smol(now));
             let (conns, stack) = (&self.conns, &mut self.stack);
             self.tx_more.retain(|&i| {
-                let c = &conns[i];
+                let Some(c) = conns.get(i) else {
+                    return false;
+                };
                 if c.closing || c.gone || !ctx.may_transmit(c.qp) {
                     return false;
                 }
@@ -916,6 +1134,12 @@ impl XdpIo {
                 n > 0
             });
         }
+        // Connections that still had segments to queue go on next pass.
+        let more = std::mem::take(&mut self.tx_more);
+        for &i in &more {
+            self.mark(i);
+        }
+        self.tx_more = more;
         self.tx_more.clear();
         work
     }
@@ -923,7 +1147,8 @@ impl XdpIo {
     fn pump_lingering(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
         let before = self.lingering.len();
-        let (stack, passive) = (&mut self.stack, &mut self.passive);
+        let (stack, passive, local_ports) =
+            (&mut self.stack, &mut self.passive, &mut self.local_ports);
         self.lingering.retain_mut(|l| {
             let since = *l.since.get_or_insert(now);
             if l.pos < l.out.len() {
@@ -946,7 +1171,7 @@ impl XdpIo {
                 || now.saturating_duration_since(since) > LINGER;
             if done {
                 let _ = stack.abort(l.conn);
-                release(stack, passive, l.conn);
+                release(stack, passive, local_ports, l.conn);
                 work += 1;
             }
             !done
@@ -958,32 +1183,44 @@ impl XdpIo {
     }
 
     /// Destroy the QPs of closed connections the application dropped;
-    /// reset dropped ones that do not finish closing in time.
-    fn reap(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
-        let before = self.conns.len();
-        let (stack, passive) = (&mut self.stack, &mut self.passive);
-        self.conns.retain_mut(|c| {
-            let Some(since) = c.orphan else {
-                return true;
+    /// reset dropped ones that do not finish closing in time. Walks the
+    /// dropped connections only; the destroyed QPs go to `reaped`.
+    fn reap(&mut self, ctx: &mut Context, now: CoreInstant, reaped: &mut Vec<QpId>) -> usize {
+        let mut n = 0;
+        let mut k = 0;
+        while k < self.orphans.len() {
+            let i = self.orphans[k];
+            let Some(c) = self.conns.get_mut(i) else {
+                self.orphans.swap_remove(k);
+                continue;
             };
+            let since = c.orphan.unwrap_or(now);
             if !c.gone && now.saturating_duration_since(since) > LINGER {
-                let _ = stack.abort(c.conn);
-                release(stack, passive, c.conn);
+                let _ = self.stack.abort(c.conn);
+                release(
+                    &mut self.stack,
+                    &mut self.passive,
+                    &mut self.local_ports,
+                    c.conn,
+                );
                 c.gone = true;
             }
-            if c.gone {
-                ctx.handle_eof(c.qp);
-                drain_events(ctx, c.qp, &c.shared);
-                let _ = ctx.destroy_qp(c.qp);
-                return false;
+            if !c.gone {
+                k += 1;
+                continue;
             }
-            true
-        });
-        let reaped = before - self.conns.len();
-        if reaped > 0 {
+            ctx.handle_eof(c.qp);
+            drain_events(ctx, c.qp, &c.shared);
+            let _ = ctx.destroy_qp(c.qp);
+            reaped.push(c.qp);
+            self.conns.remove(i);
+            self.orphans.swap_remove(k);
+            n += 1;
+        }
+        if n > 0 {
             self.steer_dirty = true;
         }
-        reaped
+        n
     }
 }
 
@@ -999,9 +1236,20 @@ fn send_segments(
 
 /// Release `conn` and, if it was accepted, forget it in the device's
 /// flow table.
-fn release(stack: &mut Stack<XskDevice>, passive: &mut HashMap<ConnId, FlowKey>, conn: ConnId) {
+fn release(
+    stack: &mut Stack<XskDevice>,
+    passive: &mut HashMap<ConnId, FlowKey>,
+    local_ports: &mut HashMap<u16, usize>,
+    conn: ConnId,
+) {
     if let Some(key) = passive.remove(&conn) {
         stack.device_mut().forget(key);
+        if let Some(n) = local_ports.get_mut(&key.2) {
+            *n -= 1;
+            if *n == 0 {
+                local_ports.remove(&key.2);
+            }
+        }
     }
     let _ = stack.release(conn);
 }
