@@ -438,3 +438,137 @@ fn a_server_returns_to_its_baseline_after_thousands_of_connections() {
         total - warm
     );
 }
+
+/// The Ethernet address of `dev` in namespace `ns`.
+fn mac_in(topo: &Topo, ns: &str, dev: &str) -> [u8; 6] {
+    let show = topo.link(ns, dev);
+    let hex = show
+        .split("link/ether ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("link/ether");
+    let mut mac = [0; 6];
+    for (b, h) in mac.iter_mut().zip(hex.split(':')) {
+        *b = u8::from_str_radix(h, 16).expect("hex");
+    }
+    mac
+}
+
+/// SYNs from an address that never answers (a user-space TCP on its own
+/// AF_XDP socket that sends and never reads), in bursts, until `stop`.
+/// Returns how many were sent.
+fn flood(server_mac: [u8; 6], stop: Arc<std::sync::atomic::AtomicBool>) -> usize {
+    use std::sync::atomic::Ordering;
+    let flooder = Ipv4Addr::new(198, 18, 0, 77);
+    let mut c = XdpConfig::new("xa", flooder, 24);
+    c.tcp.rx_buffer = 4096;
+    c.tcp.tx_buffer = 4096;
+    c.frames = 1024;
+    let mut raw = iwarp_engine::xdp::RawTcp::open(&c, &[]).expect("flooder");
+    let stack = raw.stack();
+    stack.add_neighbor(IP_B, iwarp_tcp::smoltcp::wire::EthernetAddress(server_mac));
+    let mut sent = 0;
+    let mut port = 1024u16;
+    while !stop.load(Ordering::SeqCst) {
+        let mut burst = Vec::new();
+        for _ in 0..64 {
+            port = if port == u16::MAX { 1024 } else { port + 1 };
+            if let Ok(id) = raw.stack().connect((IP_B, PORT), port) {
+                burst.push(id);
+            }
+        }
+        raw.transmit();
+        for id in burst {
+            let _ = raw.stack().release(id);
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    sent
+}
+
+/// A flood of SYNs that never complete: the listening engine keeps at most
+/// its half-open limit, dropping the oldest, and a client connects (MPA
+/// exchange, a message and its echo checked) while the flood goes on.
+#[test]
+fn a_legitimate_client_connects_during_a_half_open_flood() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if !is_root() {
+        return;
+    }
+    let topo = Topo::up(1500, Some(IP_A), Some(IP_B), 1);
+    let server_mac = mac_in(&topo, &topo.b, "xb");
+    let (up_tx, up_rx) = mpsc::channel();
+    let (mark_tx, mark_rx) = mpsc::channel::<()>();
+    let (report_tx, report_rx) = mpsc::channel();
+    let server = spawn_in(&topo.b, move || {
+        let dev = open_xdp("xb", IP_B);
+        let l = dev
+            .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), PORT))
+            .expect("listen");
+        up_tx.send(()).unwrap();
+        // Wait until the flood is under way and has filled the half-open
+        // list several times over.
+        let until = std::time::Instant::now() + WAIT;
+        loop {
+            let t = dev.stats().tcp.expect("AF_XDP counters");
+            if t.half_open_evicted > 4096 || std::time::Instant::now() > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        mark_tx.send(()).unwrap();
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(8);
+        let recv = dev.reg_mr(&pd, LEN, Access::LOCAL_WRITE).unwrap();
+        let out = dev.reg_mr(&pd, LEN, Access::LOCAL_WRITE).unwrap();
+        let req = l.get_request(Some(WAIT)).expect("the client's request");
+        let rwr = RecvWr {
+            wr_id: 0,
+            sgl: &[recv.sge(0, LEN)],
+        };
+        let qp = req
+            .accept_with_recvs(init(&pd, &cq), ConnParams::default(), &[rwr])
+            .expect("accept");
+        complete(&cq, 1, |_| {
+            let mut got = vec![0; LEN];
+            recv.read(0, &mut got);
+            assert!(got == msg(0, false), "the message differs");
+            out.write(0, &msg(0, true));
+            send(&qp, 0, out.sge(0, LEN));
+        });
+        let stats = dev.stats();
+        report_tx.send(()).unwrap();
+        qp.wait_event(WAIT);
+        stats
+    });
+    up_rx.recv_timeout(WAIT).expect("server up");
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let flooder = spawn_in(&topo.a, move || flood(server_mac, s));
+    mark_rx.recv_timeout(WAIT).expect("flood under way");
+    let client = spawn_in(&topo.a, move || {
+        let cfg = DeviceConfig {
+            progress: Progress::Thread { cpu: None },
+            seed: None,
+            busy_poll: false,
+        };
+        let dev = Device::open(Backend::Kernel, cfg).expect("open kernel device");
+        cycle(&dev, SocketAddr::new(IP_B.into(), PORT), 0);
+    });
+    let client_result = client.join();
+    let _ = report_rx.recv_timeout(WAIT);
+    stop.store(true, Ordering::SeqCst);
+    let syns = flooder.join().expect("flooder");
+    client_result.expect("client");
+    let stats = server.join().expect("server");
+    let tcp = stats.tcp.expect("AF_XDP counters");
+    let half_open: usize = stats.engines.iter().map(|e| e.tcp_connections).sum();
+    println!(
+        "{syns} flood SYNs; server: {} half-open evicted, {} connections held at the end, {} accepted",
+        tcp.half_open_evicted, half_open, tcp.accepted
+    );
+    assert!(tcp.half_open_evicted > 4096);
+    // The half-open limit plus the client's connection.
+    assert!(half_open <= iwarp_tcp::Config::default().half_open + 1);
+}

@@ -1805,6 +1805,13 @@ impl<D: Device> Stack<D> {
     /// ([`Stack::send_segment`]) queue the next; [`Stack::poll`] still
     /// follows for timers and state. Returns whether a connection sent.
     pub fn poll_egress(&mut self, now: Instant) -> bool {
+        // Connections released since they were listed are gone for good.
+        let Core { work, slots, .. } = &mut self.core;
+        work.retain(|id| {
+            slots
+                .get(id.index as usize)
+                .is_some_and(|s| s.generation == id.generation && s.conn.is_some())
+        });
         let mut sent = false;
         for i in 0..self.core.work.len() {
             let id = self.core.work[i];
