@@ -524,6 +524,9 @@ fn post_via(
                 }
                 r => r,
             };
+            if let Some(qp) = wq.qp() {
+                e.touch_qp(qp);
+            }
             drop(e);
             r.map_err(|e| e.unwrap_or(PostError::QueueFull))?;
             shared.kick();
@@ -538,6 +541,9 @@ fn post_via(
                 let mut e = shared.engine();
                 wq.drain(&mut e.ctx);
                 wq.settle(&e.ctx);
+                if let Some(qp) = wq.qp() {
+                    e.touch_qp(qp);
+                }
             }
             push(wq).map_err(|e| e.unwrap_or(PostError::QueueFull))?;
         }

@@ -42,6 +42,7 @@ use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
 use crate::cm::{CmError, CmEvent};
 use crate::post::WorkQueues;
+use crate::slots::{ConnSlots, Slotted};
 use crate::xdp::worker::XdpIo;
 
 /// An AF_XDP engine behind its own lock.
@@ -221,6 +222,28 @@ struct Conn {
     shared: Arc<ConnShared>,
     /// The application no longer holds the QP: destroy it once closed.
     orphan: bool,
+    /// The socket's poll token.
+    token: Token,
+    /// On the list of connections the next pass visits.
+    hot: bool,
+    /// The core timer of the QP's entry in the timer heap.
+    timer: Option<CoreInstant>,
+}
+
+impl Slotted for Conn {
+    type Key = Token;
+    fn key(&self) -> Token {
+        self.token
+    }
+    fn qp(&self) -> QpId {
+        self.qp
+    }
+    fn hot(&mut self) -> &mut bool {
+        &mut self.hot
+    }
+    fn timer(&mut self) -> &mut Option<CoreInstant> {
+        &mut self.timer
+    }
 }
 
 /// An accepted TCP connection whose MPA request is still arriving.
@@ -284,7 +307,12 @@ pub(crate) struct Engine {
     epoch: std::time::Instant,
     registry: Registry,
     next_token: usize,
-    conns: Vec<Conn>,
+    /// Kernel backend: the connections the core drives, the ones the next
+    /// pass visits (readiness, the application's posts, due timers), their
+    /// QPs' timers.
+    conns: ConnSlots<Conn>,
+    /// Kernel backend: slots of connections the application dropped.
+    orphans: Vec<usize>,
     pending: Vec<Pending>,
     listeners: Vec<Listening>,
     lingering: Vec<Lingering>,
@@ -332,7 +360,8 @@ impl Engine {
             epoch: std::time::Instant::now(),
             registry,
             next_token: 1,
-            conns: Vec::new(),
+            conns: ConnSlots::default(),
+            orphans: Vec::new(),
             pending: Vec::new(),
             listeners: Vec::new(),
             lingering: Vec::new(),
@@ -471,7 +500,7 @@ impl Engine {
         let token = self.token();
         self.registry
             .register(&mut sock, token, Interest::READABLE | Interest::WRITABLE)?;
-        self.conns.push(Conn {
+        self.conns.insert(Conn {
             qp,
             sock: Some(sock),
             out: Vec::new(),
@@ -480,6 +509,9 @@ impl Engine {
             eof: false,
             shared,
             orphan: false,
+            token,
+            hot: false,
+            timer: None,
         });
         Ok(())
     }
@@ -495,12 +527,17 @@ impl Engine {
             }
             return;
         }
-        match self.conns.iter_mut().find(|c| c.qp == qp) {
-            Some(c) => c.orphan = true,
-            None => {
-                let _ = self.ctx.destroy_qp(qp);
+        let Some(i) = self.conns.of_qp(qp) else {
+            let _ = self.ctx.destroy_qp(qp);
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(i) {
+            if !c.orphan {
+                c.orphan = true;
+                self.orphans.push(i);
             }
         }
+        self.conns.mark(i);
     }
 
     /// Turn pending QP events of `qp` into connection-manager state now.
@@ -511,7 +548,7 @@ impl Engine {
             }
             return;
         }
-        if let Some(c) = self.conns.iter().find(|c| c.qp == qp) {
+        if let Some(c) = self.conns.of_qp(qp).and_then(|i| self.conns.get(i)) {
             drain_events(&mut self.ctx, qp, &c.shared);
         }
     }
@@ -559,7 +596,7 @@ impl Engine {
             self.move_completions();
             return;
         }
-        for c in &mut self.conns {
+        for c in self.conns.iter_mut() {
             if let Some(mut s) = c.sock.take() {
                 let _ = self.registry.deregister(&mut s);
                 let _ = s.shutdown(Shutdown::Both);
@@ -572,7 +609,7 @@ impl Engine {
         self.pump_lingering();
         self.lingering.clear();
         self.move_completions();
-        for c in &self.conns {
+        for c in self.conns.iter() {
             drain_events(&mut self.ctx, c.qp, &c.shared);
         }
     }
@@ -590,12 +627,10 @@ impl Engine {
                 .filter_map(|(_, x)| lock(x).next_deadline(now))
                 .min();
         }
-        let conns = self
-            .conns
-            .iter()
-            .filter_map(|c| self.ctx.poll_timeout(c.qp));
+        let conns = self.conns.next_timer();
+        let hot = self.conns.any_hot().then_some(now);
         let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
-        conns.chain(pending).min()
+        pending.chain(conns).chain(hot).min()
     }
 
     /// The time until the next timer, capped at `cap`.
@@ -632,9 +667,14 @@ impl Engine {
         }
         work += self.accept_new();
         work += self.pump_pending(now);
-        for i in 0..self.conns.len() {
+        self.conns.fire(now);
+        let hot = self.conns.take_hot();
+        for &i in &hot {
             work += self.pump_conn(i, now);
+            let timer = self.conns.get(i).and_then(|c| self.ctx.poll_timeout(c.qp));
+            self.conns.schedule(i, timer);
         }
+        self.conns.give_back(hot);
         work += self.pump_lingering();
         self.pump_draining();
         work += self.move_completions();
@@ -738,14 +778,18 @@ impl Engine {
 
     fn pump_conn(&mut self, i: usize, now: CoreInstant) -> usize {
         let mut work = 0;
-        let qp = self.conns[i].qp;
+        let Some(qp) = self.conns.get(i).map(|c| c.qp) else {
+            return 0;
+        };
         // Timers first: a handshake past its deadline fails before more
         // input is looked at.
         if self.ctx.poll_timeout(qp).is_some_and(|d| d <= now) {
             self.ctx.handle_timeout(qp, now);
             work += 1;
         }
-        let c = &mut self.conns[i];
+        let Some(c) = self.conns.get_mut(i) else {
+            return work;
+        };
         let Some(sock) = c.sock.as_ref() else {
             return work + drain_events(&mut self.ctx, qp, &c.shared);
         };
@@ -757,13 +801,19 @@ impl Engine {
         }
         let mut broken = None;
         let mut s: &TcpStream = sock;
+        // Readiness is edge-triggered: a visit that leaves bytes in the
+        // socket (its budget spent, or the core's input still full)
+        // comes back at the next pass.
+        let mut again = false;
         if c.input.is_empty() && !c.eof {
+            again = true;
             for _ in 0..IO_BUDGET {
                 match s.read(&mut self.rx_buf) {
                     Ok(0) => {
                         c.eof = true;
                         self.ctx.handle_eof(qp);
                         work += 1;
+                        again = false;
                         break;
                     }
                     Ok(n) => {
@@ -771,21 +821,31 @@ impl Engine {
                         let used = self.ctx.handle_input(qp, &self.rx_buf[..n], now);
                         if used < n {
                             c.input.extend_from_slice(&self.rx_buf[used..n]);
+                            again = used > 0;
                             break;
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        again = false;
+                        break;
+                    }
                     Err(e) => {
                         broken = Some(e.kind());
+                        again = false;
                         break;
                     }
                 }
             }
+        } else if !c.input.is_empty() && work > 0 {
+            again = true;
         }
         // Output: what the socket did not take last time, then fresh
         // bytes from the core, written from the engine's buffer.
         let mut drained = false;
+        // The socket took less than offered: its writable event brings
+        // the connection back.
+        let mut pushed_back = false;
         if broken.is_none() {
             'out: for _ in 0..IO_BUDGET {
                 if c.out_pos < c.out.len() {
@@ -800,6 +860,7 @@ impl Engine {
                         }
                     }
                     if c.out_pos < c.out.len() {
+                        pushed_back = true;
                         break;
                     }
                     c.out_pos = 0;
@@ -818,6 +879,7 @@ impl Engine {
                     match write_some(s, &self.tx_buf[pos..n]) {
                         Ok(0) => {
                             c.out.extend_from_slice(&self.tx_buf[pos..n]);
+                            pushed_back = true;
                             break 'out;
                         }
                         Ok(k) => {
@@ -856,6 +918,11 @@ impl Engine {
             c.out = Vec::new();
             c.input = Vec::new();
             work += 1;
+        }
+        // The budget ran out with more to send.
+        again |= broken.is_none() && !drained && !pushed_back;
+        if again && c.sock.is_some() {
+            self.conns.mark(i);
         }
         work
     }
@@ -979,17 +1046,29 @@ impl Engine {
 
     /// Destroy the core QPs of closed connections the application dropped.
     fn reap(&mut self) -> usize {
-        let before = self.conns.len();
-        let ctx = &mut self.ctx;
-        self.conns.retain(|c| {
-            let gone = c.orphan && c.sock.is_none();
-            if gone {
-                drain_events(ctx, c.qp, &c.shared);
-                let _ = ctx.destroy_qp(c.qp);
+        let mut n = 0;
+        let mut k = 0;
+        while k < self.orphans.len() {
+            let i = self.orphans[k];
+            let gone = match self.conns.get(i) {
+                None => {
+                    self.orphans.swap_remove(k);
+                    continue;
+                }
+                Some(c) => c.sock.is_none(),
+            };
+            if !gone {
+                k += 1;
+                continue;
             }
-            !gone
-        });
-        before - self.conns.len()
+            if let Some(c) = self.conns.remove(i) {
+                drain_events(&mut self.ctx, c.qp, &c.shared);
+                let _ = self.ctx.destroy_qp(c.qp);
+                n += 1;
+            }
+            self.orphans.swap_remove(k);
+        }
+        n
     }
 
     /// Connections driven by the core (either backend).
@@ -1014,12 +1093,24 @@ impl Engine {
     }
 
     /// The application changed `qp` (posted to it, disconnected it): the
-    /// AF_XDP engine that drives it visits it at its next pass (the
-    /// kernel backend visits every connection).
+    /// engine that drives it visits it at its next pass.
     pub(crate) fn touch_qp(&mut self, qp: QpId) {
         if let Some(&k) = self.homes.get(&qp) {
             if let Some(t) = self.touched.get_mut(k) {
                 t.push(qp);
+            }
+        } else if let Some(i) = self.conns.of_qp(qp) {
+            self.conns.mark(i);
+        }
+    }
+
+    /// Kernel backend: sockets the poller reported ready; their
+    /// connections are visited at the next pass (the other sockets'
+    /// lists are walked every pass anyway).
+    pub(crate) fn readiness(&mut self, events: &Events) {
+        for ev in events {
+            if let Some(i) = self.conns.of_key(ev.token()) {
+                self.conns.mark(i);
             }
         }
     }
@@ -1424,6 +1515,14 @@ impl Shared {
     /// One progress pass.
     pub(crate) fn progress(&self) -> usize {
         let mut e = self.engine();
+        // Manual progress: the sockets that became ready (a thread asleep
+        // in the poller hands over what it saw when it wakes).
+        if let Ok(mut g) = self.poll.try_lock() {
+            if let Some((poll, events)) = g.as_mut() {
+                let _ = poll.poll(events, Some(Duration::ZERO));
+                e.readiness(events);
+            }
+        }
         self.drain_posted(&mut e) + e.pass()
     }
 
@@ -1475,12 +1574,21 @@ impl Shared {
         let Some((mut poll, mut events)) = lock(&self.poll).take() else {
             return;
         };
+        let kernel = x.is_none() && self.engine().xdp.is_empty();
         while !self.stop.load(Ordering::SeqCst) {
             self.dirty.store(false, Ordering::SeqCst);
             // `x`: engine 0 of a multi-core AF_XDP device; otherwise the
             // whole pass under the device lock (kernel backend, one
-            // AF_XDP engine).
-            let work = self.pass_engine(x.as_ref());
+            // AF_XDP engine). The kernel backend first learns which
+            // sockets became ready, without waiting.
+            let work = if kernel {
+                let _ = poll.poll(&mut events, Some(Duration::ZERO));
+                let mut e = self.engine();
+                e.readiness(&events);
+                self.drain_posted(&mut e) + e.pass()
+            } else {
+                self.pass_engine(x.as_ref())
+            };
             self.step_aside();
             if work > 0 {
                 continue;
@@ -1493,6 +1601,9 @@ impl Shared {
             if !self.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
                 let (timeout, fds) = self.engine().sleep_plan(Some(0), None);
                 sleep_armed(&mut poll, &mut events, timeout, &fds);
+                if kernel {
+                    self.engine().readiness(&events);
+                }
             }
             self.sleeping.store(false, Ordering::SeqCst);
         }
@@ -1508,7 +1619,10 @@ impl Shared {
         let timeout = timeout.unwrap_or(cap);
         match self.poll.try_lock() {
             Ok(mut g) => match g.as_mut() {
-                Some((poll, events)) => sleep_armed(poll, events, Some(timeout), &fds),
+                Some((poll, events)) => {
+                    sleep_armed(poll, events, Some(timeout), &fds);
+                    self.engine().readiness(events);
+                }
                 None => std::thread::sleep(timeout),
             },
             // Another thread sleeps in the poller and drives the engine.

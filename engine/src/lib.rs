@@ -155,6 +155,7 @@ mod cm;
 mod device;
 mod kernel;
 mod post;
+mod slots;
 pub mod xdp;
 
 pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener};

@@ -16,8 +16,7 @@
 //! 5. smoltcp egress (the transmit tokens write into UMEM frames);
 //! 6. tx burst: reclaim completions, submit, kick `sendto` while needed.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
@@ -36,6 +35,7 @@ use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
 use crate::cm::{CmError, CmEvent};
 use crate::kernel::{drain_events, lock, push_event, ConnShared, ListenShared, Request, Sock};
+use crate::slots::{ConnSlots, Slotted};
 
 /// How long a dropped connection may take to finish its close before it is
 /// reset.
@@ -94,65 +94,19 @@ struct Conn {
     timer: Option<CoreInstant>,
 }
 
-/// The connections the core drives, in slots that stay put, found by their
-/// TCP connection and by their QP in constant time.
-#[derive(Debug, Default)]
-struct ConnTable {
-    slots: Vec<Option<Conn>>,
-    free: Vec<usize>,
-    by_conn: HashMap<ConnId, usize>,
-    by_qp: HashMap<QpId, usize>,
-}
-
-impl ConnTable {
-    fn insert(&mut self, c: Conn) -> usize {
-        let i = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push(None);
-                self.slots.len() - 1
-            }
-        };
-        self.by_conn.insert(c.conn, i);
-        self.by_qp.insert(c.qp, i);
-        self.slots[i] = Some(c);
-        i
+impl Slotted for Conn {
+    type Key = ConnId;
+    fn key(&self) -> ConnId {
+        self.conn
     }
-
-    fn remove(&mut self, i: usize) -> Option<Conn> {
-        let c = self.slots.get_mut(i)?.take()?;
-        self.by_conn.remove(&c.conn);
-        self.by_qp.remove(&c.qp);
-        self.free.push(i);
-        // Give the memory of a crowd that left back.
-        if self.by_conn.is_empty() && self.slots.len() > 64 {
-            *self = Self::default();
-        }
-        Some(c)
+    fn qp(&self) -> QpId {
+        self.qp
     }
-
-    fn get(&self, i: usize) -> Option<&Conn> {
-        self.slots.get(i)?.as_ref()
+    fn hot(&mut self) -> &mut bool {
+        &mut self.hot
     }
-
-    fn get_mut(&mut self, i: usize) -> Option<&mut Conn> {
-        self.slots.get_mut(i)?.as_mut()
-    }
-
-    fn of_conn(&self, conn: ConnId) -> Option<usize> {
-        self.by_conn.get(&conn).copied()
-    }
-
-    fn of_qp(&self, qp: QpId) -> Option<usize> {
-        self.by_qp.get(&qp).copied()
-    }
-
-    fn len(&self) -> usize {
-        self.by_conn.len()
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Conn> {
-        self.slots.iter_mut().flatten()
+    fn timer(&mut self) -> &mut Option<CoreInstant> {
+        &mut self.timer
     }
 }
 
@@ -265,12 +219,9 @@ pub(crate) struct XdpIo {
     listeners: Vec<Listening>,
     pending: Vec<Pending>,
     dials: Vec<Dial>,
-    conns: ConnTable,
-    /// Connections the next pass visits (slots of `conns`).
-    hot: Vec<usize>,
-    /// Core timers of the QPs: (deadline, slot, QP); entries whose QP
-    /// moved its deadline or left are skipped.
-    qp_timers: BinaryHeap<Reverse<(CoreInstant, usize, u32)>>,
+    /// The connections the core drives, the ones the next pass visits,
+    /// their QPs' timers.
+    conns: ConnSlots<Conn>,
     /// Slots of connections the application dropped, until reaped.
     orphans: Vec<usize>,
     /// The stack's active connections of the current pass.
@@ -425,9 +376,7 @@ impl XdpIo {
                 listeners: Vec::new(),
                 pending: Vec::new(),
                 dials: Vec::new(),
-                conns: ConnTable::default(),
-                hot: Vec::new(),
-                qp_timers: BinaryHeap::new(),
+                conns: ConnSlots::default(),
                 orphans: Vec::new(),
                 active: Vec::new(),
                 local_ports: HashMap::new(),
@@ -657,7 +606,7 @@ impl XdpIo {
     /// Drive `qp` over `conn`.
     pub(crate) fn add_conn(&mut self, qp: QpId, conn: ConnId, shared: Arc<ConnShared>) {
         self.opening.remove(&conn);
-        let i = self.conns.insert(Conn {
+        self.conns.insert(Conn {
             qp,
             conn,
             shared,
@@ -668,17 +617,11 @@ impl XdpIo {
             hot: false,
             timer: None,
         });
-        self.mark(i);
     }
 
     /// Visit the connection in slot `i` at the next pass.
     fn mark(&mut self, i: usize) {
-        if let Some(c) = self.conns.get_mut(i) {
-            if !c.hot {
-                c.hot = true;
-                self.hot.push(i);
-            }
-        }
+        self.conns.mark(i);
     }
 
     /// The application changed `qp` (posted to it, disconnected it):
@@ -689,27 +632,13 @@ impl XdpIo {
         }
     }
 
-    /// Keep the timer heap's entry of slot `i` at its QP's core timer.
-    fn schedule(&mut self, ctx: &Context, i: usize) {
-        let Some(c) = self.conns.get_mut(i) else {
-            return;
-        };
-        let t = ctx.poll_timeout(c.qp);
-        if t != c.timer {
-            c.timer = t;
-            if let Some(t) = t {
-                self.qp_timers.push(Reverse((t, i, c.qp.raw())));
-            }
-        }
-    }
-
     /// Mark the connections with something to do: the stack's active
     /// ones, the QPs the application touched, due core timers.
     fn gather(&mut self, touched: &[QpId], now: CoreInstant) {
         let mut active = std::mem::take(&mut self.active);
         self.stack.take_active(&mut active);
         for id in active.drain(..) {
-            if let Some(i) = self.conns.of_conn(id) {
+            if let Some(i) = self.conns.of_key(id) {
                 self.mark(i);
             }
         }
@@ -717,30 +646,7 @@ impl XdpIo {
         for &qp in touched {
             self.touch_qp(qp);
         }
-        while let Some(&Reverse((t, i, raw))) = self.qp_timers.peek() {
-            if t > now {
-                break;
-            }
-            self.qp_timers.pop();
-            let due = self
-                .conns
-                .get_mut(i)
-                .filter(|c| c.qp.raw() == raw && c.timer == Some(t));
-            if let Some(c) = due {
-                c.timer = None;
-                self.mark(i);
-            }
-        }
-        // Entries of moved timers and of connections that left: rebuild
-        // once they outnumber the live ones (amortised over the pushes).
-        if self.qp_timers.len() > 2 * self.conns.len() + 64 {
-            let conns = &self.conns;
-            self.qp_timers.retain(|Reverse((t, i, raw))| {
-                conns
-                    .get(*i)
-                    .is_some_and(|c| c.qp.raw() == *raw && c.timer == Some(*t))
-            });
-        }
+        self.conns.fire(now);
     }
 
     /// Send `bytes` on `sock`, then close it.
@@ -780,20 +686,8 @@ impl XdpIo {
     /// The earliest of smoltcp's and the connections' timers.
     pub(crate) fn next_deadline(&mut self, now: CoreInstant) -> Option<CoreInstant> {
         let tcp = self.stack.poll_at(smol(now)).map(core);
-        // The earliest live entry of the heap.
-        let mut qps = None;
-        while let Some(&Reverse((t, i, raw))) = self.qp_timers.peek() {
-            if self
-                .conns
-                .get(i)
-                .is_some_and(|c| c.qp.raw() == raw && c.timer == Some(t))
-            {
-                qps = Some(t);
-                break;
-            }
-            self.qp_timers.pop();
-        }
-        let hot = (!self.hot.is_empty()).then_some(now);
+        let qps = self.conns.next_timer();
+        let hot = self.conns.any_hot().then_some(now);
         let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
         pending.chain(qps).chain(tcp).chain(hot).min()
     }
@@ -855,20 +749,13 @@ impl XdpIo {
         work += self.pump_pending(now);
         work += self.pump_dials();
         self.gather(touched, now);
-        let mut hot = std::mem::take(&mut self.hot);
+        let hot = self.conns.take_hot();
         for &i in &hot {
-            let Some(c) = self.conns.get_mut(i) else {
-                continue;
-            };
-            c.hot = false;
             work += self.pump_conn(ctx, i, now);
-            self.schedule(ctx, i);
+            let timer = self.conns.get(i).and_then(|c| ctx.poll_timeout(c.qp));
+            self.conns.schedule(i, timer);
         }
-        hot.clear();
-        if self.hot.is_empty() {
-            // The list's allocation serves the next pass.
-            self.hot = hot;
-        }
+        self.conns.give_back(hot);
         work += self.segment_rounds(ctx, now);
         work += self.pump_lingering(now);
         work + self.reap(ctx, now, reaped)

@@ -1,0 +1,301 @@
+//! [`ConnSlots`]: the connections a backend drives, in slots that stay
+//! put, found in constant time by their transport handle (a kernel
+//! socket's poll token, a user-space TCP connection) and by their QP; the
+//! list of slots the next pass visits; and a heap of the QPs' core timers
+//! that puts a slot on that list when its timer is due.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::hash::Hash;
+
+use iwarp::cq::QpId;
+use iwarp::time::Instant;
+
+/// A connection as [`ConnSlots`] keeps it.
+pub(crate) trait Slotted {
+    /// The transport's handle of the connection.
+    type Key: Copy + Eq + Hash;
+    fn key(&self) -> Self::Key;
+    fn qp(&self) -> QpId;
+    /// The flag that says the slot is on the visit list.
+    fn hot(&mut self) -> &mut bool;
+    /// The deadline of the slot's entry in the timer heap.
+    fn timer(&mut self) -> &mut Option<Instant>;
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct ConnSlots<C: Slotted> {
+    slots: Vec<Option<C>>,
+    free: Vec<usize>,
+    by_key: HashMap<C::Key, usize>,
+    by_qp: HashMap<QpId, usize>,
+    /// Slots the next pass visits.
+    hot: Vec<usize>,
+    /// (deadline, slot, QP): entries whose slot moved its deadline or
+    /// changed hands are skipped when met.
+    timers: BinaryHeap<Reverse<(Instant, usize, u32)>>,
+}
+
+impl<C: Slotted> Default for ConnSlots<C> {
+    fn default() -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            by_key: HashMap::new(),
+            by_qp: HashMap::new(),
+            hot: Vec::new(),
+            timers: BinaryHeap::new(),
+        }
+    }
+}
+
+impl<C: Slotted> ConnSlots<C> {
+    /// Add `c`, on the visit list; returns its slot.
+    pub(crate) fn insert(&mut self, c: C) -> usize {
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.by_key.insert(c.key(), i);
+        self.by_qp.insert(c.qp(), i);
+        self.slots[i] = Some(c);
+        self.mark(i);
+        i
+    }
+
+    /// Take the connection in slot `i` out.
+    pub(crate) fn remove(&mut self, i: usize) -> Option<C> {
+        let c = self.slots.get_mut(i)?.take()?;
+        self.by_key.remove(&c.key());
+        self.by_qp.remove(&c.qp());
+        self.free.push(i);
+        // A crowd that left gives its memory back.
+        if self.by_key.is_empty() && self.slots.len() > 64 {
+            *self = Self::default();
+        }
+        Some(c)
+    }
+
+    pub(crate) fn get(&self, i: usize) -> Option<&C> {
+        self.slots.get(i)?.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut C> {
+        self.slots.get_mut(i)?.as_mut()
+    }
+
+    /// The slot of the connection with transport handle `key`.
+    pub(crate) fn of_key(&self, key: C::Key) -> Option<usize> {
+        self.by_key.get(&key).copied()
+    }
+
+    /// The slot of the connection of `qp`.
+    pub(crate) fn of_qp(&self, qp: QpId) -> Option<usize> {
+        self.by_qp.get(&qp).copied()
+    }
+
+    /// Connections held.
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &C> {
+        self.slots.iter().flatten()
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut C> {
+        self.slots.iter_mut().flatten()
+    }
+
+    /// Visit slot `i` at the next pass.
+    pub(crate) fn mark(&mut self, i: usize) {
+        if let Some(c) = self.slots.get_mut(i).and_then(Option::as_mut) {
+            let hot = c.hot();
+            if !*hot {
+                *hot = true;
+                self.hot.push(i);
+            }
+        }
+    }
+
+    /// Whether a slot waits for a visit.
+    pub(crate) fn any_hot(&self) -> bool {
+        !self.hot.is_empty()
+    }
+
+    /// The slots to visit now (their flags cleared); marks from here on
+    /// go to the next pass. Hand the list back with [`Self::give_back`].
+    pub(crate) fn take_hot(&mut self) -> Vec<usize> {
+        let hot = std::mem::take(&mut self.hot);
+        for &i in &hot {
+            if let Some(c) = self.slots.get_mut(i).and_then(Option::as_mut) {
+                *c.hot() = false;
+            }
+        }
+        hot
+    }
+
+    /// Keep the allocation of a visited list for the next pass.
+    pub(crate) fn give_back(&mut self, mut list: Vec<usize>) {
+        if self.hot.is_empty() {
+            list.clear();
+            self.hot = list;
+        }
+    }
+
+    /// The core timer of slot `i`'s QP is `t` now.
+    pub(crate) fn schedule(&mut self, i: usize, t: Option<Instant>) {
+        let Some(c) = self.slots.get_mut(i).and_then(Option::as_mut) else {
+            return;
+        };
+        let qp = c.qp().raw();
+        let timer = c.timer();
+        if *timer != t {
+            *timer = t;
+            if let Some(t) = t {
+                self.timers.push(Reverse((t, i, qp)));
+            }
+        }
+    }
+
+    /// Whether the heap's entry stands for the slot's present timer.
+    fn live(&mut self, t: Instant, i: usize, qp: u32) -> bool {
+        self.slots
+            .get_mut(i)
+            .and_then(Option::as_mut)
+            .is_some_and(|c| c.qp().raw() == qp && *c.timer() == Some(t))
+    }
+
+    /// Put the slots whose timer is due at `now` on the visit list.
+    pub(crate) fn fire(&mut self, now: Instant) {
+        while let Some(&Reverse((t, i, qp))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if self.live(t, i, qp) {
+                if let Some(c) = self.slots.get_mut(i).and_then(Option::as_mut) {
+                    *c.timer() = None;
+                }
+                self.mark(i);
+            }
+        }
+        // Stale entries: rebuild once they outnumber the live ones
+        // (amortised over the pushes).
+        if self.timers.len() > 2 * self.len() + 64 {
+            let mut heap = std::mem::take(&mut self.timers).into_vec();
+            heap.retain(|&Reverse((t, i, qp))| self.live(t, i, qp));
+            self.timers = heap.into();
+        }
+    }
+
+    /// The earliest timer, if any (stale entries dropped on the way).
+    pub(crate) fn next_timer(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((t, i, qp))) = self.timers.peek() {
+            if self.live(t, i, qp) {
+                return Some(t);
+            }
+            self.timers.pop();
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct C {
+        key: u32,
+        qp: QpId,
+        hot: bool,
+        timer: Option<Instant>,
+    }
+
+    impl Slotted for C {
+        type Key = u32;
+        fn key(&self) -> u32 {
+            self.key
+        }
+        fn qp(&self) -> QpId {
+            self.qp
+        }
+        fn hot(&mut self) -> &mut bool {
+            &mut self.hot
+        }
+        fn timer(&mut self) -> &mut Option<Instant> {
+            &mut self.timer
+        }
+    }
+
+    fn c(key: u32) -> C {
+        C {
+            key,
+            qp: QpId::from_raw(key + 1000),
+            hot: false,
+            timer: None,
+        }
+    }
+
+    #[test]
+    fn due_timers_mark_their_slot_once_and_moved_ones_not() {
+        let mut s = ConnSlots::default();
+        let a = s.insert(c(1));
+        let b = s.insert(c(2));
+        let hot = s.take_hot();
+        s.give_back(hot);
+        let at = |ms: u64| Instant::from_micros(ms * 1000);
+        s.schedule(a, Some(at(10)));
+        s.schedule(b, Some(at(20)));
+        s.schedule(b, Some(at(30)));
+        assert_eq!(s.next_timer(), Some(at(10)));
+        s.fire(at(25));
+        assert_eq!(s.take_hot(), vec![a], "b's deadline moved to 30");
+        assert_eq!(s.next_timer(), Some(at(30)));
+        s.remove(b);
+        assert_eq!(s.next_timer(), None, "a left slot has no timer");
+        s.fire(at(40));
+        assert!(!s.any_hot());
+    }
+
+    #[test]
+    fn found_by_key_and_qp_marked_once() {
+        let mut s = ConnSlots::default();
+        let a = s.insert(c(1));
+        let b = s.insert(c(2));
+        assert_eq!(s.of_key(2), Some(b));
+        assert_eq!(s.of_qp(QpId::from_raw(1001)), Some(a));
+        assert_eq!(s.take_hot(), vec![a, b], "new connections are visited");
+        s.mark(b);
+        s.mark(b);
+        s.mark(a);
+        assert_eq!(s.take_hot(), vec![b, a]);
+        assert!(!s.any_hot());
+        assert_eq!(s.remove(a).map(|c| c.key), Some(1));
+        assert_eq!(s.of_key(1), None);
+        assert_eq!(s.of_qp(QpId::from_raw(1001)), None);
+        s.mark(a);
+        assert!(!s.any_hot(), "an empty slot is never visited");
+        let d = s.insert(c(3));
+        assert_eq!(d, a, "the slot is reused");
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn memory_returns_once_everyone_left() {
+        let mut s = ConnSlots::default();
+        let all: Vec<usize> = (0..1000).map(|k| s.insert(c(k))).collect();
+        let hot = s.take_hot();
+        s.give_back(hot);
+        for i in all {
+            s.remove(i);
+        }
+        assert_eq!(s.slots.capacity(), 0);
+        assert_eq!(s.len(), 0);
+    }
+}
