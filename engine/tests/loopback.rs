@@ -1474,3 +1474,141 @@ fn server_returns_to_baseline_after_connections_close() {
         assert!(!ids[..k].contains(id), "{id:?} issued twice");
     }
 }
+
+/// Many connections on the kernel backend (no root: loopback): 1000
+/// connections from one device to another, each sending a message the
+/// server checks and answers; the server's passes visit the connections
+/// whose sockets became ready, so each exchange finishes however many
+/// others are open. Both progress modes (manual: a driver thread per
+/// device).
+fn many_connections(mode: Mode) {
+    const N: usize = 1000;
+    const LEN: usize = 32;
+    let manual = mode == Mode::Manual;
+    let (cdev, sdev) = (open(manual), open(manual));
+    // The test waits on one device at a time: manual devices each get a
+    // driver.
+    let _drivers = manual.then(|| (Driver::start(&sdev), Driver::start(&cdev)));
+    let listener = sdev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    // Room for every connection's two completions: nobody polls the
+    // client's queue until every connection is open.
+    let (spd, scq) = (sdev.alloc_pd(), sdev.create_cq(2 * N + 64));
+    let (cpd, ccq) = (cdev.alloc_pd(), cdev.create_cq(2 * N + 64));
+    let big = |dev: &Device, pd: &Pd| dev.reg_mr(pd, N * LEN, Access::LOCAL_WRITE).unwrap();
+    let (srecv, sout) = (big(&sdev, &spd), big(&sdev, &spd));
+    let (crecv, cout) = (big(&cdev, &cpd), big(&cdev, &cpd));
+    let qinit = |pd: &Pd, cq: &Cq| QpInit {
+        pd: pd.clone(),
+        send_cq: cq.clone(),
+        recv_cq: cq.clone(),
+        sq_depth: 4,
+        rq_depth: 2,
+        sig_all: false,
+        srq: None,
+    };
+    let msg = |i: usize, answer: bool| {
+        let mut m = pattern(LEN, i as u8 ^ u8::from(answer));
+        m[..4].copy_from_slice(&(i as u32).to_be_bytes());
+        m
+    };
+    let send = |qp: &Qp, i: usize, sge: Sge| {
+        qp.post_send(&SendWr {
+            wr_id: i as u64,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sgl: &[sge],
+            signaled: true,
+        })
+        .unwrap()
+    };
+    let mut client_qps = Vec::new();
+    let mut server_qps: Vec<Option<Qp>> = (0..N).map(|_| None).collect();
+    for i in 0..N {
+        let params = ConnParams {
+            private_data: (i as u32).to_be_bytes().to_vec(),
+            ..ConnParams::default()
+        };
+        let crecv_wr = RecvWr {
+            wr_id: i as u64,
+            sgl: &[crecv.sge(i * LEN, LEN)],
+        };
+        let (ci, si) = (qinit(&cpd, &ccq), qinit(&spd, &scq));
+        let (srecv, l) = (&srecv, &listener);
+        let (cqp, sqp) = std::thread::scope(|s| {
+            let server = s.spawn(move || {
+                let req = l.get_request(Some(WAIT)).unwrap();
+                let rwr = RecvWr {
+                    wr_id: i as u64,
+                    sgl: &[srecv.sge(i * LEN, LEN)],
+                };
+                req.accept_with_recvs(si, ConnParams::default(), &[rwr])
+                    .unwrap()
+            });
+            let cqp = cdev
+                .connect_with_recvs(addr, ci, params, &[crecv_wr])
+                .unwrap();
+            (cqp, server.join().unwrap())
+        });
+        cout.write(i * LEN, &msg(i, false));
+        send(&cqp, i, cout.sge(i * LEN, LEN));
+        client_qps.push(cqp);
+        server_qps[i] = Some(sqp);
+    }
+    // The server answers each message it checked.
+    let mut wcs = [EMPTY_WC; 32];
+    let (mut recvs, mut sends) = (0, 0);
+    while recvs < N || sends < N {
+        let n = scq.wait(&mut wcs, Some(WAIT));
+        assert!(n > 0, "server: {recvs} messages, {sends} answers");
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            let i = wc.wr_id as usize;
+            if wc.opcode == WcOpcode::Recv {
+                let mut got = vec![0; LEN];
+                srecv.read(i * LEN, &mut got);
+                assert_eq!(got, msg(i, false), "connection {i}");
+                sout.write(i * LEN, &msg(i, true));
+                send(server_qps[i].as_ref().unwrap(), i, sout.sge(i * LEN, LEN));
+                recvs += 1;
+            } else {
+                sends += 1;
+            }
+        }
+    }
+    let (mut recvs, mut sends) = (0, 0);
+    while recvs < N || sends < N {
+        let n = ccq.wait(&mut wcs, Some(WAIT));
+        assert!(n > 0, "client: {recvs} answers, {sends} messages");
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            let i = wc.wr_id as usize;
+            if wc.opcode == WcOpcode::Recv {
+                let mut got = vec![0; LEN];
+                crecv.read(i * LEN, &mut got);
+                assert_eq!(got, msg(i, true), "connection {i}");
+                recvs += 1;
+            } else {
+                sends += 1;
+            }
+        }
+    }
+    assert_eq!(sdev.stats().connections, N);
+    drop(client_qps);
+    drop(server_qps);
+    for dev in [&cdev, &sdev] {
+        eventually("every connection gone", || dev.stats().connections == 0);
+    }
+}
+
+#[test]
+fn many_connections_thread_mode() {
+    many_connections(Mode::Thread);
+}
+
+#[test]
+fn many_connections_manual_mode() {
+    many_connections(Mode::Manual);
+}
