@@ -1515,9 +1515,11 @@ impl Shared {
     /// One progress pass.
     pub(crate) fn progress(&self) -> usize {
         let mut e = self.engine();
-        // Manual progress: the sockets that became ready (a thread asleep
-        // in the poller hands over what it saw when it wakes).
-        if let Ok(mut g) = self.poll.try_lock() {
+        // Manual progress of the kernel backend: the sockets that became
+        // ready (a thread asleep in the poller hands over what it saw
+        // when it wakes).
+        let kernel = e.xdp.is_empty();
+        if let Some(mut g) = self.poll.try_lock().ok().filter(|_| kernel) {
             if let Some((poll, events)) = g.as_mut() {
                 let _ = poll.poll(events, Some(Duration::ZERO));
                 e.readiness(events);
