@@ -1557,44 +1557,41 @@ fn many_connections(mode: Mode) {
         client_qps.push(cqp);
         server_qps.push(sqp);
     }
+    // Wait for N receives and N sends on `cq`; `on_recv` checks each
+    // receive (its work request id is the connection's index).
+    let complete = |who: &str, cq: &Cq, mut on_recv: Box<dyn FnMut(usize) + '_>| {
+        let mut wcs = [EMPTY_WC; 32];
+        let (mut recvs, mut sends) = (0, 0);
+        while recvs < N || sends < N {
+            let n = cq.wait(&mut wcs, Some(WAIT));
+            assert!(n > 0, "{who}: {recvs} receives, {sends} sends");
+            for wc in &wcs[..n] {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                if wc.opcode == WcOpcode::Recv {
+                    on_recv(wc.wr_id as usize);
+                    recvs += 1;
+                } else {
+                    sends += 1;
+                }
+            }
+        }
+    };
+    let check = |mr: &Mr, i: usize, answer: bool| {
+        let mut got = vec![0; LEN];
+        mr.read(i * LEN, &mut got);
+        assert_eq!(got, msg(i, answer), "connection {i}");
+    };
     // The server answers each message it checked.
-    let mut wcs = [EMPTY_WC; 32];
-    let (mut recvs, mut sends) = (0, 0);
-    while recvs < N || sends < N {
-        let n = scq.wait(&mut wcs, Some(WAIT));
-        assert!(n > 0, "server: {recvs} messages, {sends} answers");
-        for wc in &wcs[..n] {
-            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-            let i = wc.wr_id as usize;
-            if wc.opcode == WcOpcode::Recv {
-                let mut got = vec![0; LEN];
-                srecv.read(i * LEN, &mut got);
-                assert_eq!(got, msg(i, false), "connection {i}");
-                sout.write(i * LEN, &msg(i, true));
-                send(&server_qps[i], i, sout.sge(i * LEN, LEN));
-                recvs += 1;
-            } else {
-                sends += 1;
-            }
-        }
-    }
-    let (mut recvs, mut sends) = (0, 0);
-    while recvs < N || sends < N {
-        let n = ccq.wait(&mut wcs, Some(WAIT));
-        assert!(n > 0, "client: {recvs} answers, {sends} messages");
-        for wc in &wcs[..n] {
-            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-            let i = wc.wr_id as usize;
-            if wc.opcode == WcOpcode::Recv {
-                let mut got = vec![0; LEN];
-                crecv.read(i * LEN, &mut got);
-                assert_eq!(got, msg(i, true), "connection {i}");
-                recvs += 1;
-            } else {
-                sends += 1;
-            }
-        }
-    }
+    complete(
+        "server",
+        &scq,
+        Box::new(|i| {
+            check(&srecv, i, false);
+            sout.write(i * LEN, &msg(i, true));
+            send(&server_qps[i], i, sout.sge(i * LEN, LEN));
+        }),
+    );
+    complete("client", &ccq, Box::new(|i| check(&crecv, i, true)));
     assert_eq!(sdev.stats().connections, N);
     drop(client_qps);
     drop(server_qps);
