@@ -27,6 +27,7 @@
 //! ([`paper`]), PNG charts ([`plot`]) and a grouping of `perf` profiles by
 //! component of the stack ([`profile`]).
 
+pub mod accept;
 pub mod echo;
 pub mod load;
 pub mod paper;
