@@ -6,20 +6,22 @@
 //! calls the core directly; work requests do not take it: they go through
 //! per-QP lock-free queues ([`crate::post`]) that a pass empties into the
 //! core first. Either way the caller then [`Shared::kick`]s the progress
-//! thread. A progress pass ([`Engine::pass`]) locks it and, for every socket, reads
-//! into a reused buffer and feeds the core, writes what the core transmits
-//! (keeping what the socket did not take), runs due timers, turns QP
-//! events into connection-manager state and moves completions from the
-//! core's CQs into the application's [`CqQueue`]s: crossbeam-queue
-//! queues (as are connection requests, [`ListenShared`]), so the
-//! application neither posts nor polls under a lock.
+//! thread. A progress pass ([`Engine::pass`]) locks it and, for each
+//! connection with something to do (its socket reported ready, its QP
+//! touched by the application, its core timer due: `crate::slots`),
+//! reads into a reused buffer and feeds the core, writes what the core
+//! transmits (keeping what the socket did not take), turns QP events into
+//! connection-manager state, and moves completions from the core's CQs
+//! into the application's [`CqQueue`]s: crossbeam-queue queues (as are
+//! connection requests, [`ListenShared`]), so the application neither
+//! posts nor polls under a lock.
 //!
 //! Sleeping: the progress thread blocks in `mio::Poll` (epoll) until a
 //! socket is ready, a timer is due, or a [`mio::Waker`] is rung by
-//! [`Shared::kick`]. Every pass tries every socket until it would block, so
-//! the edge-triggered readiness of mio never loses a wake-up: a pass that
-//! did any work is followed by another pass without sleeping, and the
-//! thread only sleeps after a pass in which every socket would block.
+//! [`Shared::kick`]. Readiness is edge-triggered, so every poll of the
+//! poller hands what it saw to [`Engine::readiness`], and a visit that
+//! leaves bytes behind (its budget spent, the core's input not taken, more
+//! to send) puts its connection on the next pass's list itself.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};

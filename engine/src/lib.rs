@@ -26,7 +26,8 @@
 //! * **Threading.** Each [`Device`] owns one engine: the verbs context of
 //!   the core plus every socket, behind one mutex. With
 //!   [`Progress::Thread`] a progress thread (optionally pinned) runs passes
-//!   over all sockets and sleeps in epoll (mio) when a pass did nothing;
+//!   over the connections with work and sleeps in epoll (mio) when a pass
+//!   did nothing;
 //!   posts and new connections wake it through a `mio::Waker` (only when
 //!   it sleeps). With `busy_poll` it spins instead. With
 //!   [`Progress::Manual`] the application calls [`Device::progress`];
@@ -71,7 +72,9 @@
 //! * **One pass** (the clock read once): rx burst of at most 64 frames and
 //!   fill-ring refill; smoltcp ingress (bounded) and egress, skipped when
 //!   no frame came in and nothing is due (`Stack::needs_poll`); new
-//!   connections and MPA requests; for each connection `Stack::recv`
+//!   connections and MPA requests; for each connection with work (the
+//!   stack's active ones, touched QPs, due timers: `docs/design.md`)
+//!   `Stack::recv`
 //!   straight into `Context::handle_input` and, when the QP may have
 //!   bytes (`Context::may_transmit`), `Context::poll_transmit_within`
 //!   straight into `Stack::send_segment`: whole segments of whole FPDUs;
@@ -87,8 +90,8 @@
 //!   queued within smoltcp's congestion window, which `iwarp_tcp` mirrors
 //!   (slow start and loss recovery included). What still cuts a segment
 //!   short is the end of smoltcp's transmit ring (once per ring's worth)
-//!   and its retransmissions, which it re-cuts at the MSS. The README's
-//!   "FPDU alignment" has the design and the counts.
+//!   and its retransmissions, which it re-cuts at the MSS.
+//!   `docs/testing.md`, "FPDU alignment", has the design and the counts.
 //!   The kernel backend cannot align: the kernel's TCP segments as it
 //!   likes.
 //! * **Sleeping.** [`XdpConfig::busy_poll`] (default on) spins; otherwise

@@ -610,21 +610,33 @@ fn hold_full<D>(port: &Port<D>, config: &Config, c: &mut Conn) -> bool {
     set_nagle(config, c, hold)
 }
 
+/// The connection `id` names in `slots`, if its slot still holds it (the
+/// field-level twin of [`Core::conn`], for callers that borrow other
+/// fields of the core at the same time).
+fn slot_conn(slots: &[Slot], id: ConnId) -> Option<&Conn> {
+    let slot = slots.get(id.index as usize)?;
+    if slot.generation != id.generation {
+        return None;
+    }
+    slot.conn.as_deref()
+}
+
+/// [`slot_conn`], mutably.
+fn slot_conn_mut(slots: &mut [Slot], id: ConnId) -> Option<&mut Conn> {
+    let slot = slots.get_mut(id.index as usize)?;
+    if slot.generation != id.generation {
+        return None;
+    }
+    slot.conn.as_deref_mut()
+}
+
 impl Core {
     fn conn(&self, id: ConnId) -> Option<&Conn> {
-        let slot = self.slots.get(id.index as usize)?;
-        if slot.generation != id.generation {
-            return None;
-        }
-        slot.conn.as_deref()
+        slot_conn(&self.slots, id)
     }
 
     fn conn_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
-        let slot = self.slots.get_mut(id.index as usize)?;
-        if slot.generation != id.generation {
-            return None;
-        }
-        slot.conn.as_deref_mut()
+        slot_conn_mut(&mut self.slots, id)
     }
 
     /// Visit the connection at the next poll.
@@ -726,7 +738,7 @@ impl Core {
         let mut ic = IfaceConfig::new(HardwareAddress::Ip);
         self.next_seed = self.next_seed.wrapping_add(1);
         ic.random_seed = mix(self.config.seed ^ mix(self.next_seed));
-        let mut iface = Interface::new(ic, &mut CapsOnly(self.ip_caps.clone()), self.now());
+        let mut iface = Interface::new(ic, &mut CapsOnly(self.ip_caps.clone()), self.now);
         let (ip, prefix) = (self.ip, self.prefix);
         iface.update_ip_addrs(|a| {
             // A fresh interface has room for at least one address.
@@ -775,11 +787,6 @@ impl Core {
         self.rx_held += rx_capacity;
         self.live += 1;
         Ok(id)
-    }
-
-    /// The instant of the last poll.
-    fn now(&self) -> Instant {
-        self.now
     }
 
     /// Take a connection out: its slot's generation moves on (a slot whose
@@ -854,13 +861,8 @@ impl Core {
         l.half_open_count += 1;
         if l.half_open.len() > 2 * l.half_open_count + 16 {
             let slots = &self.slots;
-            l.half_open.retain(|h| {
-                slots
-                    .get(h.index as usize)
-                    .filter(|s| s.generation == h.generation)
-                    .and_then(|s| s.conn.as_deref())
-                    .is_some_and(|c| c.half_open_on == Some(local))
-            });
+            l.half_open
+                .retain(|&h| slot_conn(slots, h).is_some_and(|c| c.half_open_on == Some(local)));
         }
         if let Some(c) = self.conn_mut(id) {
             c.half_open_on = Some(local);
@@ -929,12 +931,7 @@ impl Core {
         now: Instant,
     ) -> (bool, bool) {
         let (mac, config, caps) = (self.mac, &self.config, &self.ip_caps);
-        let Some(c) = self
-            .slots
-            .get_mut(id.index as usize)
-            .filter(|s| s.generation == id.generation)
-            .and_then(|s| s.conn.as_deref_mut())
-        else {
+        let Some(c) = slot_conn_mut(&mut self.slots, id) else {
             return (false, false);
         };
         let Some(hop) = c.next_hop_mac else {
@@ -1103,12 +1100,9 @@ impl Core {
         // once they outnumber the live ones (amortised over the pushes).
         if self.timers.len() > 2 * self.live + 64 {
             let slots = &self.slots;
-            self.timers.retain(|Reverse((t, index, generation))| {
-                slots
-                    .get(*index as usize)
-                    .filter(|s| s.generation == *generation)
-                    .and_then(|s| s.conn.as_deref())
-                    .is_some_and(|c| c.deadline == Some(*t))
+            self.timers.retain(|&Reverse((t, index, generation))| {
+                slot_conn(slots, ConnId { index, generation })
+                    .is_some_and(|c| c.deadline == Some(t))
             });
         }
     }
@@ -1544,14 +1538,7 @@ impl<D: Device> Stack<D> {
     /// Switch Nagle's rule for `conn`; returns whether it is on by this.
     fn set_nagle(&mut self, conn: ConnId, hold: bool) -> bool {
         let Core { config, slots, .. } = &mut self.core;
-        let Some(c) = slots
-            .get_mut(conn.index as usize)
-            .filter(|s| s.generation == conn.generation)
-            .and_then(|s| s.conn.as_deref_mut())
-        else {
-            return false;
-        };
-        set_nagle(config, c, hold)
+        slot_conn_mut(slots, conn).is_some_and(|c| set_nagle(config, c, hold))
     }
 
     /// For [`Stack::send_segment`]: what the connection has queued, sent
@@ -1807,11 +1794,7 @@ impl<D: Device> Stack<D> {
     pub fn poll_egress(&mut self, now: Instant) -> bool {
         // Connections released since they were listed are gone for good.
         let Core { work, slots, .. } = &mut self.core;
-        work.retain(|id| {
-            slots
-                .get(id.index as usize)
-                .is_some_and(|s| s.generation == id.generation && s.conn.is_some())
-        });
+        work.retain(|&id| slot_conn(slots, id).is_some());
         let mut sent = false;
         for i in 0..self.core.work.len() {
             let id = self.core.work[i];
@@ -1863,13 +1846,7 @@ impl<D: Device> Stack<D> {
     /// ones a caller's pass has to look at besides those it has work for.
     pub fn take_active(&mut self, out: &mut Vec<ConnId>) {
         for id in self.core.active.drain(..) {
-            if let Some(c) = self
-                .core
-                .slots
-                .get_mut(id.index as usize)
-                .filter(|s| s.generation == id.generation)
-                .and_then(|s| s.conn.as_deref_mut())
-            {
+            if let Some(c) = slot_conn_mut(&mut self.core.slots, id) {
                 c.active = false;
                 out.push(id);
             }

@@ -6,7 +6,6 @@
 use clap::Parser;
 use iwarp_bench::accept::{self, Server};
 use iwarp_bench::report::{self, Ratio, Record, Report};
-use iwarp_bench::stats::summarize;
 use iwarp_bench::{next_port, Common};
 
 #[derive(Parser, Debug)]
@@ -57,14 +56,7 @@ fn main() -> std::process::ExitCode {
                     Record::failed(s.name(), 0, "setup_rate", "conn/s", &e)
                 }
             };
-            match recs.iter_mut().find(|x| x.config == rec.config) {
-                Some(x) => {
-                    x.samples.extend_from_slice(&rec.samples);
-                    x.summary = summarize(&x.samples);
-                    x.error = x.error.take().or(rec.error);
-                }
-                None => recs.push(rec),
-            }
+            report::merge(&mut recs, vec![rec]);
         }
     }
     drop(topo);
