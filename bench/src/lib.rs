@@ -164,7 +164,7 @@ pub struct Common {
 /// On veth, generic mode is the faster one: the peer's transmit hands its
 /// skb to the receiving stack directly, while native mode queues it for
 /// the receiving veth's NAPI poll, which copies it into a page-pool page
-/// before the program runs (`docs/benchmarks.md`, "XDP mode").
+/// before the program runs (`docs/design.md`, "XDP attach mode on veth").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum XdpMode {
     /// Skb mode (`XDP_FLAGS_SKB_MODE`).

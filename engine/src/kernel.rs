@@ -16,12 +16,8 @@
 //! connection requests, [`ListenShared`]), so the application neither
 //! posts nor polls under a lock.
 //!
-//! Sleeping: the progress thread blocks in `mio::Poll` (epoll) until a
-//! socket is ready, a timer is due, or a [`mio::Waker`] is rung by
-//! [`Shared::kick`]. Readiness is edge-triggered, so every poll of the
-//! poller hands what it saw to [`Engine::readiness`], and a visit that
-//! leaves bytes behind (its budget spent, the core's input not taken, more
-//! to send) puts its connection on the next pass's list itself.
+//! Sleeping and edge-triggered readiness ([`Engine::readiness`]) are
+//! described in `docs/design.md` ("Threading and progress").
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};

@@ -21,97 +21,10 @@
 //!   [`CmEvent`]: connection setup (TCP plus the MPA exchange) and the
 //!   events of an established connection.
 //!
-//! # Design of the kernel backend
-//!
-//! * **Threading.** Each [`Device`] owns one engine: the verbs context of
-//!   the core plus every socket, behind one mutex. With
-//!   [`Progress::Thread`] a progress thread (optionally pinned) runs passes
-//!   over the connections with work and sleeps in epoll (mio) when a pass
-//!   did nothing;
-//!   posts and new connections wake it through a `mio::Waker` (only when
-//!   it sleeps). With `busy_poll` it spins instead. With
-//!   [`Progress::Manual`] the application calls [`Device::progress`];
-//!   blocking calls ([`Device::connect`], [`Listener::get_request`],
-//!   [`Cq::wait`], [`Qp::wait_event`]) then drive the engine themselves and
-//!   sleep in epoll between passes.
-//! * **Queues, not the lock, between application and engine.** A post
-//!   checks its work request, reserves a place against the QP's depth and
-//!   pushes it onto the QP's crossbeam `ArrayQueue`; each pass first
-//!   moves every listed QP's requests into the core. Post errors stay
-//!   synchronous (`QueueFull` is exact: a post that finds the queue at its
-//!   depth settles under the lock against what the core retired). With
-//!   [`Progress::Manual`] no other thread runs passes, so a post that finds
-//!   the engine lock free hands its request to the core itself (behind
-//!   anything queued), and the next pass sends it without first moving it
-//!   through the queues; a post that finds the lock taken queues. Each
-//!   pass moves completions from the core's CQ into the [`Cq`]'s own
-//!   `ArrayQueue`, so [`Cq::poll`] takes no lock and [`Cq::wait`] sleeps
-//!   on a condition variable; connection requests come through a
-//!   `SegQueue` per listener. Connection setup, [`Qp::disconnect`],
-//!   [`Mr::write`] and [`Mr::read`] take the engine lock: the core only
-//!   touches registered memory while holding it.
-//! * **Receives before the peer can send.**
-//!   [`ConnRequest::accept_with_recvs`] and [`Device::connect_with_recvs`]
-//!   post receives on the new QP before the MPA reply (or request)
-//!   leaves, as verbs applications post before `rdma_accept`.
-//! * **Accept.** See the [`ConnRequest`] documentation: the request is
-//!   parsed by a standalone MPA responder, and the core QP, created at
-//!   accept time with the application's resources, replays the request
-//!   bytes exactly as received.
-//! * **FPDU size.** Each QP's EMSS is the socket's `TCP_MAXSEG`, clamped to
-//!   512..=16384 bytes; `TCP_NODELAY` is on.
-//!
-//! # Design of the AF_XDP backend
-//!
-//! * **Same front, same locking.** The AF_XDP state ([`xdp`]'s `XdpIo`)
-//!   lives inside the kernel backend's engine, behind the same mutex, and
-//!   the same progress thread (or [`Device::progress`]) runs its passes,
-//!   with the same queues to and from application threads; a
-//!   busy-polling progress thread steps aside between passes while an
-//!   application thread waits for the lock (setup, memory access).
-//! * **One pass** (the clock read once): rx burst of at most 64 frames and
-//!   fill-ring refill; smoltcp ingress (bounded) and egress, skipped when
-//!   no frame came in and nothing is due (`Stack::needs_poll`); new
-//!   connections and MPA requests; for each connection with work (the
-//!   stack's active ones, touched QPs, due timers: `docs/design.md`)
-//!   `Stack::recv`
-//!   straight into `Context::handle_input` and, when the QP may have
-//!   bytes (`Context::may_transmit`), `Context::poll_transmit_within`
-//!   straight into `Stack::send_segment`: whole segments of whole FPDUs;
-//!   rounds of smoltcp egress (`Stack::poll_egress`) and the next segments
-//!   of each connection that may have more, up to 64 rounds; smoltcp
-//!   egress into UMEM frames; tx burst (completions reclaimed first,
-//!   `sendto` only while the tx ring holds frames and `needs_wakeup` says
-//!   so).
-//! * **FPDU alignment** ([`XdpConfig::align_fpdus`], on by default): every
-//!   segment starts with an FPDU and holds only whole ones (RFC 5044 §8),
-//!   so a receiver can place each segment on its own; an FPDU that does
-//!   not fit the rest of a segment is cut to fill it, and segments are
-//!   queued within smoltcp's congestion window, which `iwarp_tcp` mirrors
-//!   (slow start and loss recovery included). What still cuts a segment
-//!   short is the end of smoltcp's transmit ring (once per ring's worth)
-//!   and its retransmissions, which it re-cuts at the MSS.
-//!   `docs/testing.md`, "FPDU alignment", has the design and the counts.
-//!   The kernel backend cannot align: the kernel's TCP segments as it
-//!   likes.
-//! * **Sleeping.** [`XdpConfig::busy_poll`] (default on) spins; otherwise
-//!   the thread sleeps in epoll on the AF_XDP socket, the waker and the
-//!   earliest timer (smoltcp `poll_at`, the core's `poll_timeout`). The
-//!   socket joins the epoll set only while the thread sleeps: a socket
-//!   in an epoll set makes every frame it receives walk a wait queue
-//!   under irq-saving locks, on veth in the sending core's softirq.
-//! * **Frames.** 2 KiB UMEM frames up to MTU 1500 (4 KiB above, up to
-//!   veth's 3506), 4096 frames: half stock the fill ring, the rest are
-//!   for transmit. No copy between UMEM and smoltcp: the tokens read and
-//!   write frames in place.
-//! * **Addresses and ARP.** The engine owns its IPv4 address: the steering
-//!   program redirects TCP to that address on the listening ports and the
-//!   ephemeral range of outgoing connections, and ARP for it; smoltcp
-//!   answers ARP and resolves peers itself. Dropping the device resets
-//!   open connections, detaches the program and closes socket and UMEM.
-//! * **Multi-core** ([`XdpConfig::queues`]): one engine (AF_XDP socket,
-//!   UMEM, smoltcp, pinned progress thread) per receive queue behind one
-//!   device; see [`xdp`] for how connections are spread and owned.
+//! How the backends work — the data path, one engine pass, threading and
+//! sleeping, the queues between application threads and the engine,
+//! several engines per device, many connections — is described once, in
+//! `docs/design.md` of the repository.
 //!
 //! # Quickstart
 //!

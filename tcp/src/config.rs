@@ -60,11 +60,11 @@ pub struct Config {
     /// Most frames handled per [`Stack::poll`](crate::Stack::poll) on
     /// ingress (smoltcp's "DoS warning": unbounded ingress starves the
     /// rest of the loop). The default, 256, bounds a poll to a few hundred
-    /// microseconds of ingress while a poll's walks over every socket stay
-    /// small beside the frames it handles with a thousand connections.
+    /// microseconds of ingress.
     pub ingress_budget: usize,
-    /// Most egress rounds per poll (each round lets every socket emit at
-    /// most one segment).
+    /// Most segments one connection sends per visit of
+    /// [`Stack::poll`](crate::Stack::poll) (counted in
+    /// `egress_budget_hits` when reached).
     pub egress_budget: usize,
     /// Established connections per listening port that may wait for
     /// [`Stack::accept`](crate::Stack::accept) (the accept queue); a SYN

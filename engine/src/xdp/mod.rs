@@ -10,73 +10,11 @@
 //! * `worker`: `XdpIo`, the state one engine pass works on
 //!   (`XdpIo::run_once`), and the connection manager's side of it.
 //!
-//! Threading, locking and sleeping are the kernel backend's (see
-//! `kernel.rs`): the engine state sits behind the device's one mutex, the
-//! progress thread (or [`Device::progress`](crate::Device::progress))
-//! runs passes, application calls lock it and call the core directly. A
-//! thread that does not busy-poll adds the AF_XDP socket to the same
-//! epoll set for the length of its sleep (a socket left in it would cost
-//! every received frame a wake-up walk, see `kernel.rs`) and sleeps until
-//! a frame arrives, a timer (smoltcp's `poll_at`, the core's
-//! `poll_timeout`) is due, or an application call kicks it.
-//!
-//! # Multi-core: one engine per receive queue
-//!
-//! [`XdpConfig::queues`] (empty by default: one engine on
-//! [`XdpConfig::queue`], exactly the single-queue device) makes one
-//! device run one engine per listed receive queue:
-//!
-//! * **Per engine:** its own AF_XDP socket bound to its queue, its own
-//!   UMEM (one per socket rather than an xsk-rs shared UMEM: every ring
-//!   and the frame pool are touched by one thread only, no cross-thread
-//!   frame accounting; each socket needs its own fill and completion ring
-//!   anyway, so sharing would only save memory — 8 MiB per engine at the
-//!   defaults), its own smoltcp stack and its own progress thread, pinned
-//!   to [`XdpConfig::cpus`]`[i]` (engine 0 falls back to
-//!   [`Progress::Thread`](crate::Progress::Thread)'s `cpu`). Threads of
-//!   engines 1.. sleep in their own epoll (their socket plus a waker that
-//!   [`Device`](crate::Device) calls ring), or spin with busy-polling.
-//! * **One steering program** for the device: its XSKMAP holds every
-//!   socket at its queue index; the kernel (NIC RSS, or on veth the
-//!   sender's tx queue) picks the queue and the program redirects to
-//!   `xsks[ctx->rx_queue_index]`. A frame can only reach a socket bound to
-//!   the queue it arrived on, so steering cannot pick the engine: where a
-//!   frame lands is decided by the peer's side, and user space fixes up.
-//! * **Who owns a connection.** Incoming: the engine whose queue got the
-//!   SYN (every engine listens on every listening port; one
-//!   [`Listener`](crate::Listener) queue collects the requests of all).
-//!   Outgoing: [`Device::connect`](crate::Device::connect) picks the
-//!   least-loaded engine (ties: round robin); each engine dials from its
-//!   own disjoint part of [`XdpConfig::ephemeral_ports`].
-//! * **Frames on the wrong queue.** Each engine classifies what it
-//!   receives before smoltcp sees it: ARP is copied to every engine (each
-//!   stack resolves and answers for itself); a TCP segment for another
-//!   engine's ephemeral part, or for an accepted connection another engine
-//!   owns, is copied into that engine's inbox (and its thread woken).
-//!   Accepted connections are registered in a device-wide flow table
-//!   (4-tuple → engine) when their SYN arrives; each engine checks its own
-//!   connections first, without a lock. Measured on veth: an AF_XDP peer
-//!   replies on the queue its segment came in on (copy-mode transmit uses
-//!   the socket's queue), so engine-to-engine traffic never needs a copy; a
-//!   kernel peer sends each connection on the queue of its random
-//!   per-socket transmit hash (or its XPS map) and re-draws the hash after
-//!   a retransmission timeout, so about half the replies of outgoing
-//!   connections to a kernel peer are copied over, and an accepted
-//!   connection may move queue mid-stream.
-//! * **Shared verbs context.** The core's `Context` (STag table, PDs, CQs,
-//!   QPs) stays one, behind the device lock: an MR is valid on every
-//!   engine and a CQ may collect completions of QPs of several engines
-//!   with no per-engine copies. Each engine sits behind its own lock,
-//!   taken after the device lock (never the other way round); a progress
-//!   thread runs its engine's I/O steps (rx burst and smoltcp ingress;
-//!   smoltcp egress, tx burst and `sendto`) holding only its engine's
-//!   lock, and takes the device lock only for the steps that touch the
-//!   core (connection setup, `handle_input`/`poll_transmit`, completions).
-//!   The engines therefore serialize on the core work, not on the kernel
-//!   work of copy-mode AF_XDP that dominates on veth.
-//! * **Stats:** [`Stats::engines`](crate::Stats::engines) has one
-//!   [`EngineStats`] per engine (connections accepted and opened, frames,
-//!   frames forwarded each way).
+//! Threading, locking and sleeping are shared with the kernel backend;
+//! one pass, UMEM frames, the engine's address and ARP, and one engine per
+//! receive queue ([`XdpConfig::queues`]) are described in `docs/design.md`
+//! of the repository. [`Stats::engines`](crate::Stats::engines) has one
+//! [`EngineStats`] per engine.
 
 pub(crate) mod device;
 mod raw;

@@ -1,20 +1,8 @@
 //! [`XdpIo`]: the AF_XDP engine's state and one pass over it.
 //!
-//! One pass ([`XdpIo::run_once`], clock read once by the caller):
-//!
-//! 1. rx burst (≤ 64 frames) and fill-ring refill;
-//! 2. smoltcp poll (ingress bounded by `Config::ingress_budget`, then
-//!    egress of what is already queued);
-//! 3. connection management: new passive connections, MPA requests of
-//!    pending ones, outgoing TCP connects that completed;
-//! 4. for each connection with something to do, and only those (the
-//!    stack's active connections, the QPs the application posted to or
-//!    disconnected, QPs whose core timer is due, connections that had
-//!    more to send): due core timers, `Stack::recv` straight into
-//!    `Context::handle_input`, `Context::poll_transmit` straight into
-//!    `Stack::send`, events, close;
-//! 5. smoltcp egress (the transmit tokens write into UMEM frames);
-//! 6. tx burst: reclaim completions, submit, kick `sendto` while needed.
+//! One pass ([`XdpIo::run_once`], clock read once by the caller) visits
+//! only the connections with something to do; its steps are listed in
+//! `docs/design.md` ("One pass of the AF_XDP engine").
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
