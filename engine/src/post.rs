@@ -14,7 +14,7 @@
 //! known to be retired; it rises at post time and falls when a post finds
 //! it at the depth and settles it under the lock against the core's
 //! occupancy. So a full queue costs a lock once per refill, never per post.
-//! Posting to a QP in Error completes with a flush, as before, once the
+//! Posting to a QP in Error completes with a flush once the
 //! engine has moved the request (the next pass).
 //!
 //! A shared receive queue's posts travel the same way: its `WorkQueues`

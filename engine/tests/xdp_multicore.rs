@@ -539,6 +539,7 @@ fn kernel_clients_changing_queue_two_engine_server() {
     assert_eq!(e0.tcp.accepted + e1.tcp.accepted, 8, "{ss:?}");
     assert!(e0.tcp.accepted > 0, "{ss:?}");
     assert!(e1.forwarded_out > 4 * e0.tcp.accepted, "{ss:?}");
+    assert_eq!(e0.forward_dropped + e1.forward_dropped, 0, "{ss:?}");
     assert_eq!(e0.tcp.resets + e1.tcp.resets, 0, "{ss:?}");
 }
 

@@ -13,9 +13,10 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::ops::RangeInclusive;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crossbeam_queue::ArrayQueue;
 use iwarp_tcp::smoltcp::phy::{self, DeviceCapabilities, Medium};
 use iwarp_tcp::smoltcp::time::Instant;
 use iwarp_tcp::Stack;
@@ -25,7 +26,7 @@ use xsk_rs::umem::Umem;
 use super::umem::{Frames, RingCounters};
 
 /// Ethernet header length (smoltcp's MTU of an Ethernet device counts it).
-const ETH_HEADER: usize = 14;
+pub(crate) const ETH_HEADER: usize = 14;
 
 /// A pcap file (classic format, Ethernet link type) of every frame the
 /// device receives or transmits.
@@ -84,32 +85,99 @@ pub(crate) struct Forward {
     pub(crate) flows: Arc<Flows>,
     /// The passive connections this engine owns (checked without a lock).
     mine: HashSet<FlowKey>,
+    /// Passive connections other engines own, as read from `flows`
+    /// (checked without a lock; emptied when `flows` forgets one).
+    theirs: HashMap<FlowKey, usize>,
+    /// `flows`' generation `theirs` was read at.
+    theirs_gen: u64,
 }
 
-/// Frames other engines received for one engine (copies).
-#[derive(Debug, Default)]
+/// Frames one engine's inbox holds at most; a frame forwarded to a full
+/// inbox is dropped (counted), and TCP sends it again.
+pub(crate) const INBOX_FRAMES: usize = 512;
+
+/// A received frame copied out of the UMEM it arrived in.
+#[derive(Debug)]
+pub(crate) struct FrameBuf {
+    len: usize,
+    data: Box<[u8]>,
+}
+
+impl FrameBuf {
+    fn bytes(&self) -> &[u8] {
+        &self.data[..self.len]
+    }
+}
+
+/// Frames other engines received for one engine. A fixed set of buffers,
+/// allocated once, cycles between `free` and `ready`: a sender takes a
+/// free buffer, copies the frame in and queues it; the owner hands it to
+/// smoltcp and gives it back. Both queues are lock-free, so forwarding a
+/// frame takes neither a lock nor an allocation.
+#[derive(Debug)]
 pub(crate) struct Inbox {
-    q: Mutex<Vec<Vec<u8>>>,
-    /// Frames in `q` (read without the lock by the owner's passes).
-    len: AtomicUsize,
+    ready: ArrayQueue<FrameBuf>,
+    free: ArrayQueue<FrameBuf>,
 }
 
 impl Inbox {
-    fn push(&self, frame: Vec<u8>) {
-        let mut q = q_lock(&self.q);
-        q.push(frame);
-        self.len.store(q.len(), Ordering::Release);
+    /// An inbox of [`INBOX_FRAMES`] buffers of `frame_len` bytes.
+    pub(crate) fn new(frame_len: usize) -> Self {
+        Self::with_frames(INBOX_FRAMES, frame_len)
     }
 
-    fn drain_into(&self, out: &mut VecDeque<Vec<u8>>) -> usize {
-        if self.len.load(Ordering::Acquire) == 0 {
-            return 0;
+    fn with_frames(frames: usize, frame_len: usize) -> Self {
+        let free = ArrayQueue::new(frames.max(1));
+        for _ in 0..frames.max(1) {
+            let b = FrameBuf {
+                len: 0,
+                data: vec![0; frame_len].into_boxed_slice(),
+            };
+            // The queue holds exactly `frames`.
+            let _ = free.push(b);
         }
-        let mut q = q_lock(&self.q);
-        let n = q.len();
-        out.extend(q.drain(..));
-        self.len.store(0, Ordering::Release);
+        Self {
+            ready: ArrayQueue::new(frames.max(1)),
+            free,
+        }
+    }
+
+    /// Copy `frame` in; false (the frame is dropped) when every buffer is
+    /// in use or the frame does not fit one.
+    fn push(&self, frame: &[u8]) -> bool {
+        let Some(mut b) = self.free.pop() else {
+            return false;
+        };
+        if frame.len() > b.data.len() {
+            self.give_back(b);
+            return false;
+        }
+        b.data[..frame.len()].copy_from_slice(frame);
+        b.len = frame.len();
+        // `ready` holds as many as there are buffers: never full.
+        match self.ready.push(b) {
+            Ok(()) => true,
+            Err(b) => {
+                self.give_back(b);
+                false
+            }
+        }
+    }
+
+    /// Move the queued frames to `out` (the owner's).
+    fn drain_into(&self, out: &mut VecDeque<FrameBuf>) -> usize {
+        let mut n = 0;
+        while let Some(b) = self.ready.pop() {
+            out.push_back(b);
+            n += 1;
+        }
         n
+    }
+
+    /// A buffer whose frame was handled is free again.
+    fn give_back(&self, b: FrameBuf) {
+        // `free` holds as many as there are buffers: never full.
+        let _ = self.free.push(b);
     }
 }
 
@@ -148,6 +216,9 @@ const MAX_FLOWS: usize = 1 << 16;
 #[derive(Debug, Default)]
 pub(crate) struct Flows {
     map: Mutex<HashMap<FlowKey, usize>>,
+    /// Bumped whenever a connection is forgotten: the engines' copies of
+    /// other engines' entries (`Forward::theirs`) are then stale.
+    gen: AtomicU64,
 }
 
 /// Where a received frame goes.
@@ -177,6 +248,7 @@ impl Forward {
         let mut map = q_lock(&self.flows.map);
         if map.get(&key) == Some(&self.me) {
             map.remove(&key);
+            self.flows.gen.fetch_add(1, Ordering::Release);
         }
     }
 
@@ -210,9 +282,20 @@ impl Forward {
             return None;
         }
         let syn_only = tcp.get(13)? & 0x12 == 0x02;
+        let gen = self.flows.gen.load(Ordering::Acquire);
+        if gen != self.theirs_gen {
+            self.theirs.clear();
+            self.theirs_gen = gen;
+        }
+        if let Some(&j) = self.theirs.get(&key) {
+            return Some(Dest::There(j));
+        }
         let mut map = q_lock(&self.flows.map);
         match map.get(&key) {
-            Some(&j) if j != self.me => Some(Dest::There(j)),
+            Some(&j) if j != self.me => {
+                self.theirs.insert(key, j);
+                Some(Dest::There(j))
+            }
             Some(_) => {
                 self.mine.insert(key);
                 None
@@ -244,10 +327,12 @@ pub(crate) struct XskDevice {
     /// [`Self::take_forwarded`].
     forwarded: bool,
     /// Frames other engines received for this one (handed to smoltcp
-    /// before the UMEM's).
-    inbox: VecDeque<Vec<u8>>,
+    /// before the UMEM's; their buffers go back to this engine's inbox).
+    inbox: VecDeque<FrameBuf>,
     pub(crate) forwarded_out: u64,
     pub(crate) forwarded_in: u64,
+    /// Frames for another engine dropped because its inbox was full.
+    pub(crate) forward_dropped: u64,
 }
 
 impl std::fmt::Debug for XskDevice {
@@ -281,9 +366,10 @@ impl XskDevice {
             scratch: Vec::new(),
             forward: Forward::default(),
             forwarded: false,
-            inbox: VecDeque::new(),
+            inbox: VecDeque::with_capacity(INBOX_FRAMES),
             forwarded_out: 0,
             forwarded_in: 0,
+            forward_dropped: 0,
         })
     }
 
@@ -333,10 +419,13 @@ impl XskDevice {
                 Dest::Here => i += 1,
                 Dest::There(owner) => {
                     if let Some(inbox) = self.forward.inboxes.get(owner) {
-                        inbox.push(data.contents().to_vec());
-                        self.forwarded = true;
+                        if inbox.push(data.contents()) {
+                            self.forwarded = true;
+                            self.forwarded_out += 1;
+                        } else {
+                            self.forward_dropped += 1;
+                        }
                     }
-                    self.forwarded_out += 1;
                     if let Some(d) = self.rx.remove(i) {
                         self.frames.recycle.push(d);
                     }
@@ -344,8 +433,11 @@ impl XskDevice {
                 Dest::Everywhere => {
                     for (j, _) in &self.forward.others {
                         if let Some(inbox) = self.forward.inboxes.get(*j) {
-                            inbox.push(data.contents().to_vec());
-                            self.forwarded = true;
+                            if inbox.push(data.contents()) {
+                                self.forwarded = true;
+                            } else {
+                                self.forward_dropped += 1;
+                            }
                         }
                     }
                     i += 1;
@@ -381,8 +473,9 @@ impl XskDevice {
 pub(crate) struct XskRx<'a> {
     umem: &'a Umem,
     desc: Option<FrameDesc>,
-    /// A frame another engine received for this one.
-    owned: Option<Vec<u8>>,
+    /// A frame another engine received for this one, and the inbox its
+    /// buffer goes back to.
+    owned: Option<(FrameBuf, &'a Inbox)>,
     recycle: &'a mut Vec<FrameDesc>,
     pcap: Option<&'a RefCell<Pcap>>,
     ts: Instant,
@@ -393,11 +486,13 @@ impl phy::RxToken for XskRx<'_> {
     where
         F: FnOnce(&[u8]) -> R,
     {
-        if let Some(frame) = self.owned.take() {
+        if let Some((frame, home)) = self.owned.take() {
             if let Some(p) = self.pcap {
-                p.borrow_mut().record(self.ts, &frame);
+                p.borrow_mut().record(self.ts, frame.bytes());
             }
-            return f(&frame);
+            let r = f(frame.bytes());
+            home.give_back(frame);
+            return r;
         }
         let desc = self.desc.take().expect("consumed once");
         // SAFETY: `desc` came from this UMEM's rx ring and is user space's
@@ -416,6 +511,9 @@ impl Drop for XskRx<'_> {
     fn drop(&mut self) {
         if let Some(d) = self.desc.take() {
             self.recycle.push(d);
+        }
+        if let Some((frame, home)) = self.owned.take() {
+            home.give_back(frame);
         }
     }
 }
@@ -463,9 +561,11 @@ impl phy::Device for XskDevice {
     type TxToken<'a> = XskTx<'a>;
 
     fn receive(&mut self, ts: Instant) -> Option<(XskRx<'_>, XskTx<'_>)> {
-        let (desc, owned) = match self.inbox.pop_front() {
-            Some(v) => (None, Some(v)),
-            None => (Some(self.rx.pop_front()?), None),
+        let home = self.forward.inboxes.get(self.forward.me);
+        let owned = home.and_then(|h| Some((self.inbox.pop_front()?, &**h)));
+        let desc = match owned {
+            Some(_) => None,
+            None => Some(self.rx.pop_front()?),
         };
         let Frames {
             umem,
@@ -557,6 +657,8 @@ mod tests {
             me,
             flows: flows.clone(),
             mine: HashSet::new(),
+            theirs: HashMap::new(),
+            theirs_gen: 0,
         }
     }
 
@@ -584,6 +686,68 @@ mod tests {
         // Released: the next connection with that 4-tuple is new.
         e0.forget((u32::from_be_bytes([198, 18, 0, 1]), 40000, 7174));
         assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x02)), Dest::Here);
+        assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x10)), Dest::There(1));
+    }
+
+    #[test]
+    fn the_inbox_cycles_a_fixed_set_of_buffers() {
+        let inbox = Inbox::with_frames(4, 64);
+        let mut out = VecDeque::with_capacity(4);
+        let mut seen = HashSet::new();
+        for round in 0..10u8 {
+            // Three frames of a round fit; the buffers of earlier rounds
+            // came back.
+            for k in 0..3u8 {
+                assert!(inbox.push(&[round, k, 0xee]));
+            }
+            assert_eq!(inbox.drain_into(&mut out), 3);
+            for (k, b) in out.drain(..).enumerate() {
+                assert_eq!(b.bytes(), &[round, k as u8, 0xee]);
+                seen.insert(b.data.as_ptr() as usize);
+                inbox.give_back(b);
+            }
+        }
+        // Thirty frames went through the same four buffers.
+        assert!(seen.len() <= 4, "{} buffers", seen.len());
+        // Full: the fifth frame is refused until a buffer comes back.
+        for k in 0..4u8 {
+            assert!(inbox.push(&[k]));
+        }
+        assert!(!inbox.push(&[4]));
+        assert_eq!(inbox.drain_into(&mut out), 4);
+        inbox.give_back(out.pop_front().unwrap());
+        assert!(inbox.push(&[5]));
+        // A frame longer than a buffer is refused, its buffer kept.
+        for b in out.drain(..) {
+            inbox.give_back(b);
+        }
+        assert_eq!(inbox.drain_into(&mut out), 1);
+        inbox.give_back(out.pop_front().unwrap());
+        assert!(!inbox.push(&[0u8; 65]));
+        for k in 0..4u8 {
+            assert!(inbox.push(&[k]));
+        }
+    }
+
+    #[test]
+    fn other_engines_flows_are_read_once_until_one_is_forgotten() {
+        let flows = Arc::new(Flows::default());
+        let (mut e0, mut e1) = (engine(0, &flows), engine(1, &flows));
+        let key = (u32::from_be_bytes([198, 18, 0, 1]), 40000, 7174);
+        assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x02)), Dest::Here);
+        // Engine 1 reads the owner once and keeps it.
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x10)), Dest::There(0));
+        assert_eq!(e1.theirs.get(&key), Some(&0));
+        // Later segments come from the copy, not the shared table (which
+        // is changed behind its back here to tell the two apart).
+        q_lock(&flows.map).insert(key, 7);
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x10)), Dest::There(0));
+        q_lock(&flows.map).insert(key, 0);
+        // Forgotten by its owner: the copies are stale, and a new
+        // connection with the same 4-tuple may belong to engine 1.
+        e0.forget(key);
+        assert_eq!(e1.dest(&tcp_frame(40000, 7174, 0x02)), Dest::Here);
+        assert!(e1.theirs.is_empty());
         assert_eq!(e0.dest(&tcp_frame(40000, 7174, 0x10)), Dest::There(1));
     }
 

@@ -174,6 +174,9 @@ pub struct EngineStats {
     pub forwarded_out: u64,
     /// Frames other engines copied over to this one.
     pub forwarded_in: u64,
+    /// Frames for another engine dropped because its inbox (a fixed set
+    /// of buffers) was full; TCP sends them again.
+    pub forward_dropped: u64,
     /// Multi-core progress threads: nanoseconds spent in the I/O steps
     /// (under the engine's own lock only).
     pub io_ns: u64,

@@ -312,7 +312,8 @@ impl XdpIo {
                 current: base,
             }),
         });
-        let inboxes: Vec<Arc<Inbox>> = (0..n).map(|_| Arc::default()).collect();
+        let frame_len = cfg.mtu + super::device::ETH_HEADER;
+        let inboxes: Vec<Arc<Inbox>> = (0..n).map(|_| Arc::new(Inbox::new(frame_len))).collect();
         let flows = Arc::new(Flows::default());
         let mut engines = Vec::with_capacity(n);
         for (index, (&queue, part)) in queues.iter().zip(&parts).enumerate() {
@@ -440,6 +441,7 @@ impl XdpIo {
             xdp,
             forwarded_out: dev.forwarded_out,
             forwarded_in: dev.forwarded_in,
+            forward_dropped: dev.forward_dropped,
             io_ns: self.timing.0,
             lock_wait_ns: self.timing.1,
             core_ns: self.timing.2,
