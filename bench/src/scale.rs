@@ -73,6 +73,10 @@ pub struct ScaleResult {
     /// Frames side b's AF_XDP socket dropped (rx ring full or fill ring
     /// empty) over the run.
     pub rx_dropped: u64,
+    /// Side b's receive cost per frame (ns): the time of its engine
+    /// passes that did work during the traffic, over the frames it
+    /// received meanwhile (idle passes of the spinning thread left out).
+    pub rx_frame_ns: f64,
 }
 
 /// `VmRSS` (KiB) of a `/proc/self/status` text.
@@ -110,19 +114,37 @@ fn manual(seed: u64) -> DeviceConfig {
 
 /// Spin `dev`'s engine until a message arrives on `rx`.
 fn spin_recv<T>(dev: &Device, rx: &Receiver<T>, timeout: Duration) -> io::Result<T> {
+    spin_recv_timed(dev, rx, timeout).map(|(t, _)| t)
+}
+
+/// [`spin_recv`], also returning the time spent in passes that did work.
+fn spin_recv_timed<T>(
+    dev: &Device,
+    rx: &Receiver<T>,
+    timeout: Duration,
+) -> io::Result<(T, Duration)> {
     let start = Instant::now();
+    let mut busy = Duration::ZERO;
     loop {
         match rx.try_recv() {
-            Ok(t) => return Ok(t),
+            Ok(t) => return Ok((t, busy)),
             Err(TryRecvError::Disconnected) => return Err(err("the other side is gone")),
             Err(TryRecvError::Empty) if start.elapsed() > timeout => {
                 return Err(err("the other side did not answer"))
             }
             Err(TryRecvError::Empty) => {
-                dev.progress();
+                let t = Instant::now();
+                if dev.progress() > 0 {
+                    busy += t.elapsed();
+                }
             }
         }
     }
+}
+
+/// Frames side b's user-space TCP has received.
+fn rx_frames(dev: &Device) -> u64 {
+    dev.stats().engines.iter().map(|e| e.tcp.rx_frames).sum()
 }
 
 /// Side b's buffer as side a sees it.
@@ -193,13 +215,16 @@ pub fn run(
         // Side a has all N connected.
         spin_recv(&dev, &from_a, WAIT)?;
         let rss_setup = rss()?;
+        let frames_before = rx_frames(&dev);
         back_a.send(()).map_err(|_| err("side a is gone"))?;
         // The traffic runs until side a says it is done.
-        spin_recv(
+        let ((), busy) = spin_recv_timed(
             &dev,
             &from_a,
             WAIT + Duration::from_secs_f64(p.secs + p.warmup),
         )?;
+        let frames = rx_frames(&dev).saturating_sub(frames_before);
+        let rx_frame_ns = busy.as_nanos() as f64 / frames.max(1) as f64;
         let rss_traffic = rss()?;
         crate::rdma::debug_stats(&dev);
         let st = dev.stats();
@@ -213,7 +238,14 @@ pub fn run(
             dev.progress();
         }
         let dropped = st.xdp.map_or(0, |x| x.rx_dropped + x.rx_ring_full);
-        Ok((rss_before, rss_setup, rss_traffic, tcp_buffers, dropped))
+        Ok((
+            rss_before,
+            rss_setup,
+            rss_traffic,
+            tcp_buffers,
+            dropped,
+            rx_frame_ns,
+        ))
     })?;
     let ha = spawn_in(&topo.ns_a, cpus.0, "scale-a", move || -> io::Result<f64> {
         let backend = match p.sender {
@@ -313,16 +345,18 @@ pub fn run(
     let ra = ha.join().map_err(|_| err("side a panicked"))?;
     let rb = hb.join().map_err(|_| err("side b panicked"))?;
     match (ra?, rb?) {
-        (Ok(gbps), Ok((rss_before, rss_setup, rss_traffic, tcp_buffers, rx_dropped))) => {
-            Ok(ScaleResult {
-                gbps,
-                rss_before,
-                rss_setup,
-                rss_traffic,
-                tcp_buffers,
-                rx_dropped,
-            })
-        }
+        (
+            Ok(gbps),
+            Ok((rss_before, rss_setup, rss_traffic, tcp_buffers, rx_dropped, rx_frame_ns)),
+        ) => Ok(ScaleResult {
+            gbps,
+            rss_before,
+            rss_setup,
+            rss_traffic,
+            tcp_buffers,
+            rx_dropped,
+            rx_frame_ns,
+        }),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
         (Err(a), Err(b)) => Err(err(format!("side a: {a}; side b: {b}"))),
     }

@@ -112,6 +112,7 @@ fn main() -> std::process::ExitCode {
         "KiB/QP traffic",
         "tcp bufs KiB/QP",
         "rx drops",
+        "ns/rx frame",
     ]
     .map(String::from)
     .to_vec()];
@@ -137,6 +138,7 @@ fn main() -> std::process::ExitCode {
                         format!("{traffic:.1}"),
                         format!("{:.0}", r.tcp_buffers),
                         r.rx_dropped.to_string(),
+                        format!("{:.0}", r.rx_frame_ns),
                     ]);
                     let rec = |cfg: &str, m: &str, u: &str, v: f64| {
                         with(Record::new(cfg, p.size, m, u, vec![v]))
@@ -155,6 +157,7 @@ fn main() -> std::process::ExitCode {
                         "KiB",
                         r.tcp_buffers,
                     ));
+                    new.push(rec(&name, "rx_frame_cost", "ns", r.rx_frame_ns));
                 }
                 Err(e) => {
                     eprintln!("scale: {n} QPs: {e}");
@@ -188,10 +191,15 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; tcp bufs = side b's smoltcp receive + transmit buffers per connection, allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped)");
+    println!("(RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; tcp bufs = side b's smoltcp receive + transmit buffers per connection, allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received)");
     let agg = |n: usize| {
         recs.iter()
             .find(|r| r.metric == "aggregate_bw" && r.qps == Some(n) && r.config == name)
+            .and_then(Record::p50)
+    };
+    let cost = |n: usize| {
+        recs.iter()
+            .find(|r| r.metric == "rx_frame_cost" && r.qps == Some(n) && r.config == name)
             .and_then(Record::p50)
     };
     let max = counts.iter().copied().max().unwrap_or(1);
@@ -217,11 +225,32 @@ fn main() -> std::process::ExitCode {
             None => println!("ratio {}: n/a", r.name),
         }
         ratios.push(r);
+        let r = Ratio::new(
+            &format!("receive cost per frame {max} QPs / 1 QP"),
+            cost(max),
+            cost(1),
+            "<=",
+            1.2,
+        );
+        match r.value {
+            Some(v) => println!(
+                "ratio {}: {v:.2} (target <= 1.2: {})",
+                r.name,
+                if r.met == Some(true) {
+                    "met"
+                } else {
+                    "not met"
+                }
+            ),
+            None => println!("ratio {}: n/a", r.name),
+        }
+        ratios.push(r);
     }
     let rep = {
         let mut notes = iwarp_bench::notes();
         notes.push(format!("scale: side b = one AF_XDP engine in manual progress on one core (receiver); side a = {:?} engine (sender) on the other; every QP keeps {} writes of {} B outstanding, reposted as completions arrive", p.sender, p.window, p.size));
         notes.push("scale: mem_per_qp = (process RSS with N QPs connected - RSS before any QP) / N, both engines in one process; /after-traffic: RSS after the traffic; /tcp-buffers: side b's smoltcp rx + tx buffer per connection (computed)".into());
+        notes.push("scale: rx_frame_cost = side b's time in engine passes that did work (Device::progress > 0) during the traffic / frames its user-space TCP received meanwhile".into());
         Report {
             notes,
             ratios,
