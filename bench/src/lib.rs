@@ -26,6 +26,7 @@
 //! into a markdown report in the shape of the seed paper's experiments
 //! ([`paper`]), PNG charts ([`plot`]) and a grouping of `perf` profiles by
 //! component of the stack ([`profile`]).
+#![warn(missing_docs)]
 
 pub mod accept;
 pub mod echo;
@@ -494,8 +495,6 @@ pub fn notes() -> Vec<String> {
     ]
 }
 
-/// Exit early with a note unless root (the smoke step of scripts/test
-/// relies on the note).
 /// How every bench binary begins: without root it says why and the run
 /// ends successfully (`Err(SUCCESS)`); it installs the teardown of its
 /// namespaces on SIGINT/SIGTERM/SIGHUP and creates the two-namespace
@@ -512,6 +511,10 @@ pub fn start(tool: &str, veth: Veth) -> Result<Topology, std::process::ExitCode>
         })
 }
 
+/// Whether the process runs as root (effective uid 0). Without root it
+/// prints `<tool>: needs root (...); skipped` on stderr and returns
+/// `false`, so the caller ends early and successfully; the smoke step of
+/// `scripts/test` relies on that note.
 pub fn require_root(tool: &str) -> bool {
     if topo::is_root() {
         return true;

@@ -35,21 +35,22 @@ pub const USER_HZ: f64 = 100.0;
 /// One core's line of `/proc/stat`, in clock ticks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuTimes {
-    /// User mode (nice 0).
+    /// Ticks in user mode at nice 0 or below.
     pub user: u64,
     /// User mode at positive nice (the background task).
     pub nice: u64,
     /// Kernel mode (system calls and the like).
     pub system: u64,
-    /// Idle.
+    /// Ticks idle.
     pub idle: u64,
-    /// Waiting for I/O.
+    /// Ticks idle with I/O outstanding.
     pub iowait: u64,
-    /// Hard interrupts.
+    /// Ticks servicing hard interrupts.
     pub irq: u64,
     /// Soft interrupts (network receive and transmit processing).
     pub softirq: u64,
-    /// Stolen by the hypervisor.
+    /// Ticks another guest ran while this virtual CPU waited
+    /// (hypervisor steal time).
     pub steal: u64,
 }
 
@@ -247,7 +248,7 @@ pub struct Probe {
 /// moment.
 #[derive(Clone, Copy, Debug)]
 pub struct Snap {
-    /// When.
+    /// The monotonic clock when the snapshot was taken.
     pub at: Instant,
     /// `/proc/stat` of side a's and side b's core.
     pub cpu: [CpuTimes; 2],

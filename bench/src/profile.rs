@@ -83,9 +83,10 @@ pub fn component(sym: &str, kernel: bool) -> &'static str {
 pub struct Entry {
     /// Share of the samples, in percent.
     pub percent: f64,
-    /// Shared object.
+    /// The shared object (DSO) the symbol lives in, `[kernel.kallsyms]`
+    /// for the kernel.
     pub dso: String,
-    /// Symbol.
+    /// The symbol's name as perf prints it.
     pub symbol: String,
     /// A kernel symbol (`[k]`).
     pub kernel: bool,

@@ -84,21 +84,21 @@ pub fn merge(all: &mut Vec<Record>, new: Vec<Record>) {
 /// The whole output of one run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
-    /// The binary.
+    /// The bench binary that wrote the report (`iwarp-lat`, ...).
     pub tool: String,
-    /// The command line.
+    /// The command line of the run, arguments joined by spaces.
     pub command: String,
-    /// MTU of the veth pair.
+    /// IP MTU of the veth pair, in bytes.
     pub mtu: usize,
-    /// How the engines' XDP programs attached (`generic`, `native`);
-    /// reports from before the choice existed were native.
+    /// How the engines' XDP programs attached (`generic`, `native`); a
+    /// report without the field is read as native.
     #[serde(default = "native")]
     pub xdp_mode: String,
-    /// CPUs of side a and side b.
+    /// The CPUs side a and side b are pinned to (`None`: not pinned).
     pub cpus: (Option<usize>, Option<usize>),
     /// How the engines are driven and what the baselines do.
     pub notes: Vec<String>,
-    /// Every series.
+    /// Every measured series, in the order measured.
     pub records: Vec<Record>,
     /// Derived figures (ratios), if any.
     pub ratios: Vec<Ratio>,
@@ -133,15 +133,17 @@ fn native() -> String {
 /// A ratio of two medians against a target.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ratio {
-    /// What is compared.
+    /// What is compared, e.g. `4 B half RTT afxdp-crc-off / tcp-busypoll
+    /// (medians)`.
     pub name: String,
-    /// The ratio (None if a side is missing).
+    /// The ratio (`None` if a side is missing or the denominator is not
+    /// positive).
     pub value: Option<f64>,
-    /// `<=` or `>=`.
+    /// How `value` is held against `target`: `<=` or `>=`.
     pub op: String,
-    /// The target.
+    /// The bound the ratio should meet.
     pub target: f64,
-    /// Whether the target is met.
+    /// Whether `value op target` holds (`None` without a value).
     pub met: Option<bool>,
     /// The same ratio within each pass of a run that interleaves its
     /// configurations (empty otherwise): how far it moves with the

@@ -90,7 +90,9 @@ pub struct FaultConfig {
 }
 
 impl FaultConfig {
-    /// No faults.
+    /// A configuration that injects no faults, with generator seed `seed`
+    /// (0: seeded from the kernel's random numbers) and one detour pass
+    /// per delayed segment.
     pub fn new(seed: u64) -> Self {
         Self {
             seed,
@@ -137,19 +139,21 @@ impl FaultConfig {
 pub struct FaultCounters {
     /// TCP segments matching the filter seen by XDP (received).
     pub rx_seen: u64,
-    /// Dropped.
+    /// Received segments the XDP hook dropped.
     pub dropped: u64,
-    /// Corrupted (one payload byte, checksum fixed up).
+    /// Received segments the XDP hook corrupted (one payload byte flipped,
+    /// TCP checksum fixed up).
     pub corrupted: u64,
     /// TCP segments matching the filter seen on tc egress (sent).
     pub tx_seen: u64,
-    /// Duplicated.
+    /// Sent segments the tc egress hook duplicated.
     pub duplicated: u64,
-    /// Sent into the detour.
+    /// Sent segments the tc egress hook sent round the detour.
     pub delayed: u64,
-    /// Passes through the detour.
+    /// Passes through the detour, over all delayed segments.
     pub detour_passes: u64,
-    /// Failed clone or redirect helpers.
+    /// Duplications whose `bpf_clone_redirect` call failed: no copy is
+    /// sent, the original segment goes on.
     pub errors: u64,
 }
 

@@ -119,7 +119,8 @@ pub enum AttachMode {
     Auto,
 }
 
-/// The mode a program actually runs in.
+/// The mode a program actually runs in, as the kernel reports it after
+/// attaching (with [`AttachMode::Auto`], the mode the driver accepted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActiveMode {
     /// Driver (native) mode.
@@ -142,7 +143,7 @@ impl ActiveMode {
 pub enum Interface {
     /// Interface name, resolved in the calling thread's network namespace.
     Name(String),
-    /// Interface index.
+    /// Interface index, as `if_nametoindex` returns it.
     Index(u32),
 }
 
@@ -314,7 +315,7 @@ impl Counter {
     ];
 }
 
-/// Errors of the loader.
+/// Why loading, attaching or configuring the steering program failed.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
@@ -362,7 +363,8 @@ impl std::error::Error for Error {
     }
 }
 
-/// Result of the loader.
+/// The result of a loader call: the value, or the [`Error`] of the step
+/// that failed.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn bpf(step: &'static str) -> impl FnOnce(libbpf_rs::Error) -> Error {

@@ -40,13 +40,17 @@ pub struct ConnParams {
     /// ULP private data of our MPA frame (at most 508 bytes at revision 2,
     /// 512 at revision 1).
     pub private_data: Vec<u8>,
-    /// Our inbound RDMA Read queue depth (Linux siw supports up to 128).
+    /// IRD: the most RDMA Read and Atomic Requests from the peer we serve
+    /// at once (RFC 6581 IRD; Linux siw supports up to 128).
     pub ird: u16,
-    /// Our outbound RDMA Read queue depth.
+    /// ORD: the most RDMA Read and Atomic Requests we keep outstanding at
+    /// the peer (RFC 6581 ORD).
     pub ord: u16,
-    /// Ask for CRC32c (used if either side asks).
+    /// Set the MPA C flag: ask for CRC32c on every FPDU (used in both
+    /// directions if either side asks).
     pub crc: bool,
-    /// Want markers in the stream we receive.
+    /// Set the MPA M flag: ask the peer to put markers every 512 bytes
+    /// of the stream we receive (RFC 5044 §4.3).
     pub markers: bool,
     /// MPA revision: 1, or 2 for RFC 6581 enhanced connection setup.
     pub revision: u8,
@@ -54,7 +58,7 @@ pub struct ConnParams {
     pub p2p: bool,
     /// Initiator: RTR types offered; responder: RTR types acceptable.
     pub rtr: RtrSet,
-    /// Bound of the TCP connect plus the MPA exchange.
+    /// Bound on the TCP connect plus the MPA exchange together.
     pub timeout: Duration,
     /// Responder: send without waiting for the initiator's first FPDU
     /// (against RFC 5044 §7.1.2; see
@@ -109,9 +113,10 @@ pub enum CmError {
     Timeout,
     /// The MPA exchange did not finish within the timeout.
     MpaTimeout,
-    /// The peer rejected the connection.
+    /// The peer rejected the connection with an MPA Reply whose R flag is
+    /// set.
     Rejected {
-        /// The peer's ULP private data.
+        /// The ULP private data of the rejecting MPA Reply.
         private_data: Vec<u8>,
     },
     /// The MPA exchange failed: an invalid frame or a negotiation mismatch
@@ -119,7 +124,8 @@ pub enum CmError {
     Mpa(HandshakeError),
     /// The peer closed the connection during setup.
     Closed,
-    /// A socket call failed.
+    /// A socket call failed with an error none of the variants above
+    /// describes.
     Io(io::ErrorKind),
     /// A verbs call failed (e.g. a PD or CQ of another device).
     Verbs(VerbsError),
@@ -182,7 +188,8 @@ pub enum CmEvent {
     Disconnected,
     /// We detected a protocol violation and sent a Terminate.
     LocalTerminate(TermCode),
-    /// The peer sent a Terminate.
+    /// The peer sent a Terminate (RFC 5040 §4.8) with this error; the QP
+    /// is in Error.
     RemoteTerminate(TermCode),
     /// A socket error ended the connection (followed by `Disconnected`).
     Error(CmError),

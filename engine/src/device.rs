@@ -47,7 +47,7 @@ pub enum Backend {
 /// Counters of a device, readable while it runs ([`Device::stats`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Engine passes run.
+    /// Passes of the progress engine run so far (monotonic).
     pub passes: u64,
     /// Connections driven by the protocol core.
     pub connections: usize,
@@ -71,7 +71,8 @@ pub struct Stats {
 pub enum Progress {
     /// A progress thread owned by the device, pinned to `cpu` if given.
     Thread {
-        /// The core to pin the thread to.
+        /// The CPU (as numbered by the kernel) to pin the thread to;
+        /// `None`: not pinned.
         cpu: Option<usize>,
     },
     /// The application calls [`Device::progress`]. Blocking calls
@@ -80,10 +81,11 @@ pub enum Progress {
     Manual,
 }
 
-/// How to open a device.
+/// How to open a device, beside its [`Backend`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceConfig {
-    /// Who runs the progress engine.
+    /// Who runs the progress engine: a thread of the device, or the
+    /// application.
     pub progress: Progress,
     /// STag key seed (`None`: drawn from the OS's randomness).
     pub seed: Option<u64>,
@@ -126,7 +128,13 @@ pub struct Device {
 }
 
 impl Device {
-    /// Open a device.
+    /// Open a device on `backend` and, with [`Progress::Thread`], start its
+    /// progress thread(s).
+    ///
+    /// Errors: the [`io::Error`] of the step that failed: creating the
+    /// epoll instance and its waker, or, for AF_XDP, reading the
+    /// interface's MAC address, attaching the steering program, creating
+    /// a UMEM and its AF_XDP socket, or opening a capture file.
     pub fn open(backend: Backend, cfg: DeviceConfig) -> io::Result<Self> {
         let seed = cfg.seed.unwrap_or_else(|| {
             let mut h = RandomState::new().build_hasher();
@@ -604,7 +612,9 @@ impl Drop for Life {
     }
 }
 
-/// A protection domain. Clones share it.
+/// A protection domain: memory regions and QPs of one PD only reach each
+/// other (RFC 5040 STag validation checks the PD). Clones share it; it
+/// lives while any clone, region or QP of it does.
 #[derive(Clone, Debug)]
 pub struct Pd {
     id: PdId,
@@ -613,7 +623,8 @@ pub struct Pd {
 }
 
 impl Pd {
-    /// The core's identifier.
+    /// This object's handle in the protocol core's
+    /// [`iwarp::verbs::Context`].
     pub fn id(&self) -> PdId {
         self.id
     }
@@ -659,7 +670,8 @@ impl Cq {
         r
     }
 
-    /// The core's identifier.
+    /// This object's handle in the protocol core's
+    /// [`iwarp::verbs::Context`].
     pub fn id(&self) -> CqId {
         self.id
     }
@@ -690,12 +702,13 @@ unsafe impl Send for Mr {}
 unsafe impl Sync for Mr {}
 
 impl Mr {
-    /// The local key (for SGEs).
+    /// The local key: the STag to put in [`iwarp::qp::Sge::lkey`].
     pub fn lkey(&self) -> u32 {
         self.info.lkey
     }
 
-    /// The remote key (for the peer's RDMA Write/Read).
+    /// The remote key: the STag to advertise to the peer for its RDMA
+    /// Write, Read or Atomic operations (the same STag as [`Self::lkey`]).
     pub fn rkey(&self) -> u32 {
         self.info.rkey
     }
@@ -705,7 +718,7 @@ impl Mr {
         self.info.iova
     }
 
-    /// Length in bytes.
+    /// Length of the region in bytes.
     pub fn len(&self) -> usize {
         self.info.len
     }
@@ -786,18 +799,21 @@ impl Drop for Mr {
     }
 }
 
-/// What a new QP is made of.
+/// What a new QP is made of: its protection domain, completion queues
+/// and queue depths.
 #[derive(Clone, Debug)]
 pub struct QpInit {
-    /// Its protection domain.
+    /// Its protection domain: the regions its work requests and the peer's
+    /// tagged messages may reach.
     pub pd: Pd,
-    /// Where send-queue completions go.
+    /// The completion queue of its send-queue work requests.
     pub send_cq: Cq,
-    /// Where receive completions go.
+    /// The completion queue of its receives.
     pub recv_cq: Cq,
-    /// Send queue depth.
+    /// Send queue depth: the most send-queue work requests outstanding.
     pub sq_depth: usize,
-    /// Receive queue depth.
+    /// Receive queue depth: the most receives posted and not yet
+    /// consumed.
     pub rq_depth: usize,
     /// Complete every send-queue work request, signaled or not.
     pub sig_all: bool,
@@ -967,7 +983,7 @@ impl Qp {
         self.shared.kick();
     }
 
-    /// The QP's state.
+    /// The QP's state in the protocol core.
     pub fn state(&self) -> QpState {
         self.shared
             .engine()
@@ -976,7 +992,8 @@ impl Qp {
             .unwrap_or(QpState::Error)
     }
 
-    /// What the MPA exchange settled.
+    /// What the MPA exchange settled: revision, CRC, markers per
+    /// direction, IRD/ORD and the RTR type.
     pub fn negotiated(&self) -> Negotiated {
         lock(&self.conn.m)
             .negotiated
@@ -989,12 +1006,12 @@ impl Qp {
         lock(&self.conn.m).peer_private_data.clone()
     }
 
-    /// Our address.
+    /// The local address and port of the QP's TCP connection.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
 
-    /// The peer's address.
+    /// The peer's address and port of the QP's TCP connection.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
     }
@@ -1013,7 +1030,8 @@ impl Qp {
             })
     }
 
-    /// The core's identifier.
+    /// This object's handle in the protocol core's
+    /// [`iwarp::verbs::Context`].
     pub fn id(&self) -> QpId {
         self.id
     }
@@ -1106,7 +1124,8 @@ impl Srq {
             .wait_for(&i.ev.m, &i.ev.cv, Some(deadline), VecDeque::pop_front)
     }
 
-    /// The core's identifier.
+    /// This object's handle in the protocol core's
+    /// [`iwarp::verbs::Context`].
     pub fn id(&self) -> SrqId {
         self.inner.id
     }

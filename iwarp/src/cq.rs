@@ -25,10 +25,14 @@ pub struct CqId(u32);
 
 crate::slab::handle_impl!(CqId);
 
-/// The outcome of a work request.
+/// The outcome of a work request, as the verbs name it. Local errors are
+/// found by this QP; remote ones are reported by the peer in a Terminate
+/// message (RFC 5040 §4.8) and mapped from its layer and error type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WcStatus {
-    /// The operation completed.
+    /// The operation completed: a Send, Write or Immediate Data is handed to
+    /// TCP whole, a Read or Atomic has its response placed, a receive holds
+    /// the whole message.
     Success,
     /// A local length check failed (e.g. a received message was longer
     /// than the posted receive buffer).
@@ -41,7 +45,9 @@ pub enum WcStatus {
     /// The peer reported a protection error (Terminate: remote protection
     /// or tagged buffer error).
     RemoteAccessError,
-    /// The peer reported an operation error.
+    /// The peer reported an error that is neither a protection error nor an
+    /// untagged buffer error (RDMAP remote operation or catastrophic
+    /// errors, DDP catastrophic errors, MPA errors).
     RemoteOperationError,
     /// The peer reported that the request was invalid (untagged buffer
     /// errors, e.g. no receive buffer posted).
@@ -52,16 +58,18 @@ pub enum WcStatus {
     GeneralError,
 }
 
-/// What kind of work request completed.
+/// What kind of work request completed: send-queue operations by the verb
+/// posted, receive-queue completions as [`WcOpcode::Recv`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WcOpcode {
     /// A Send (any variant) from the send queue.
     Send,
-    /// An RDMA Write.
+    /// An RDMA Write: the data is handed to TCP (RDMAP gives no
+    /// acknowledgement of placement at the peer).
     RdmaWrite,
-    /// An RDMA Read.
+    /// An RDMA Read: the whole Read Response is placed in the local buffer.
     RdmaRead,
-    /// A Local Invalidate.
+    /// A Local Invalidate: the STag no longer grants access.
     LocalInvalidate,
     /// Immediate Data sent (RFC 7306 §6).
     ImmediateData,
@@ -76,18 +84,23 @@ pub enum WcOpcode {
     Recv,
 }
 
-/// One entry of a completion queue.
+/// One entry of a completion queue: the result of one signalled work
+/// request, or of one received message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WorkCompletion {
     /// The application's identifier of the work request.
     pub wr_id: u64,
-    /// The outcome.
+    /// The outcome. Unless it is [`WcStatus::Success`], only `wr_id`,
+    /// `opcode` and `qp` carry information.
     pub status: WcStatus,
-    /// What completed.
+    /// The kind of work request that completed.
     pub opcode: WcOpcode,
-    /// For receives and reads: bytes placed.
+    /// Bytes the request covered: for a receive, the length of the message
+    /// placed; for a send-queue request, the total length of its
+    /// scatter/gather list.
     pub byte_len: u32,
-    /// The QP the request was posted to.
+    /// The QP the work request was posted to, or, for a receive from a
+    /// shared receive queue, the QP the message arrived on.
     pub qp: QpId,
     /// For receives of Send with Invalidate: the STag the peer invalidated.
     pub invalidated_stag: Option<u32>,
@@ -101,15 +114,17 @@ pub struct WorkCompletion {
 /// Which completions raise a notification after [`Cq::req_notify`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Notify {
-    /// Not armed.
+    /// Not armed: completions raise no notification.
     Off,
-    /// The next completion of any kind.
+    /// Armed by `req_notify(false)`: the next completion of any kind raises
+    /// one notification and disarms.
     Any,
     /// The next solicited receive completion, or any unsuccessful one.
     Solicited,
 }
 
-/// A completion queue.
+/// A completion queue: a bounded FIFO of [`WorkCompletion`]s, oldest
+/// first, with the notification state of `ibv_req_notify_cq`.
 #[derive(Debug)]
 pub struct Cq {
     entries: VecDeque<WorkCompletion>,
@@ -161,12 +176,15 @@ impl Cq {
         n
     }
 
-    /// Take the oldest completion.
+    /// Take the oldest completion, `None` if the queue is empty.
     pub fn poll_one(&mut self) -> Option<WorkCompletion> {
         self.entries.pop_front()
     }
 
-    /// Arm the notification.
+    /// Arm the notification: the next completion (with `solicited_only`,
+    /// the next solicited receive or unsuccessful completion) sets the
+    /// event [`Cq::take_event`] reports, once. Completions already queued
+    /// do not fire it.
     pub fn req_notify(&mut self, solicited_only: bool) {
         self.notify = if solicited_only {
             Notify::Solicited
@@ -180,7 +198,7 @@ impl Cq {
         core::mem::take(&mut self.event)
     }
 
-    /// Completions waiting.
+    /// The number of completions waiting to be polled.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -190,7 +208,7 @@ impl Cq {
         self.entries.is_empty()
     }
 
-    /// Capacity.
+    /// The most completions the queue holds; one more is an overrun.
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -18,7 +18,10 @@
 
 use core::fmt;
 
-/// Access rights of a memory region.
+/// Access rights of a memory region, a bit set combined with `|`. Local
+/// reads (gather for Send, Write and Read Response) are always allowed;
+/// every other use needs its right, or the access fails with
+/// [`MemError::AccessRights`].
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Access(u8);
 
@@ -39,7 +42,8 @@ impl Access {
         self.0 & other.0 == other.0
     }
 
-    /// The raw bits.
+    /// The raw bits: `LOCAL_WRITE` 1, `REMOTE_READ` 2, `REMOTE_WRITE` 4,
+    /// `REMOTE_ATOMIC` 8.
     pub const fn bits(self) -> u8 {
         self.0
     }
@@ -91,7 +95,8 @@ pub struct MrInfo {
     pub rkey: u32,
     /// The tagged offset of the region's first byte.
     pub iova: u64,
-    /// Length in bytes.
+    /// Length of the region in bytes; valid tagged offsets are
+    /// `iova..iova + len`.
     pub len: usize,
 }
 
@@ -171,7 +176,10 @@ struct Region {
     owned: Option<Box<[u8]>>,
 }
 
-/// The STag table of one device context.
+/// The STag table of one device context: every registered region with its
+/// protection domain, access rights and validity. An STag is the slot
+/// index shifted left by 8 with an 8-bit key below, the key changing each
+/// time a slot is reused, so a stale STag names nothing.
 pub struct MemTable {
     slots: Vec<Option<Region>>,
     /// The key last used in each slot, so that a reused slot gets another.

@@ -36,19 +36,24 @@ use crate::time::Instant;
 
 mod shared_rq;
 
-/// Why a verbs call failed.
+/// Why a verbs call on a [`Context`] failed. A failed call changes
+/// nothing, except where a method says otherwise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VerbsError {
-    /// The handle names no live object.
+    /// The handle (or STag) names no live object: it was never issued, or
+    /// its object is destroyed and the slot's generation moved on.
     InvalidHandle,
     /// A table (memory, PDs, CQs or QPs) is full.
     NoResources,
     /// The object is still in use: a PD by QPs or memory regions, a CQ by
     /// QPs, an SRQ by QPs attached to it.
     Busy,
-    /// Posting a work request failed.
+    /// The QP refused a work request; the request is not queued and
+    /// produces no completion.
     Post(PostError),
-    /// A connection-setup call failed.
+    /// A connection-setup call (`connect`, `listen`, `accept`, `reject`)
+    /// was refused; [`HandshakeError::NotExpected`] when the QP is not in
+    /// the state the call needs.
     Connect(HandshakeError),
     /// An argument is out of range (e.g. an SRQ limit above its capacity,
     /// or a QP and its SRQ in different protection domains).
@@ -94,7 +99,7 @@ struct CqSlot {
 }
 
 impl CqTable {
-    /// The queue named by `id`.
+    /// The queue named by `id`, `None` for a stale or unknown handle.
     pub fn get_mut(&mut self, id: CqId) -> Option<&mut Cq> {
         self.0.get_mut(id.key()).map(|s| &mut s.cq)
     }
@@ -126,7 +131,7 @@ pub struct HandleCounts {
     pub cqs: usize,
     /// Queue pairs.
     pub qps: usize,
-    /// Memory regions.
+    /// Memory regions (registered STags).
     pub mrs: usize,
 }
 
@@ -187,7 +192,7 @@ impl Context {
         }
     }
 
-    /// Live objects of each table.
+    /// The number of live objects in each table.
     pub fn live(&self) -> HandleCounts {
         HandleCounts {
             pds: self.pds.len(),
@@ -208,7 +213,14 @@ impl Context {
         }
     }
 
-    /// Register a buffer owned by the context.
+    /// Register a buffer the context takes ownership of, with `access`
+    /// rights, in protection domain `pd`; tagged offsets start at the
+    /// buffer's address. The returned [`MrInfo`] carries the STag used as
+    /// both lkey and rkey. [`Context::dereg_mr`] gives the buffer back.
+    ///
+    /// Errors: [`VerbsError::InvalidHandle`] for an unknown `pd`;
+    /// [`VerbsError::NoResources`] when the memory table is full (the
+    /// buffer is dropped).
     pub fn reg_mr_owned(
         &mut self,
         pd: PdId,
@@ -301,7 +313,14 @@ impl Context {
         self.cqs.get_mut(id).map_or(0, |cq| cq.poll(out))
     }
 
-    /// Create a queue pair.
+    /// Create a queue pair in `pd` whose send-queue and receive
+    /// completions go to `send_cq` and `recv_cq` (which may be the same
+    /// queue). The QP starts [`QpState::Idle`]; [`Context::connect`] or
+    /// [`Context::listen`] starts the MPA exchange once the TCP connection
+    /// is up.
+    ///
+    /// Errors: [`VerbsError::InvalidHandle`] for an unknown PD or CQ;
+    /// [`VerbsError::NoResources`] when the QP table is full.
     pub fn create_qp(
         &mut self,
         pd: PdId,
@@ -356,7 +375,7 @@ impl Context {
         Ok(())
     }
 
-    /// The queue pair named by `qp`.
+    /// The queue pair named by `qp`, `None` for a stale or unknown handle.
     pub fn qp(&self, qp: QpId) -> Option<&Qp> {
         self.qps.get(qp.key()).map(|s| &*s.qp)
     }
@@ -379,7 +398,15 @@ impl Context {
         Ok(f(q, &mut env))
     }
 
-    /// Start the MPA exchange as initiator (the TCP connection is up).
+    /// Start the MPA exchange as initiator (the TCP connection is up): the
+    /// MPA Request carrying `private_data` is queued for
+    /// [`Context::poll_transmit`], and [`QpEvent::Established`],
+    /// [`QpEvent::Rejected`] or [`QpEvent::ConnectFailed`] follows.
+    ///
+    /// Errors: [`VerbsError::Connect`] with `NotExpected` unless the QP is
+    /// Idle, or with the configuration errors of
+    /// [`handshake::Handshake::initiator`] (revision, private data length,
+    /// RTR set).
     pub fn connect(
         &mut self,
         qp: QpId,
@@ -392,7 +419,10 @@ impl Context {
     }
 
     /// Wait for the peer's MPA request as responder (a TCP connection was
-    /// accepted).
+    /// accepted); [`QpEvent::ConnectRequest`] reports it.
+    ///
+    /// Errors: [`VerbsError::Connect`] with `NotExpected` unless the QP is
+    /// Idle.
     pub fn listen(
         &mut self,
         qp: QpId,
@@ -403,25 +433,47 @@ impl Context {
             .map_err(VerbsError::from)
     }
 
-    /// Accept the peer's connection request.
+    /// Accept the peer's connection request: the MPA Reply carrying
+    /// `private_data` is queued and the QP enters RTS
+    /// ([`QpEvent::Established`]).
+    ///
+    /// Errors: [`VerbsError::Connect`] with `NotExpected` unless a
+    /// [`QpEvent::ConnectRequest`] awaits an answer, or with
+    /// `PrivateDataTooLong` beyond 512 bytes (508 with RFC 6581 IRD/ORD
+    /// words); the call may then be retried.
     pub fn accept(&mut self, qp: QpId, private_data: &[u8]) -> Result<(), VerbsError> {
         self.with_qp(qp, |q, env| q.accept(private_data, env))?
             .map_err(VerbsError::from)
     }
 
-    /// Reject the peer's connection request.
+    /// Reject the peer's connection request: an MPA Reply with the R flag
+    /// set, carrying `private_data`, is queued; the QP enters Error and
+    /// [`Context::wants_close`] turns true. Errors as [`Context::accept`].
     pub fn reject(&mut self, qp: QpId, private_data: &[u8]) -> Result<(), VerbsError> {
         self.with_qp(qp, |q, env| q.reject(private_data, env))?
             .map_err(VerbsError::from)
     }
 
-    /// Post a send-queue work request.
+    /// Post a send-queue work request. Requests run in posting order; ones
+    /// posted before RTS wait for the connection, ones posted while the QP
+    /// closes, terminates or is in Error complete at once with [`crate::cq::WcStatus::WrFlushError`].
+    ///
+    /// Errors: [`VerbsError::InvalidHandle`] for an unknown QP;
+    /// [`VerbsError::Post`] with the [`PostError`] that describes a bad
+    /// scatter/gather list or a full send queue.
     pub fn post_send(&mut self, qp: QpId, wr: &SendWr<'_>) -> Result<(), VerbsError> {
         self.with_qp(qp, |q, env| q.post_send(wr, env))?
             .map_err(VerbsError::from)
     }
 
-    /// Post a receive work request.
+    /// Post a receive work request: a buffer for the next incoming Send or
+    /// Immediate Data, consumed in posting order (RFC 5041 untagged
+    /// buffers, matched by MSN). In Error it completes at once with a
+    /// flush status.
+    ///
+    /// Errors: [`VerbsError::InvalidHandle`] for an unknown QP;
+    /// [`VerbsError::Post`] for a bad scatter/gather list, a full receive
+    /// queue, or a QP attached to a shared receive queue.
     pub fn post_recv(&mut self, qp: QpId, wr: &RecvWr<'_>) -> Result<(), VerbsError> {
         self.with_qp(qp, |q, env| q.post_recv(wr, env))?
             .map_err(VerbsError::from)
@@ -468,7 +520,8 @@ impl Context {
         self.qp(qp)?.poll_timeout()
     }
 
-    /// Run timers due at `now`.
+    /// Run the QP's timers due at `now` (the MPA exchange deadline); an
+    /// early or repeated call does nothing.
     pub fn handle_timeout(&mut self, qp: QpId, now: Instant) {
         let _ = self.with_qp(qp, |q, env| q.handle_timeout(now, env));
     }
@@ -478,7 +531,7 @@ impl Context {
         let _ = self.with_qp(qp, |q, env| q.disconnect(env));
     }
 
-    /// The state of `qp`.
+    /// The state of `qp`, `None` for an unknown handle.
     pub fn qp_state(&self, qp: QpId) -> Option<QpState> {
         self.qp(qp).map(Qp::state)
     }
@@ -489,7 +542,7 @@ impl Context {
         self.qp(qp).map(|q| (q.sq_occupancy(), q.rq_occupancy()))
     }
 
-    /// Counters of `qp`.
+    /// The counters of `qp`, `None` for an unknown handle.
     pub fn qp_stats(&self, qp: QpId) -> Option<QpStats> {
         self.qp(qp).map(Qp::stats)
     }

@@ -51,11 +51,12 @@ pub struct Config {
     /// receive into (excess would be dropped and recovered only by
     /// retransmission). `None`: no bound.
     pub rx_budget: Option<usize>,
-    /// Nagle's algorithm (off for iWARP).
+    /// Nagle's algorithm: hold back small segments while data is
+    /// unacknowledged. Off by default, so each FPDU leaves at once.
     pub nagle: bool,
     /// Delayed-ACK timeout; `None` ACKs every segment at once.
     pub ack_delay: Option<Duration>,
-    /// Congestion control of every socket.
+    /// The congestion control algorithm of every socket (Reno by default).
     pub congestion: CongestionControl,
     /// Most frames handled per [`Stack::poll`](crate::Stack::poll) on
     /// ingress (smoltcp's "DoS warning": unbounded ingress starves the
@@ -79,7 +80,8 @@ pub struct Config {
     pub max_connections: usize,
     /// Abort a connection whose peer has not acknowledged for this long.
     pub timeout: Option<Duration>,
-    /// Keep-alive interval.
+    /// Interval between TCP keep-alive probes on an idle connection;
+    /// `None`: no keep-alives.
     pub keep_alive: Option<Duration>,
     /// Seed of smoltcp's generator (initial sequence numbers, ephemeral
     /// choices): fixed for reproducible runs.

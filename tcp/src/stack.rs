@@ -83,13 +83,13 @@ pub struct ConnId {
     generation: u32,
 }
 
-/// Why an operation failed.
+/// Why an operation of [`Stack`] failed. A failed call changes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
     /// No such connection (never existed, or released).
     UnknownConnection,
-    /// The port already listens.
+    /// [`Stack::listen`] on a port that already has a listener.
     AlreadyListening,
     /// The port or address cannot be used (zero port, unspecified address).
     Unaddressable,
@@ -118,16 +118,16 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// Stack counters (monotonic).
+/// Stack counters since the stack was created (monotonic, never reset).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Frames received from the device.
     pub rx_frames: u64,
-    /// Bytes of those frames.
+    /// Bytes of those frames, Ethernet header included.
     pub rx_bytes: u64,
     /// Frames handed to the device.
     pub tx_frames: u64,
-    /// Bytes of those frames.
+    /// Bytes of those frames, Ethernet header included.
     pub tx_bytes: u64,
     /// Polls that stopped ingress at [`Config::ingress_budget`].
     pub ingress_budget_hits: u64,
@@ -1189,22 +1189,22 @@ impl<D: Device> Stack<D> {
         Self { port, core }
     }
 
-    /// The settings.
+    /// The settings the stack was created with.
     pub fn config(&self) -> &Config {
         &self.core.config
     }
 
-    /// Our IPv4 address.
+    /// The stack's own IPv4 address.
     pub fn ip(&self) -> Ipv4Address {
         self.core.ip
     }
 
-    /// Our MAC address.
+    /// The stack's own Ethernet (MAC) address.
     pub fn mac(&self) -> EthernetAddress {
         self.core.mac
     }
 
-    /// The device.
+    /// The device the stack sends and receives frames through.
     pub fn device(&self) -> &D {
         &self.port.inner
     }
@@ -1214,7 +1214,7 @@ impl<D: Device> Stack<D> {
         &mut self.port.inner
     }
 
-    /// Counters.
+    /// A snapshot of the stack's counters.
     pub fn counters(&self) -> Counters {
         let c = &self.port.counters;
         Counters {
@@ -1602,7 +1602,8 @@ impl<D: Device> Stack<D> {
         self.segment_room(conn).map(|r| r.unsent)
     }
 
-    /// Copy `data` into the transmit ring (as much as fits).
+    /// Copy `data` into the transmit ring, as much as fits; returns the
+    /// bytes copied. Errors as [`Stack::send`].
     pub fn send_slice(&mut self, conn: ConnId, data: &[u8]) -> Result<usize, Error> {
         let mut off = 0;
         self.send(conn, |buf| {
@@ -1613,7 +1614,8 @@ impl<D: Device> Stack<D> {
         })
     }
 
-    /// Copy received bytes into `out`.
+    /// Copy received bytes into `out`, as many as are there and fit;
+    /// returns the bytes copied. Errors as [`Stack::recv`].
     pub fn recv_slice(&mut self, conn: ConnId, out: &mut [u8]) -> Result<usize, Error> {
         let mut off = 0;
         self.recv(conn, |buf| {
@@ -1650,7 +1652,8 @@ impl<D: Device> Stack<D> {
         r.ok_or(Error::UnknownConnection)
     }
 
-    /// smoltcp's state of the connection.
+    /// smoltcp's TCP state of the connection, `None`
+    /// for an unknown or released connection.
     pub fn state(&self, conn: ConnId) -> Option<State> {
         self.core.conn(conn).map(|c| c.socket().state())
     }
@@ -1684,7 +1687,8 @@ impl<D: Device> Stack<D> {
         matches!(self.state(conn), Some(State::Closed | State::TimeWait))
     }
 
-    /// Bytes waiting in the receive ring.
+    /// Received bytes waiting in the receive ring to be read (0 for an
+    /// unknown connection).
     pub fn recv_queue(&self, conn: ConnId) -> usize {
         self.core.conn(conn).map_or(0, |c| c.socket().recv_queue())
     }
@@ -1694,7 +1698,8 @@ impl<D: Device> Stack<D> {
         self.core.conn(conn).map_or(0, |c| c.socket().send_queue())
     }
 
-    /// Local and remote endpoints.
+    /// The connection's local and remote address and port, `None` for an
+    /// unknown connection or one not bound yet.
     pub fn endpoints(&self, conn: ConnId) -> Option<(IpEndpoint, IpEndpoint)> {
         let s = self.core.conn(conn)?.socket();
         Some((s.local_endpoint()?, s.remote_endpoint()?))

@@ -37,27 +37,29 @@ pub const ADVERT_MAGIC: &[u8; 8] = b"IWPROBE1";
 /// The probe's hello to the target.
 pub const HELLO: &[u8; 16] = b"IWPROBE-HELLO\0\0\0";
 
-/// What the peer did.
+/// How the peer reacted to a scenario, as the probe saw it on the TCP
+/// connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reaction {
     /// MPA reply with R=0: the connection was accepted.
     Accepted,
-    /// MPA reply with R=1.
+    /// MPA Reply with R=1: the connection was rejected.
     Rejected,
     /// A Terminate message (`bits` = layer/etype/code as on the wire).
     Terminate {
         /// The first 16 bits of the Terminate Control field.
         bits: u16,
-        /// Decoded, if the layer is known.
+        /// The layer, error type and code decoded, if the layer nibble
+        /// names a known layer.
         code: Option<TermCode>,
     },
     /// TCP FIN without a Terminate.
     Closed,
     /// TCP reset.
     Reset,
-    /// Nothing before the timeout.
+    /// Nothing arrived before [`Options::timeout`].
     Silence,
-    /// Something the probe could not decode.
+    /// Bytes the probe could not decode, described in the string.
     Garbled(String),
 }
 
@@ -132,14 +134,15 @@ impl fmt::Display for Expect {
     }
 }
 
-/// A region kind of the target's advertisement.
+/// A region kind of the target's advertisement: the access rights and
+/// validity the probe's scenarios test the peer's STag checks against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RegionKind {
-    /// Remote read and write.
+    /// Remote read and write allowed.
     ReadWrite = 1,
-    /// Remote read only.
+    /// Remote read only: an RDMA Write to it is a remote protection error.
     ReadOnly = 2,
-    /// Remote write only.
+    /// Remote write only: an RDMA Read of it is a remote protection error.
     WriteOnly = 3,
     /// Read/write, but registered in another PD than the QP's.
     OtherPd = 4,
@@ -162,30 +165,35 @@ impl RegionKind {
     }
 }
 
-/// One advertised region.
+/// One advertised region: what the probe needs to aim tagged messages at
+/// it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Region {
-    /// What it is.
+    /// Its rights and validity.
     pub kind: RegionKind,
-    /// Its STag.
+    /// Its STag, the Data Sink or Data Source STag of tagged messages
+    /// aimed at it.
     pub stag: u32,
     /// Tagged offset of its first byte.
     pub to: u64,
-    /// Length in bytes.
+    /// Length in bytes; valid tagged offsets are `to..to + len`.
     pub len: u32,
 }
 
 /// The regions a peer advertised.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Advert {
-    /// The regions.
+    /// The regions, in the order advertised.
     pub regions: Vec<Region>,
 }
 
 const ENTRY_LEN: usize = 17;
 
 impl Advert {
-    /// Encode (the target's first Send).
+    /// Encode the advertisement as the payload of the target's first Send:
+    /// a magic, a count byte, then per region its kind (1 byte), STag (4),
+    /// tagged offset (8) and length (4), big endian. At most 255 regions
+    /// are encoded.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = ADVERT_MAGIC.to_vec();
         v.push(u8::try_from(self.regions.len()).unwrap_or(u8::MAX));
@@ -399,11 +407,12 @@ pub fn scenario(name: &str) -> Option<&'static Scenario> {
 pub enum PeerKind {
     /// Our test target ([`target`]).
     Target,
-    /// librdmacm's rping.
+    /// librdmacm's rping server (`rping -s`), whose first Send advertises
+    /// one read/write buffer.
     Rping,
 }
 
-/// Probe settings.
+/// Probe settings shared by every scenario.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// The peer's application protocol.

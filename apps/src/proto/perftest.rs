@@ -341,18 +341,18 @@ pub struct BwReport {
     pub size: u64,
     /// Iterations (messages) measured.
     pub iters: u64,
-    /// Peak bandwidth.
+    /// Peak bandwidth, in the printed [`BwUnit`].
     pub bw_peak: f64,
-    /// Average bandwidth.
+    /// Average bandwidth, in the printed [`BwUnit`].
     pub bw_avg: f64,
     /// Average message rate in Mpps.
     pub msg_rate: f64,
 }
 
 impl BwReport {
-    /// Number of exchanges.
+    /// Number of 8-byte exchanges that carry the report.
     pub const FIELDS: usize = 5;
-    /// Size of each exchanged message.
+    /// Size in bytes of each exchanged message.
     pub const FIELD_LEN: usize = 8;
 
     /// The five 8-byte messages, in order.
@@ -593,23 +593,23 @@ pub const LAT_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec] 
 /// Latency statistics in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LatStats {
-    /// Message size.
+    /// Message size in bytes.
     pub size: u64,
-    /// Iterations.
+    /// Iterations (messages) measured.
     pub iters: u64,
-    /// Minimum.
+    /// Smallest latency, µs.
     pub min: f64,
-    /// Maximum.
+    /// Largest latency, µs.
     pub max: f64,
-    /// Median ("typical").
+    /// Median latency (perftest's "typical"), µs.
     pub typical: f64,
-    /// Mean.
+    /// Mean latency, µs.
     pub avg: f64,
-    /// Standard deviation.
+    /// Standard deviation of the latencies, µs.
     pub stdev: f64,
-    /// 99th percentile.
+    /// 99th percentile latency, µs.
     pub p99: f64,
-    /// 99.9th percentile.
+    /// 99.9th percentile latency, µs.
     pub p999: f64,
 }
 
@@ -624,9 +624,9 @@ pub fn lat_row(s: &LatStats) -> String {
 /// Whether the printing side is the client or the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
-    /// Client.
+    /// The side that connects (`ib_*_bw <server>`).
     Client,
-    /// Server.
+    /// The side that listens (`ib_*_bw` without a server name).
     Server,
 }
 

@@ -53,7 +53,8 @@ pub struct XdpConfig {
     /// Prefix length of `ip`'s network (peers outside it go through
     /// `gateway`).
     pub prefix: u8,
-    /// Default gateway, inside the prefix.
+    /// Default gateway for peers outside `ip/prefix`; it must lie inside
+    /// the prefix. `None`: only peers on the prefix are reachable.
     pub gateway: Option<Ipv4Addr>,
     /// Our MAC address (`None`: the interface's).
     pub mac: Option<[u8; 6]>,
@@ -65,7 +66,8 @@ pub struct XdpConfig {
     /// split into equal disjoint parts, one per engine, with several
     /// queues.
     pub ephemeral_ports: RangeInclusive<u16>,
-    /// How to attach the steering program.
+    /// How to attach the steering XDP program: native (driver), generic
+    /// (skb), or native with a fallback to generic.
     pub attach: AttachMode,
     /// The progress thread spins instead of sleeping in epoll (the AF_XDP
     /// default; [`DeviceConfig::busy_poll`](crate::DeviceConfig) also
@@ -73,7 +75,7 @@ pub struct XdpConfig {
     pub busy_poll: bool,
     /// Write every frame the engine receives or sends to this pcap file.
     pub pcap: Option<PathBuf>,
-    /// The user-space TCP's settings.
+    /// The settings of each engine's user-space TCP stack.
     pub tcp: iwarp_tcp::Config,
     /// Keep FPDUs inside TCP segments (RFC 5044 §8): every segment starts
     /// with an FPDU and holds only whole ones; each connection hands
@@ -154,17 +156,19 @@ impl XdpConfig {
 /// queue).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
-    /// The receive queue it serves.
+    /// The interface receive queue the engine's AF_XDP socket is bound
+    /// to.
     pub queue: u32,
-    /// Passes run.
+    /// Passes of this engine's progress loop (monotonic).
     pub passes: u64,
-    /// Connections it drives.
+    /// Connections the engine drives now (entries of its connection
+    /// table).
     pub connections: usize,
-    /// Its user-space TCP's counters.
+    /// The counters of the engine's user-space TCP stack.
     pub tcp: iwarp_tcp::Counters,
     /// Connections its user-space TCP holds (any state, until released).
     pub tcp_connections: usize,
-    /// Entries of its flow table.
+    /// Entries of the engine's flow table (4-tuple to connection).
     pub flows: usize,
     /// Its rings and socket counters (the steering counters are the
     /// device's, in every engine's entry).
@@ -191,11 +195,11 @@ pub struct EngineStats {
 /// Counters of the AF_XDP side (monotonic).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct XdpStats {
-    /// The mode the steering program runs in.
+    /// The mode the steering program runs in, once attached.
     pub mode: Option<ActiveMode>,
-    /// Ring and frame-pool counters.
+    /// Counters of the four AF_XDP rings and the UMEM frame pool.
     pub rings: RingCounters,
-    /// The steering program's counters.
+    /// The steering XDP program's counters, summed over CPUs.
     pub steering: SteerCounters,
     /// Kernel: frames dropped for lack of rx ring space or other reasons.
     pub rx_dropped: u64,
@@ -203,9 +207,10 @@ pub struct XdpStats {
     pub rx_ring_full: u64,
     /// Kernel: times the fill ring was found empty.
     pub rx_fill_ring_empty: u64,
-    /// Kernel: invalid rx descriptors.
+    /// Kernel (`XDP_STATISTICS`): rx descriptors the kernel found invalid.
     pub rx_invalid_descs: u64,
-    /// Kernel: invalid tx descriptors.
+    /// Kernel (`XDP_STATISTICS`): tx descriptors the kernel found invalid
+    /// (outside the UMEM or too long) and skipped.
     pub tx_invalid_descs: u64,
     /// Kernel: times the tx ring was found empty when kicked.
     pub tx_ring_empty: u64,

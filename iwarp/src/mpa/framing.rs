@@ -45,11 +45,12 @@ use crate::crc::Crc32c;
 use crate::error::{codes, TermCode};
 use core::fmt;
 
-/// Size of the ULPDU Length field.
+/// Size in bytes of the ULPDU_Length field that opens every FPDU
+/// (RFC 5044 §4.1).
 pub const LEN_FIELD: usize = 2;
 /// Size of the CRC field (present on the wire even when CRC is off).
 pub const CRC_LEN: usize = 4;
-/// Size of a marker.
+/// Size in bytes of a marker (RFC 5044 §4.3).
 pub const MARKER_LEN: usize = 4;
 /// Distance between markers in the TCP stream (RFC 5044 §4.3).
 pub const MARKER_INTERVAL: u64 = 512;

@@ -78,14 +78,15 @@ pub enum RtrType {
     Read,
 }
 
-/// A set of RTR types.
+/// A set of RTR types: the RTR flags of the RFC 6581 IRD/ORD words (the
+/// "Send" flag in the IRD word, "Write" and "Read" in the ORD word).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RtrSet {
-    /// Zero-length Send.
+    /// A zero-length Send may serve as RTR.
     pub send: bool,
-    /// Zero-length RDMA Write.
+    /// A zero-length RDMA Write may serve as RTR.
     pub write: bool,
-    /// Zero-length RDMA Read.
+    /// A zero-length RDMA Read may serve as RTR.
     pub read: bool,
 }
 
@@ -133,24 +134,30 @@ impl RtrSet {
     }
 }
 
-/// Handshake configuration.
+/// What one side offers or accepts in the MPA Request/Reply exchange.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// MPA revision: 1, or 2 for RFC 6581 enhanced connection setup.
     pub revision: u8,
-    /// Ask for CRC32c.
+    /// Set the C flag: ask for CRC32c on every FPDU (used in both
+    /// directions if either side asks).
     pub crc: bool,
-    /// Want markers in the stream we receive.
+    /// Set the M flag: ask the peer to insert markers in the stream this
+    /// side receives (RFC 5044 §4.3).
     pub markers: bool,
-    /// Our inbound RDMA Read queue depth (at most 0x3fff).
+    /// IRD offered: the most RDMA Read and Atomic Requests this side
+    /// serves at once as responder (at most 0x3fff).
     pub ird: u16,
-    /// Our outbound RDMA Read queue depth (at most 0x3fff).
+    /// ORD offered: the most RDMA Read and Atomic Requests this side keeps
+    /// outstanding as requester (at most 0x3fff).
     pub ord: u16,
     /// Rev 2 initiator: request peer-to-peer mode (needs an RTR type).
     pub p2p: bool,
     /// Initiator: RTR types offered; responder: RTR types acceptable.
     pub rtr: RtrSet,
-    /// Deadline for the whole exchange.
+    /// Time allowed for the whole exchange, from `initiator`/`responder`
+    /// to the connection being set up; past it the handshake fails with
+    /// [`HandshakeError::Timeout`].
     pub timeout: Duration,
     /// Responder: send FPDUs without waiting for the initiator's first one.
     /// RFC 5044 §7.1.2 forbids this, and it is off by default; some peers
@@ -178,18 +185,19 @@ impl Default for Config {
     }
 }
 
-/// The outcome of a successful handshake.
+/// What a successful MPA exchange settled, seen from this side.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Negotiated {
     /// Revision of the reply (the lower of both sides').
     pub revision: u8,
-    /// CRC32c in both directions.
+    /// CRC32c on every FPDU, both directions (either side set C).
     pub crc: bool,
     /// The peer asked for markers: we insert them in what we send.
     pub markers_tx: bool,
     /// We asked for markers: the peer inserts them.
     pub markers_rx: bool,
-    /// Our IRD after the exchange.
+    /// This side's IRD after the exchange: the most Read and Atomic
+    /// Requests it serves at once.
     pub ird: u16,
     /// Our ORD after the exchange (never above the peer's IRD).
     pub ord: u16,
@@ -199,14 +207,16 @@ pub struct Negotiated {
     pub rtr: Option<RtrType>,
 }
 
-/// An MPA request as seen by the responder.
+/// The peer's MPA Request, as the responder sees it before it accepts or
+/// rejects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnectRequest {
-    /// The request's revision.
+    /// The request's Rev field (1 or 2).
     pub revision: u8,
-    /// The initiator asked for CRC.
+    /// The request's C flag: the initiator asked for CRC32c.
     pub crc: bool,
-    /// The initiator wants markers in what it receives.
+    /// The request's M flag: the initiator wants markers in what it
+    /// receives.
     pub markers: bool,
     /// The RFC 6581 IRD/ORD words, if the request is enhanced.
     pub ird_ord: Option<IrdOrd>,
@@ -214,7 +224,7 @@ pub struct ConnectRequest {
     pub private_data: Vec<u8>,
 }
 
-/// Something the application must know about.
+/// A handshake event, in the order they occur, from `poll_event`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// Responder: the request arrived; call `accept` or `reject`.
@@ -222,14 +232,15 @@ pub enum Event {
     /// Both roles: the connection is set up. `private_data` is the peer's
     /// ULP private data (IRD/ORD words stripped).
     Established {
-        /// Negotiated parameters.
+        /// What the exchange settled.
         negotiated: Negotiated,
-        /// The peer's ULP private data.
+        /// The peer's ULP private data (IRD/ORD words stripped).
         private_data: Vec<u8>,
     },
     /// Initiator: the peer replied with R=1.
     Rejected {
-        /// The peer's ULP private data.
+        /// The ULP private data of the rejecting Reply (IRD/ORD words
+        /// stripped).
         private_data: Vec<u8>,
     },
     /// The handshake failed; close the connection after sending what
@@ -240,27 +251,31 @@ pub enum Event {
 /// Why a handshake failed (or an API call was refused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HandshakeError {
-    /// The deadline passed.
+    /// [`Config::timeout`] passed before the exchange completed.
     Timeout,
     /// The peer's frame does not start with the expected key.
     InvalidKey,
     /// The peer's frame is malformed (PD_Length > 512, R in a request,
     /// missing IRD/ORD words in an enhanced frame).
     InvalidFrame,
-    /// Our private data is too long for the frame.
+    /// The private data given exceeds 512 bytes, or 508
+    /// ([`MAX_ULP_PRIVATE_DATA_ENHANCED`]) with IRD/ORD words.
     PrivateDataTooLong,
     /// Revision 0, above 2, or a reply above the request's revision.
     UnsupportedRevision,
     /// No RTR type both sides accept (RFC 6581).
     NoMatchingRtr,
-    /// The IRD/ORD exchange left us unable to proceed (RFC 6581).
+    /// The IRD/ORD exchange left this side unable to proceed (RFC 6581):
+    /// the reply's ORD exceeds the initiator's IRD, or the chosen RTR is an
+    /// RDMA Read while the initiator's ORD is 0.
     InsufficientIrd,
     /// The call does not fit the current state (e.g. `accept` twice).
     NotExpected,
 }
 
 impl HandshakeError {
-    /// The Terminate code for this error.
+    /// The Terminate code (layer LLP, MPA error type) a Terminate for this
+    /// error carries (RFC 5044 §8, RFC 6581).
     pub fn term_code(self) -> TermCode {
         match self {
             Self::Timeout

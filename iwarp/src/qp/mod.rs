@@ -44,9 +44,10 @@ pub const ATOMIC_LEN: u64 = 8;
 pub struct Sge {
     /// Address in the region's tagged-offset space.
     pub addr: u64,
-    /// Length in bytes.
+    /// Length in bytes; `addr..addr + len` must lie inside the region.
     pub len: u32,
-    /// The region's local key.
+    /// The region's local key (its STag), as [`crate::mem`] returns it at
+    /// registration.
     pub lkey: u32,
 }
 
@@ -59,7 +60,8 @@ pub enum SendOp {
     Send {
         /// Set the Solicited Event flag.
         solicited: bool,
-        /// STag the peer invalidates on receipt.
+        /// The STag the peer invalidates on receipt, carried in the
+        /// Invalidate STag field (Send with Invalidate, RFC 5040 §6.10).
         invalidate: Option<u32>,
     },
     /// An RDMA Write of the SGEs to `remote_addr` in the peer's region `rkey`.
@@ -139,12 +141,13 @@ impl SendOp {
     }
 }
 
-/// A send-queue work request.
+/// A send-queue work request (`ibv_send_wr`): one RDMAP operation and its
+/// local buffers. The SGE array is copied when it is posted.
 #[derive(Clone, Copy, Debug)]
 pub struct SendWr<'a> {
-    /// Returned in the work completion.
+    /// The application's identifier, returned in the work completion.
     pub wr_id: u64,
-    /// What to do.
+    /// The RDMAP operation and its remote parameters.
     pub op: SendOp,
     /// Local buffers (gather list for Send/Write, the sink for Read).
     pub sgl: &'a [Sge],
@@ -152,10 +155,11 @@ pub struct SendWr<'a> {
     pub signaled: bool,
 }
 
-/// A receive-queue work request.
+/// A receive-queue work request (`ibv_recv_wr`): a buffer for one incoming
+/// untagged message (Send or Immediate Data), consumed in posting order.
 #[derive(Clone, Copy, Debug)]
 pub struct RecvWr<'a> {
-    /// Returned in the work completion.
+    /// The application's identifier, returned in the work completion.
     pub wr_id: u64,
     /// Buffers an incoming Send is scattered into.
     pub sgl: &'a [Sge],
@@ -191,18 +195,22 @@ impl RecvWr<'_> {
     }
 }
 
-/// Why a work request was not accepted.
+/// Why `post_send` or `post_recv` refused a work request. A refused request
+/// is not queued and produces no completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PostError {
-    /// The queue is full.
+    /// The send or receive queue already holds its depth
+    /// ([`QpConfig::sq_depth`], [`QpConfig::rq_depth`]) of outstanding
+    /// work requests.
     QueueFull,
     /// More than [`MAX_SGE`] elements, a Read with other than one, an
     /// atomic with other than one of 8 bytes, or Immediate Data with any.
     InvalidSgl,
     /// The total length exceeds what one message may carry (2^32 - 1).
     TooLong,
-    /// The QP is in a state that does not accept this work request
-    /// (e.g. a Send before the connection is set up).
+    /// The QP is in a state that does not accept this work request. The
+    /// protocol core never returns it: a QP queues work requests posted
+    /// before RTS and completes those posted after it with a flush status.
     InvalidState,
     /// The QP takes its receives from a shared receive queue: receives
     /// are posted there, not to the QP.
@@ -223,45 +231,53 @@ impl core::fmt::Display for PostError {
 
 impl core::error::Error for PostError {}
 
-/// The state of a queue pair.
+/// The state of a queue pair (RFC 5040 §6 and the verbs QP states; see the
+/// module documentation for the transitions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QpState {
-    /// Created, not connected.
+    /// Created, not connected: work requests can be posted and wait for
+    /// the connection.
     Idle,
-    /// The MPA exchange is under way.
+    /// The MPA Request/Reply exchange (RFC 5044 §7, RFC 6581) is under way.
     Connecting,
-    /// Ready to send (and receive): RDMA mode.
+    /// Ready to send (and receive): MPA full operation phase, RDMAP
+    /// messages flow both ways.
     Rts,
     /// A graceful close is draining the transmit side.
     Closing,
-    /// A Terminate message is being sent.
+    /// A protocol violation was found and a Terminate message (RFC 5040
+    /// §4.8) is being sent; then the QP enters Error.
     Terminate,
     /// Failed or closed; every work request completes with a flush status.
     Error,
 }
 
-/// Events a QP reports to its owner.
+/// Connection events a QP reports to its owner, in order, through
+/// `poll_event`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum QpEvent {
     /// Responder: an MPA request arrived; accept or reject it.
     ConnectRequest(ConnectRequest),
     /// The connection is in RDMA mode. `private_data` is the peer's.
     Established {
-        /// What the MPA exchange settled.
+        /// What the MPA exchange settled: CRC, markers, IRD/ORD, RTR.
         negotiated: Negotiated,
-        /// The peer's private data.
+        /// The private data of the peer's MPA Request or Reply (IRD/ORD
+        /// words removed).
         private_data: Vec<u8>,
     },
     /// Initiator: the peer rejected the connection.
     Rejected {
-        /// The peer's private data.
+        /// The private data of the peer's rejecting MPA Reply (IRD/ORD
+        /// words removed).
         private_data: Vec<u8>,
     },
-    /// The MPA exchange failed.
+    /// The MPA exchange failed; the QP is in Error.
     ConnectFailed(HandshakeError),
     /// We detected a protocol violation and sent (are sending) a Terminate.
     LocalTerminate(TermCode),
-    /// The peer sent a Terminate.
+    /// The peer sent a Terminate with this error; the QP is in Error and
+    /// its outstanding work requests are flushed.
     RemoteTerminate(TermCode),
     /// The connection closed (graceful disconnect or the peer's EOF).
     Disconnected,
@@ -269,12 +285,13 @@ pub enum QpEvent {
     CqOverrun,
 }
 
-/// Configuration of a queue pair.
+/// Configuration of a queue pair, fixed at creation.
 #[derive(Clone, Debug)]
 pub struct QpConfig {
-    /// Send queue depth.
+    /// Send queue depth: the most send-queue work requests outstanding
+    /// (posted and not yet completed).
     pub sq_depth: usize,
-    /// Receive queue depth.
+    /// Receive queue depth: the most receives posted and not yet consumed.
     pub rq_depth: usize,
     /// The effective TCP MSS: FPDUs are sized so one fits a segment.
     pub emss: usize,
@@ -300,18 +317,20 @@ impl Default for QpConfig {
     }
 }
 
-/// Counters of one QP.
+/// Counters of one QP since its creation (monotonic).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpStats {
-    /// FPDUs sent.
+    /// FPDUs framed for transmission.
     pub tx_fpdus: u64,
-    /// FPDUs received and accepted.
+    /// FPDUs received whose CRC (if negotiated) and headers were valid.
     pub rx_fpdus: u64,
     /// Payload bytes sent (Send, Write and Read Response data).
     pub tx_payload: u64,
-    /// Payload bytes placed.
+    /// Payload bytes placed into local buffers (Send, Write and Read
+    /// Response data).
     pub rx_payload: u64,
-    /// FPDUs with a bad CRC.
+    /// FPDUs received with a bad MPA CRC32c; each one terminates the
+    /// connection.
     pub crc_errors: u64,
 }
 

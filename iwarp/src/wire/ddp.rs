@@ -69,7 +69,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         }
     }
 
-    /// The wrapped buffer.
+    /// The wrapped buffer, giving up the view.
     pub fn into_inner(self) -> T {
         self.buffer
     }
@@ -82,39 +82,47 @@ impl<T: AsRef<[u8]>> Packet<T> {
         be32(self.buffer.as_ref(), r).unwrap_or(0)
     }
 
-    /// The T (tagged) flag.
+    /// T (Tagged flag, RFC 5041 §4.2): set for the tagged buffer model
+    /// (STag and TO follow), clear for the untagged model (QN, MSN, MO).
     pub fn tagged(&self) -> bool {
         self.byte(field::DDP_CTRL) & T_BIT != 0
     }
-    /// The L (last segment of the message) flag.
+    /// L (Last flag, RFC 5041 §4.2): this segment carries the last bytes
+    /// of its DDP message.
     pub fn last(&self) -> bool {
         self.byte(field::DDP_CTRL) & L_BIT != 0
     }
-    /// The 4 reserved bits of the DDP control byte.
+    /// The 4 reserved bits (Rsvd) of the DDP control field; senders set
+    /// them to zero.
     pub fn ddp_reserved(&self) -> u8 {
         (self.byte(field::DDP_CTRL) >> 2) & 0x0f
     }
-    /// The DDP version (2 bits).
+    /// DV (DDP Version, 2 bits; [`DDP_VERSION`] for RFC 5041).
     pub fn ddp_version(&self) -> u8 {
         self.byte(field::DDP_CTRL) & 0x03
     }
-    /// The RDMAP version (2 bits).
+    /// RV (RDMA Version, 2 bits) of the RDMAP control field (RFC 5040
+    /// §4.2); 1 for RFC 5040.
     pub fn rdmap_version(&self) -> u8 {
         self.byte(field::RDMAP_CTRL) >> 6
     }
-    /// The 2 reserved bits of the RDMAP control byte.
+    /// The 2 reserved bits of the RDMAP control field; senders set them
+    /// to zero.
     pub fn rdmap_reserved(&self) -> u8 {
         (self.byte(field::RDMAP_CTRL) >> 4) & 0x03
     }
-    /// The raw 4-bit RDMAP opcode.
+    /// The RDMA OpCode field (4 bits, RFC 5040 §4.2, RFC 7306 §4),
+    /// unvalidated; [`super::rdmap::Opcode`] decodes it.
     pub fn opcode(&self) -> u8 {
         self.byte(field::RDMAP_CTRL) & 0x0f
     }
-    /// The STag (tagged header).
+    /// Data Sink STag of a tagged header (RFC 5041 §4.3): the Steering Tag
+    /// of the buffer the payload is placed into.
     pub fn stag(&self) -> u32 {
         self.u32_at(field::STAG)
     }
-    /// The Tagged Offset (tagged header).
+    /// Data Sink Tagged Offset of a tagged header (RFC 5041 §4.3): the
+    /// 64-bit byte address in the STag's buffer of the first payload byte.
     pub fn to(&self) -> u64 {
         be64(self.buffer.as_ref(), field::TO).unwrap_or(0)
     }
@@ -122,19 +130,25 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn inv_stag(&self) -> u32 {
         self.u32_at(field::INV_STAG)
     }
-    /// The Queue Number (untagged header).
+    /// QN (Queue Number) of an untagged header (RFC 5041 §4.4): the
+    /// untagged queue of the message (RFC 5040 §5.1: 0 Send, 1 Read and
+    /// Atomic Requests, 2 Terminate; RFC 7306: 3 Atomic Responses).
     pub fn qn(&self) -> u32 {
         self.u32_at(field::QN)
     }
-    /// The Message Sequence Number (untagged header).
+    /// MSN (Message Sequence Number) of an untagged header (RFC 5041
+    /// §4.4): numbers the messages of one queue, starting at 1 and
+    /// incrementing by one per message, modulo 2^32.
     pub fn msn(&self) -> u32 {
         self.u32_at(field::MSN)
     }
-    /// The Message Offset (untagged header).
+    /// MO (Message Offset) of an untagged header (RFC 5041 §4.4): the
+    /// byte offset of this segment's payload within its message.
     pub fn mo(&self) -> u32 {
         self.u32_at(field::MO)
     }
-    /// Header length implied by the T bit.
+    /// Header length in bytes implied by the T bit:
+    /// [`TAGGED_HEADER_LEN`] or [`UNTAGGED_HEADER_LEN`].
     pub fn header_len(&self) -> usize {
         HeaderRepr::header_len_for(self.byte(field::DDP_CTRL))
     }
@@ -149,68 +163,73 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         let b = &mut self.buffer.as_mut()[i];
         *b = (*b & !mask) | (value & mask);
     }
-    /// Set the T flag.
+    /// Set the T (Tagged) flag; the header length follows from it.
     pub fn set_tagged(&mut self, v: bool) {
         self.set_bits(field::DDP_CTRL, T_BIT, if v { T_BIT } else { 0 });
     }
-    /// Set the L flag.
+    /// Set the L (Last) flag.
     pub fn set_last(&mut self, v: bool) {
         self.set_bits(field::DDP_CTRL, L_BIT, if v { L_BIT } else { 0 });
     }
-    /// Set the 4 reserved DDP bits.
+    /// Set the 4 reserved bits of the DDP control field (low 4 bits of `v`).
     pub fn set_ddp_reserved(&mut self, v: u8) {
         self.set_bits(field::DDP_CTRL, 0x3c, v << 2);
     }
-    /// Set the DDP version (2 bits).
+    /// Set DV, the DDP Version (low 2 bits of `v`).
     pub fn set_ddp_version(&mut self, v: u8) {
         self.set_bits(field::DDP_CTRL, 0x03, v);
     }
-    /// Set the RDMAP version (2 bits).
+    /// Set RV, the RDMAP version (low 2 bits of `v`).
     pub fn set_rdmap_version(&mut self, v: u8) {
         self.set_bits(field::RDMAP_CTRL, 0xc0, v << 6);
     }
-    /// Set the 2 reserved RDMAP bits.
+    /// Set the 2 reserved bits of the RDMAP control field (low 2 bits of
+    /// `v`).
     pub fn set_rdmap_reserved(&mut self, v: u8) {
         self.set_bits(field::RDMAP_CTRL, 0x30, v << 4);
     }
-    /// Set the 4-bit opcode.
+    /// Set the RDMA OpCode (low 4 bits of `v`).
     pub fn set_opcode(&mut self, v: u8) {
         self.set_bits(field::RDMAP_CTRL, 0x0f, v);
     }
-    /// Set the STag (tagged).
+    /// Set the Data Sink STag of a tagged header.
     pub fn set_stag(&mut self, v: u32) {
         self.buffer.as_mut()[field::STAG].copy_from_slice(&v.to_be_bytes());
     }
-    /// Set the Tagged Offset (tagged).
+    /// Set the Data Sink Tagged Offset of a tagged header.
     pub fn set_to(&mut self, v: u64) {
         self.buffer.as_mut()[field::TO].copy_from_slice(&v.to_be_bytes());
     }
-    /// Set the Invalidate STag (untagged).
+    /// Set the RsvdULP word of an untagged header: the Invalidate STag of a
+    /// Send with Invalidate, zero otherwise.
     pub fn set_inv_stag(&mut self, v: u32) {
         self.buffer.as_mut()[field::INV_STAG].copy_from_slice(&v.to_be_bytes());
     }
-    /// Set the Queue Number (untagged).
+    /// Set QN, the Queue Number of an untagged header.
     pub fn set_qn(&mut self, v: u32) {
         self.buffer.as_mut()[field::QN].copy_from_slice(&v.to_be_bytes());
     }
-    /// Set the Message Sequence Number (untagged).
+    /// Set MSN, the Message Sequence Number of an untagged header.
     pub fn set_msn(&mut self, v: u32) {
         self.buffer.as_mut()[field::MSN].copy_from_slice(&v.to_be_bytes());
     }
-    /// Set the Message Offset (untagged).
+    /// Set MO, the Message Offset of an untagged header.
     pub fn set_mo(&mut self, v: u32) {
         self.buffer.as_mut()[field::MO].copy_from_slice(&v.to_be_bytes());
     }
 }
 
-/// The buffer model part of a DDP header.
+/// The buffer model part of a DDP header: the fields after the two
+/// control bytes, whose layout the T flag selects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Buffer {
     /// Tagged buffer model (RFC 5041 §4.3).
     Tagged {
-        /// Steering Tag of the target buffer.
+        /// Data Sink STag: the Steering Tag of the buffer the payload is
+        /// placed into.
         stag: u32,
-        /// Tagged Offset within it.
+        /// Data Sink Tagged Offset: the byte address, in the STag's
+        /// buffer, of the first payload byte.
         to: u64,
     },
     /// Untagged buffer model (RFC 5041 §4.4).
@@ -218,31 +237,36 @@ pub enum Buffer {
         /// RsvdULP word: the Invalidate STag of a Send with Invalidate,
         /// otherwise reserved (0).
         inv_stag: u32,
-        /// Queue Number.
+        /// QN: the untagged queue (0 Send, 1 Read/Atomic Request,
+        /// 2 Terminate, 3 Atomic Response).
         qn: u32,
-        /// Message Sequence Number.
+        /// MSN: the message's number within its queue, from 1, modulo
+        /// 2^32.
         msn: u32,
-        /// Message Offset.
+        /// MO: byte offset of this segment's payload within its message.
         mo: u32,
     },
 }
 
-/// A parsed DDP + RDMAP control header.
+/// A parsed DDP segment header with the RDMAP control field: everything
+/// before the ULP payload of a DDP segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeaderRepr {
     /// L flag: last segment of the DDP message.
     pub last: bool,
-    /// DDP version (2 bits).
+    /// DV: the DDP Version (2 bits).
     pub ddp_version: u8,
     /// The 4 reserved bits of byte 0, as received (0 on emit normally).
     pub ddp_reserved: u8,
-    /// RDMAP version (2 bits).
+    /// RV: the RDMAP version (2 bits).
     pub rdmap_version: u8,
     /// The 2 reserved bits of the RDMAP control byte.
     pub rdmap_reserved: u8,
-    /// Raw 4-bit RDMAP opcode (validated by the caller).
+    /// The RDMA OpCode, 4 bits as received; the caller decodes it with
+    /// [`super::rdmap::Opcode`] and rejects unknown values.
     pub opcode: u8,
-    /// Tagged or untagged buffer fields.
+    /// The buffer model fields: STag and TO (tagged) or RsvdULP, QN, MSN
+    /// and MO (untagged).
     pub buffer: Buffer,
 }
 
@@ -286,7 +310,8 @@ impl HeaderRepr {
         })
     }
 
-    /// Length of this header on the wire.
+    /// Length of this header on the wire in bytes: 14 tagged, 18
+    /// untagged.
     pub fn header_len(&self) -> usize {
         match self.buffer {
             Buffer::Tagged { .. } => TAGGED_HEADER_LEN,

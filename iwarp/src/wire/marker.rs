@@ -12,10 +12,11 @@ use super::{Error, Result};
 
 /// Distance between markers in the TCP stream, in octets.
 pub const MARKER_INTERVAL: usize = 512;
-/// Length of a marker.
+/// Length of a marker on the wire, in octets (RFC 5044 §4.3).
 pub const MARKER_LEN: usize = 4;
 
-/// A marker.
+/// An MPA marker (RFC 5044 §4.3): 16 reserved bits and the 16-bit
+/// FPDUPTR, big endian.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MarkerRepr {
     /// The 16 reserved bits, as received (0 on emit normally).

@@ -18,7 +18,9 @@ pub mod terminate;
 
 use core::fmt;
 
-/// Why bytes did not parse.
+/// Why bytes did not parse. Parsers return it for any input, never
+/// panic; the protocol core turns it into the Terminate error its layer
+/// assigns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Error {
     /// The buffer is shorter than the format requires.
@@ -38,5 +40,5 @@ impl fmt::Display for Error {
 
 impl core::error::Error for Error {}
 
-/// Result of parsing.
+/// The result of a parse: the value, or the [`Error`] that stopped it.
 pub type Result<T> = core::result::Result<T, Error>;

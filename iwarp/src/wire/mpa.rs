@@ -14,9 +14,11 @@
 
 use super::{Error, Result};
 
-/// Key of an MPA Request frame.
+/// Key of an MPA Request frame: the 16 ASCII bytes "MPA ID Req Frame"
+/// that open every MPA Request (RFC 5044 §7.1).
 pub const REQUEST_KEY: &[u8; 16] = b"MPA ID Req Frame";
-/// Key of an MPA Reply frame.
+/// Key of an MPA Reply frame: the 16 ASCII bytes "MPA ID Rep Frame"
+/// that open every MPA Reply (RFC 5044 §7.1).
 pub const REPLY_KEY: &[u8; 16] = b"MPA ID Rep Frame";
 /// Length of the fixed part of a request/reply frame.
 pub const HEADER_LEN: usize = 20;
@@ -37,7 +39,8 @@ const R_BIT: u8 = 0x20;
 const E_BIT: u8 = 0x10;
 const RES_MASK: u8 = 0x0f;
 
-/// Request or reply.
+/// Which of the two MPA connection setup frames (RFC 5044 §7.1) a frame
+/// is; the Key field tells them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FrameKind {
     /// MPA Request (initiator to responder).
@@ -74,7 +77,8 @@ pub struct Packet<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wrap a buffer without checks.
+    /// Wrap a buffer without checks. Accessors of a short buffer read
+    /// missing bytes as zero; setters panic if the field lies outside it.
     pub const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
@@ -98,7 +102,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         }
     }
 
-    /// The wrapped buffer.
+    /// The wrapped buffer, giving up the view.
     pub fn into_inner(self) -> T {
         self.buffer
     }
@@ -111,31 +115,38 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn key(&self) -> &[u8] {
         self.buffer.as_ref().get(field::KEY).unwrap_or(&[])
     }
-    /// M: the sender wants markers in the stream it receives.
+    /// M (Marker flag): the sender wants markers in the stream it
+    /// receives (RFC 5044 §7.1).
     pub fn markers(&self) -> bool {
         self.byte(field::FLAGS) & M_BIT != 0
     }
-    /// C: the sender wants CRC32c.
+    /// C (CRC flag): the sender wants the MPA CRC32c on FPDUs; CRC is on in
+    /// both directions if either side sets it (RFC 5044 §7.1).
     pub fn crc(&self) -> bool {
         self.byte(field::FLAGS) & C_BIT != 0
     }
-    /// R: the reply rejects the connection.
+    /// R (Rejected Connection flag): set in a Reply that refuses the
+    /// connection (RFC 5044 §7.1); zero in a Request.
     pub fn reject(&self) -> bool {
         self.byte(field::FLAGS) & R_BIT != 0
     }
-    /// The RFC 6581 enhanced connection establishment bit.
+    /// The RFC 6581 Enhanced connection establishment bit:
+    /// the private data starts with the [`IrdOrd`] words.
     pub fn enhanced(&self) -> bool {
         self.byte(field::FLAGS) & E_BIT != 0
     }
-    /// The remaining 4 reserved flag bits.
+    /// Res: the 4 reserved flag bits, sent as zero and ignored on receipt
+    /// (RFC 5044 §7.1).
     pub fn reserved(&self) -> u8 {
         self.byte(field::FLAGS) & RES_MASK
     }
-    /// The MPA revision.
+    /// Rev: the MPA revision, 1 for RFC 5044 and 2 for RFC 6581 enhanced
+    /// connection setup.
     pub fn revision(&self) -> u8 {
         self.byte(field::REV)
     }
-    /// PD_Length.
+    /// PD_Length: the length in bytes of the private data that follows
+    /// the 20-byte header (big endian; RFC 5044 allows at most 512).
     pub fn pd_len(&self) -> u16 {
         u16::from_be_bytes([
             self.byte(field::PD_LEN.start),
@@ -161,36 +172,37 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
             *b &= !bit;
         }
     }
-    /// Set the key.
+    /// Set the Key field (one of [`REQUEST_KEY`], [`REPLY_KEY`]).
     pub fn set_key(&mut self, key: &[u8; 16]) {
         self.buffer.as_mut()[field::KEY].copy_from_slice(key);
     }
-    /// Set M.
+    /// Set the M (Marker) flag.
     pub fn set_markers(&mut self, v: bool) {
         self.set_flag(M_BIT, v);
     }
-    /// Set C.
+    /// Set the C (CRC) flag.
     pub fn set_crc(&mut self, v: bool) {
         self.set_flag(C_BIT, v);
     }
-    /// Set R.
+    /// Set the R (Rejected Connection) flag.
     pub fn set_reject(&mut self, v: bool) {
         self.set_flag(R_BIT, v);
     }
-    /// Set the enhanced bit.
+    /// Set the RFC 6581 Enhanced connection establishment bit.
     pub fn set_enhanced(&mut self, v: bool) {
         self.set_flag(E_BIT, v);
     }
-    /// Set the 4 remaining reserved bits.
+    /// Set the 4 reserved flag bits (Res); only the low 4 bits of `v`
+    /// are used.
     pub fn set_reserved(&mut self, v: u8) {
         let b = &mut self.buffer.as_mut()[field::FLAGS];
         *b = (*b & !RES_MASK) | (v & RES_MASK);
     }
-    /// Set the revision.
+    /// Set the Rev field.
     pub fn set_revision(&mut self, v: u8) {
         self.buffer.as_mut()[field::REV] = v;
     }
-    /// Set PD_Length.
+    /// Set PD_Length (bytes of private data after the header).
     pub fn set_pd_len(&mut self, v: u16) {
         self.buffer.as_mut()[field::PD_LEN].copy_from_slice(&v.to_be_bytes());
     }
@@ -206,17 +218,18 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 pub struct FrameRepr<'a> {
     /// Request or reply (from the key).
     pub kind: FrameKind,
-    /// M flag.
+    /// M (Marker flag): the sender wants markers in the stream it
+    /// receives.
     pub markers: bool,
-    /// C flag.
+    /// C (CRC flag): the sender wants the MPA CRC32c on FPDUs.
     pub crc: bool,
-    /// R flag.
+    /// R (Rejected Connection flag): the Reply refuses the connection.
     pub reject: bool,
     /// RFC 6581 enhanced connection establishment flag.
     pub enhanced: bool,
     /// The remaining 4 reserved flag bits, as received.
     pub reserved: u8,
-    /// Rev field.
+    /// Rev: the MPA revision (1: RFC 5044, 2: RFC 6581 enhanced).
     pub revision: u8,
     /// The whole private data field (with IRD/ORD words, if any).
     pub private_data: &'a [u8],
@@ -262,7 +275,8 @@ impl<'a> FrameRepr<'a> {
         Ok(HEADER_LEN + pd)
     }
 
-    /// Length of the frame on the wire.
+    /// Length of the frame on the wire: the 20-byte header plus the
+    /// private data.
     pub fn buffer_len(&self) -> usize {
         HEADER_LEN + self.private_data.len()
     }
@@ -297,26 +311,32 @@ impl<'a> FrameRepr<'a> {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct IrdOrd {
-    /// Inbound RDMA Read queue depth (14 bits).
+    /// IRD: how many inbound RDMA Read Requests (and RFC 7306 Atomic
+    /// Requests) the sender accepts outstanding as responder (14 bits).
     pub ird: u16,
-    /// Outbound RDMA Read queue depth (14 bits).
+    /// ORD: how many outbound RDMA Read Requests (and RFC 7306 Atomic
+    /// Requests) the sender keeps outstanding as requester (14 bits).
     pub ord: u16,
-    /// Peer-to-peer connection model: an RTR message follows.
+    /// P2P flag of the IRD word: the peer-to-peer connection model, in which
+    /// the initiator sends a Ready to Receive (RTR) message before the
+    /// responder may send (RFC 6581).
     pub p2p: bool,
-    /// A zero-length Send may serve as RTR.
+    /// The "Send" RTR flag (IRD word): a zero-length Send may serve as RTR.
     pub rtr_send: bool,
-    /// A zero-length RDMA Write may serve as RTR.
+    /// The "Write" RTR flag (ORD word): a zero-length RDMA Write may serve as
+    /// RTR.
     pub rtr_write: bool,
-    /// A zero-length RDMA Read may serve as RTR.
+    /// The "Read" RTR flag (ORD word): a zero-length RDMA Read may serve as
+    /// RTR.
     pub rtr_read: bool,
 }
 
 const IRD_ORD_MASK: u16 = 0x3fff;
 
 impl IrdOrd {
-    /// Length on the wire.
+    /// Length of the two words on the wire, in bytes.
     pub const LEN: usize = 4;
-    /// Largest IRD/ORD value (14 bits).
+    /// Largest IRD or ORD value the 14-bit fields hold (0x3fff).
     pub const MAX: u16 = IRD_ORD_MASK;
 
     /// Parse the two words; `Truncated` if fewer than 4 bytes.

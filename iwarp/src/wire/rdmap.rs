@@ -12,14 +12,16 @@ pub const RDMAP_VERSION: u8 = 1;
 
 /// Untagged queue number of Send messages (RFC 5040 §5.1, §6).
 pub const QN_SEND: u32 = 0;
-/// Untagged queue number of RDMA Read Request messages.
+/// Untagged queue number of RDMA Read Request messages (RFC 5040 §5.1);
+/// RFC 7306 Atomic Requests use it too.
 pub const QN_READ_REQUEST: u32 = 1;
-/// Untagged queue number of Terminate messages.
+/// Untagged queue number of Terminate messages (RFC 5040 §5.1).
 pub const QN_TERMINATE: u32 = 2;
 /// Untagged queue number of Atomic Response messages (RFC 7306 §5; Atomic
 /// Requests share queue 1 with RDMA Read Requests).
 pub const QN_ATOMIC_RESPONSE: u32 = 3;
-/// The number of untagged queues RDMAP uses.
+/// The number of untagged queues RDMAP uses (QN 0 to 3); a segment for
+/// any other QN is a DDP error.
 pub const UNTAGGED_QUEUES: usize = 4;
 
 /// Length of the data an Immediate Data message carries (RFC 7306 §6).
@@ -37,21 +39,24 @@ pub enum Opcode {
     ReadResponse = 2,
     /// Send (untagged, queue 0).
     Send = 3,
-    /// Send with Invalidate.
+    /// Send with Invalidate (untagged, queue 0): the RsvdULP word names an
+    /// STag the receiver invalidates.
     SendInvalidate = 4,
-    /// Send with Solicited Event.
+    /// Send with Solicited Event (untagged, queue 0): the receiver raises
+    /// a completion event even when armed for solicited events only.
     SendSolicited = 5,
-    /// Send with Solicited Event and Invalidate.
+    /// Send with Solicited Event and Invalidate (untagged, queue 0).
     SendSolicitedInvalidate = 6,
     /// Terminate (untagged, queue 2).
     Terminate = 7,
     /// Immediate Data (RFC 7306 §6; untagged, queue 0, 8 bytes).
     ImmediateData = 8,
-    /// Immediate Data with Solicited Event.
+    /// Immediate Data with Solicited Event (RFC 7306 §6; untagged, queue
+    /// 0, 8 bytes).
     ImmediateDataSolicited = 9,
     /// Atomic Request (RFC 7306 §5; untagged, queue 1).
     AtomicRequest = 10,
-    /// Atomic Response (untagged, queue 3).
+    /// Atomic Response (RFC 7306 §5; untagged, queue 3).
     AtomicResponse = 11,
 }
 
@@ -131,13 +136,15 @@ impl Opcode {
 pub struct ReadRequest {
     /// Data Sink STag: where the Read Response places the data.
     pub sink_stag: u32,
-    /// Data Sink Tagged Offset.
+    /// Data Sink Tagged Offset: the byte address in the sink buffer where
+    /// the first byte of the response goes.
     pub sink_to: u64,
-    /// RDMA Read Message Size in bytes.
+    /// RDMA Read Message Size: the number of bytes to read (may be 0).
     pub size: u32,
     /// Data Source STag: the buffer to read at the responder.
     pub src_stag: u32,
-    /// Data Source Tagged Offset.
+    /// Data Source Tagged Offset: the byte address in the source buffer of
+    /// the first byte to read.
     pub src_to: u64,
 }
 
@@ -170,11 +177,13 @@ pub struct AtomicRequest {
     /// The AOpCode (low 4 bits of the first word), raw: a responder must
     /// reject codes it does not support, so they are kept for validation.
     pub aopcode: u8,
-    /// Chosen by the requester, echoed in the response.
+    /// Request Identifier: chosen by the requester and echoed in the
+    /// Atomic Response, which it matches to the request.
     pub req_id: u32,
-    /// The responder's STag.
+    /// Remote STag: the responder's buffer holding the 64-bit target.
     pub stag: u32,
-    /// The responder's tagged offset (64-bit aligned).
+    /// Remote Tagged Offset of the 64-bit target word in that buffer; it
+    /// must be 8-byte aligned.
     pub to: u64,
     /// Add Data (FetchAdd) or Swap Data (CompareSwap).
     pub add_swap: u64,

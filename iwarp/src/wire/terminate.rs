@@ -41,10 +41,12 @@ const R_BIT: u8 = 0x20;
 
 /// Length of the Terminate Control word (control field + reserved bits).
 pub const CONTROL_LEN: usize = 4;
-/// Length of the DDP Segment Length field.
+/// Length of the DDP Segment Length field that precedes a terminated DDP
+/// header, in bytes.
 pub const SEG_LEN_LEN: usize = 2;
 
-/// A parsed Terminate message body.
+/// A parsed Terminate message body (RFC 5040 §4.8): the error code and the
+/// optional copies of the offending segment's headers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TerminateRepr {
     /// The error, `None` if the layer nibble names no known layer.
@@ -52,11 +54,14 @@ pub struct TerminateRepr {
     /// Layer, etype and code bits as received (first 16 bits). On emit
     /// they are used only when `code` is `None`.
     pub raw_code_bits: u16,
-    /// The DDP Segment Length of the offending segment (M bit).
+    /// DDP Segment Length of the offending segment, in bytes, as its MPA
+    /// ULPDU_Length field held it; `Some` exactly when the M bit is set.
     pub ddp_seg_len: Option<u16>,
-    /// The terminated DDP (+ RDMAP control) header (D bit).
+    /// Terminated DDP Header: a copy of the offending segment's DDP header
+    /// with its RDMAP control field; present when the D bit is set.
     pub ddp_header: Option<HeaderRepr>,
-    /// The terminated RDMAP header (R bit): only a Read Request has one.
+    /// Terminated RDMAP Header: present when the R bit is set; only an
+    /// RDMA Read Request has an RDMAP header beyond the control field.
     pub rdmap_header: Option<ReadRequest>,
 }
 
@@ -108,7 +113,9 @@ impl TerminateRepr {
         })
     }
 
-    /// Length of the body on the wire.
+    /// Length of the body on the wire in bytes: 4, plus 2 for the
+    /// segment length slot, plus 14 or 18 for a DDP header, plus 28 for a
+    /// Read Request header.
     pub fn buffer_len(&self) -> usize {
         let mut len = CONTROL_LEN;
         if self.ddp_seg_len.is_some() || self.ddp_header.is_some() {
