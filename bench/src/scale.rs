@@ -55,6 +55,9 @@ pub struct ScaleParams {
     /// Bound side b's receive buffers together by its fill ring
     /// (`iwarp_tcp::Config::rx_budget`): first come, first served.
     pub budget: bool,
+    /// Receive frames side b's windows share
+    /// (`iwarp_tcp::Config::window_frames`; `None`: the engine's default).
+    pub window_frames: Option<usize>,
 }
 
 /// What a scale run measured.
@@ -176,6 +179,7 @@ pub fn run(
         if p.budget {
             cfg.tcp.rx_budget = Some(p.frames as usize / 2 * mss);
         }
+        cfg.tcp.window_frames = p.window_frames;
         let tcp_buffers = (cfg.tcp.rx_buffer + cfg.tcp.tx_buffer) as f64 / 1024.0;
         let dev = retry_open(|| Device::open(Backend::AfXdp(cfg.clone()), manual(2)))?;
         let pd = dev.alloc_pd();

@@ -46,11 +46,21 @@ pub struct Config {
     /// Receive-buffer bytes all sockets of the stack may hold together
     /// (the sum of the windows they can advertise): a new socket gets
     /// `rx_buffer` cut to what the others leave, at least
-    /// [`MIN_BUFFER`]. The AF_XDP engine sets it from its fill ring, so
-    /// the peers cannot have more in flight than the kernel has frames to
-    /// receive into (excess would be dropped and recovered only by
-    /// retransmission). `None`: no bound.
+    /// [`MIN_BUFFER`], for as long as it lives. `None`: no bound.
     pub rx_budget: Option<usize>,
+    /// Receive frames the connections' windows share: the frames the
+    /// device can receive into before the stack takes any (the AF_XDP
+    /// engine's fill ring). Each connection that received data in the
+    /// last 10–20 ms advertises at most `window_frames × MSS / receiving`
+    /// bytes (at least one MSS), so the peers together keep no more in
+    /// flight than there are frames to receive it into, however many
+    /// connections there are; smoltcp's own window, when smaller, stands.
+    /// The right edge of a window never moves back, so a shrinking share
+    /// takes effect as the peers fill what they were offered. `None`:
+    /// the AF_XDP engine fills in three quarters of its fill ring (the
+    /// rest is for the acknowledgements of what it sends), a stack on its
+    /// own cuts nothing; `Some(0)`: windows are never cut.
+    pub window_frames: Option<usize>,
     /// Nagle's algorithm: hold back small segments while data is
     /// unacknowledged. Off by default, so each FPDU leaves at once.
     pub nagle: bool,
@@ -94,6 +104,7 @@ impl Default for Config {
             rx_buffer: 256 * 1024,
             tx_buffer: 256 * 1024,
             rx_budget: None,
+            window_frames: None,
             nagle: false,
             ack_delay: Some(Duration::from_millis(1)),
             congestion: CongestionControl::Reno,

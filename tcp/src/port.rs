@@ -35,6 +35,9 @@ pub(crate) struct PortCounters {
     pub tx_frames: Cell<u64>,
     pub tx_bytes: Cell<u64>,
     pub acks_renumbered: Cell<u64>,
+    /// Segments whose window field was cut to the connection's share of
+    /// the receive frames ([`WindowShare`]).
+    pub windows_cut: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>, n: u64) {
@@ -135,6 +138,14 @@ pub(crate) struct Sent {
     our_shift: u8,
     /// smoltcp's congestion window, mirrored when the socket runs Reno.
     reno: Option<Reno>,
+    /// The right edge of the receive window we last advertised
+    /// (acknowledgement + window), once established.
+    rx_edge: Option<u32>,
+    /// The [`WindowShare`] period in which the peer last sent data.
+    rx_period: u64,
+    /// Bytes the peer may send beyond what we acknowledged, as we last
+    /// advertised (counted in [`WindowShare`]'s total).
+    rx_open: usize,
 }
 
 impl Sent {
@@ -155,6 +166,121 @@ impl Sent {
     }
 }
 
+/// How long a connection counts as receiving after its last data
+/// segment: between one and two of these periods.
+const SHARE_PERIOD_MS: i64 = 10;
+
+/// The receive frames shared by the connections
+/// ([`Config::window_frames`](crate::Config::window_frames)): the windows
+/// all connections have open together stay within `frames × mss` bytes,
+/// so the peers together cannot have more in flight than the device has
+/// frames to receive into. A connection is offered what the others leave
+/// open, at most its fair part, `frames × mss / receiving` (the
+/// connections that received data lately), and at least one MSS, so no
+/// window closes for want of credit (past `frames` connections that do
+/// receive, that floor is what exceeds the frames). smoltcp advertises
+/// its whole free buffer and cannot be told less, so the window field of
+/// each segment it sends is cut on the way out; the right edge
+/// (acknowledgement + window) never moves back (RFC 9293 §3.8.6: a
+/// receiver must not shrink the window), so a share that shrinks takes
+/// effect as the peer fills what it was offered.
+#[derive(Debug, Default)]
+pub(crate) struct WindowShare {
+    /// Receive frames to share; 0: windows are not cut.
+    frames: usize,
+    /// Payload bytes per frame (the local MSS).
+    mss: usize,
+    /// The current period (milliseconds / [`SHARE_PERIOD_MS`]).
+    period: Cell<u64>,
+    /// Connections that received data in the current period and the one
+    /// before it.
+    now_count: Cell<usize>,
+    before_count: Cell<usize>,
+    /// Bytes the connections' windows hold open together (as last
+    /// advertised).
+    open: Cell<usize>,
+}
+
+impl WindowShare {
+    pub(crate) fn new(frames: usize, mss: usize) -> Self {
+        Self {
+            frames,
+            mss: mss.max(1),
+            ..Self::default()
+        }
+    }
+
+    /// Move the period forward to `now`.
+    fn tick(&self, now: Instant) {
+        let p = (now.total_millis().max(0) / SHARE_PERIOD_MS) as u64;
+        let cur = self.period.get();
+        if p == cur {
+            return;
+        }
+        let before = if p == cur + 1 {
+            self.now_count.get()
+        } else {
+            0
+        };
+        self.before_count.set(before);
+        self.now_count.set(0);
+        self.period.set(p);
+    }
+
+    /// A connection last seen receiving in `period` received data.
+    fn receiving(&self, period: &mut u64) {
+        let cur = self.period.get();
+        if *period != cur {
+            *period = cur;
+            self.now_count.set(self.now_count.get() + 1);
+        }
+    }
+
+    /// Bytes one receiving connection may be offered: its fair part.
+    fn bytes(&self) -> Option<usize> {
+        if self.frames == 0 {
+            return None;
+        }
+        let receiving = (self.now_count.get() + self.before_count.get()).max(1);
+        Some((self.frames * self.mss / receiving).max(self.mss))
+    }
+
+    /// Bytes a connection whose window holds `mine` open may be offered:
+    /// its fair part, within what the others leave, at least one MSS.
+    fn offer(&self, mine: usize) -> Option<usize> {
+        let fair = self.bytes()?;
+        let others = self.open.get().saturating_sub(mine);
+        let left = (self.frames * self.mss).saturating_sub(others);
+        Some(fair.min(left).max(self.mss))
+    }
+
+    /// A connection's open window went from `old` to `new` bytes.
+    fn reopen(&self, old: usize, new: usize) {
+        self.open
+            .set(self.open.get().saturating_sub(old).saturating_add(new));
+    }
+}
+
+/// The window field a segment of ours should carry instead of `field`
+/// (scaled by `shift`), acknowledging `ack`: at most `share` bytes, but
+/// never less than what reaches the right edge advertised before
+/// (`edge`). `None`: keep the field.
+fn cut_window(field: u16, shift: u8, ack: u32, edge: Option<u32>, share: usize) -> Option<u16> {
+    let offered = usize::from(field) << shift;
+    let keep = edge
+        .map(|e| e.wrapping_sub(ack) as i32)
+        .filter(|&d| d > 0)
+        .map_or(0, |d| d as usize);
+    let want = share.max(keep);
+    if want >= offered {
+        return None;
+    }
+    // Round up: the edge must not move back by a fraction of a unit.
+    let unit = 1usize << shift;
+    let cut = want.div_ceil(unit);
+    u16::try_from(cut).ok().filter(|&c| c < field)
+}
+
 /// What each connection has sent: (remote address, remote port, local
 /// port) → [`Sent`], kept from the SYN (or SYN-ACK) on. Shared by the
 /// transmit tokens (segments we send) and the receive tokens
@@ -164,6 +290,23 @@ pub(crate) struct SentTable {
     entries: RefCell<HashMap<Flow, Sent, FlowHash>>,
     /// The sockets run smoltcp's Reno: mirror its congestion window.
     pub mirror_reno: bool,
+    /// The receive frames the connections' windows share.
+    pub share: WindowShare,
+}
+
+/// How a segment we send is changed on its way out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Rewrite {
+    /// A stale bare acknowledgement's sequence number ([`renumber_ack`]).
+    seq: Option<u32>,
+    /// The window field cut to the connection's share.
+    window: Option<u16>,
+}
+
+impl Rewrite {
+    fn any(&self) -> bool {
+        self.seq.is_some() || self.window.is_some()
+    }
 }
 
 impl SentTable {
@@ -187,16 +330,19 @@ impl SentTable {
     }
 
     fn forget(&self, flow: Flow) {
-        self.entries.borrow_mut().remove(&flow);
+        if let Some(s) = self.entries.borrow_mut().remove(&flow) {
+            self.share.reopen(s.rx_open, 0);
+        }
     }
 
     /// Look at one frame we send. A SYN starts (or, sent again, restarts)
     /// its connection's entry; a data segment moves `next` forward (a
     /// retransmission does not); every segment of a followed connection
-    /// goes to the congestion window's mirror. Returns the sequence number
-    /// a stale bare acknowledgement should carry instead of its own (see
-    /// [`renumber_ack`]).
-    fn observe_sent(&self, seg: &Segment<'_>) -> Option<u32> {
+    /// goes to the congestion window's mirror. Returns how the segment is
+    /// to be changed: the sequence number a stale bare acknowledgement
+    /// should carry instead of its own (see [`renumber_ack`]) and the
+    /// window field cut to the connection's share ([`WindowShare`]).
+    fn observe_sent(&self, seg: &Segment<'_>) -> Rewrite {
         let (key, tcp) = (seg.flow, &seg.tcp);
         let seq = tcp.seq_number().0 as u32;
         let mut entries = self.entries.borrow_mut();
@@ -212,13 +358,30 @@ impl SentTable {
                     our_scale: tcp.options_summary().ok().and_then(|o| o.window_scale),
                     our_shift: 0,
                     reno: self.mirror_reno.then(Reno::default),
+                    rx_edge: None,
+                    rx_period: u64::MAX,
+                    rx_open: 0,
                 };
                 entries.insert(key, sent);
             }
-            return None;
+            return Rewrite::default();
         }
         let len = tcp.payload().len() as u32;
-        let s = entries.get_mut(&key)?;
+        let Some(s) = entries.get_mut(&key) else {
+            return Rewrite::default();
+        };
+        let mut out = Rewrite::default();
+        if tcp.ack() && !tcp.rst() {
+            let ack = tcp.ack_number().0 as u32;
+            let field = tcp.window_len();
+            if let Some(offer) = self.share.offer(s.rx_open) {
+                out.window = cut_window(field, s.our_shift, ack, s.rx_edge, offer);
+            }
+            let open = usize::from(out.window.unwrap_or(field)) << s.our_shift;
+            s.rx_edge = Some(ack.wrapping_add(open as u32));
+            self.share.reopen(s.rx_open, open);
+            s.rx_open = open;
+        }
         if let Some(r) = &mut s.reno {
             let seg = cwnd::Sent {
                 seq,
@@ -231,13 +394,14 @@ impl SentTable {
             r.on_sent(seg, s.una, s.next);
         }
         if len == 0 {
-            return renumber_ack(tcp, s);
+            out.seq = renumber_ack(tcp, s);
+            return out;
         }
         let end = seq.wrapping_add(len);
         if (end.wrapping_sub(s.next) as i32) > 0 {
             s.next = end;
         }
-        None
+        out
     }
 
     /// Look at one frame we receive: an acknowledgement of a followed
@@ -258,6 +422,9 @@ impl SentTable {
             return;
         };
         let ack = tcp.ack_number().0 as u32;
+        if !tcp.payload().is_empty() {
+            self.share.receiving(&mut s.rx_period);
+        }
         if let Some(r) = &mut s.reno {
             let len = tcp.payload().len() as u32;
             if len > 0 || tcp.verify_checksum(&IpAddress::Ipv4(seg.src), &IpAddress::Ipv4(seg.dst))
@@ -437,9 +604,9 @@ pub(crate) enum PortTx<'a, T> {
     Discard,
 }
 
-/// Give the TCP segment in `frame` sequence number `seq`, its checksum
-/// refilled if smoltcp fills checksums.
-fn renumber(frame: &mut [u8], seq: u32, checksum: bool) {
+/// Change the TCP segment in `frame` as `how` says, its checksum refilled
+/// if smoltcp fills checksums.
+fn rewrite(frame: &mut [u8], how: Rewrite, checksum: bool) {
     let ip_start = EthernetFrame::<&[u8]>::header_len();
     let Some(ip_bytes) = frame.get_mut(ip_start..) else {
         return;
@@ -455,7 +622,12 @@ fn renumber(frame: &mut [u8], seq: u32, checksum: bool) {
     let Ok(mut tcp) = TcpPacket::new_checked(tcp_bytes) else {
         return;
     };
-    tcp.set_seq_number(TcpSeqNumber(seq as i32));
+    if let Some(seq) = how.seq {
+        tcp.set_seq_number(TcpSeqNumber(seq as i32));
+    }
+    if let Some(window) = how.window {
+        tcp.set_window_len(window);
+    }
     if checksum {
         tcp.fill_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst));
     }
@@ -477,11 +649,13 @@ impl<T: phy::TxToken> phy::TxToken for PortTx<'_, T> {
                 bump(&counters.tx_bytes, len as u64);
                 token.consume(len, |buf| {
                     let r = f(buf);
-                    let renumber_to =
-                        Segment::parse(buf, true).and_then(|seg| sent.observe_sent(&seg));
-                    if let Some(seq) = renumber_to {
-                        renumber(buf, seq, tcp_checksum);
-                        bump(&counters.acks_renumbered, 1);
+                    let how = Segment::parse(buf, true)
+                        .map(|seg| sent.observe_sent(&seg))
+                        .unwrap_or_default();
+                    if how.any() {
+                        rewrite(buf, how, tcp_checksum);
+                        bump(&counters.acks_renumbered, u64::from(how.seq.is_some()));
+                        bump(&counters.windows_cut, u64::from(how.window.is_some()));
                     }
                     r
                 })
@@ -509,6 +683,7 @@ impl<D: Device> Device for Port<D> {
 
     fn receive(&mut self, timestamp: Instant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
         let counters = &self.counters;
+        self.sent.share.tick(timestamp);
         if let Some(frame) = self.inject.pop_front() {
             return Some((PortRx::Injected(frame), PortTx::Discard));
         }
@@ -757,15 +932,139 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_window_never_moves_the_right_edge_back() {
+        // No earlier edge: cut to the share, rounded up to the unit.
+        assert_eq!(cut_window(1000, 3, 0, None, 4000), Some(500));
+        assert_eq!(cut_window(1000, 3, 0, None, 4001), Some(501));
+        // The share is as large as smoltcp's window, or larger: untouched.
+        assert_eq!(cut_window(500, 3, 0, None, 4000), None);
+        assert_eq!(cut_window(500, 3, 0, None, 1 << 20), None);
+        // An edge offered before is kept: 6000 bytes beyond ack 100.
+        assert_eq!(cut_window(1000, 3, 100, Some(6100), 2000), Some(750));
+        // ... across the sequence number wrap.
+        let ack = u32::MAX - 99;
+        assert_eq!(cut_window(1000, 3, ack, Some(5900), 2000), Some(750));
+        // An edge behind the acknowledgement keeps nothing.
+        assert_eq!(cut_window(1000, 0, 5000, Some(100), 300), Some(300));
+        // Unscaled, and a closed window stays closed.
+        assert_eq!(cut_window(60000, 0, 0, None, 1448), Some(1448));
+        assert_eq!(cut_window(0, 3, 0, None, 1448), None);
+    }
+
+    #[test]
+    fn receiving_connections_share_the_frames() {
+        let share = WindowShare::new(100, 1000);
+        share.tick(Instant::from_millis(0));
+        // Nobody receiving yet: one connection could take it all.
+        assert_eq!(share.bytes(), Some(100_000));
+        let mut periods = [u64::MAX; 4];
+        for p in &mut periods {
+            share.receiving(p);
+            // Counted once per period.
+            share.receiving(p);
+        }
+        assert_eq!(share.bytes(), Some(25_000));
+        // The next period still counts the last one's.
+        share.tick(Instant::from_millis(SHARE_PERIOD_MS));
+        share.receiving(&mut periods[0]);
+        assert_eq!(share.bytes(), Some(20_000));
+        // Two periods later only the connection still receiving counts.
+        share.tick(Instant::from_millis(2 * SHARE_PERIOD_MS));
+        assert_eq!(share.bytes(), Some(100_000));
+        // Never less than one segment.
+        let share = WindowShare::new(2, 1000);
+        let mut periods = [u64::MAX; 10];
+        for p in &mut periods {
+            share.receiving(p);
+        }
+        assert_eq!(share.bytes(), Some(1000));
+        // No frames to share: windows are left alone.
+        assert_eq!(WindowShare::default().bytes(), None);
+    }
+
+    #[test]
+    fn windows_open_together_stay_within_the_frames() {
+        let share = WindowShare::new(10, 1000);
+        share.tick(Instant::from_millis(0));
+        // One connection holds 8000 open: another is offered the rest.
+        share.reopen(0, 8000);
+        assert_eq!(share.offer(0), Some(2000));
+        // The first one itself may have its whole fair part again.
+        assert_eq!(share.offer(8000), Some(10_000));
+        // Nothing left: one MSS all the same, so no window closes.
+        share.reopen(0, 2000);
+        assert_eq!(share.offer(0), Some(1000));
+        // A connection gone gives its part back.
+        share.reopen(8000, 0);
+        assert_eq!(share.offer(0), Some(8000));
+    }
+
+    #[test]
+    fn segments_of_a_connection_carry_its_share() {
+        let t = SentTable {
+            share: WindowShare::new(4, 1000),
+            ..SentTable::default()
+        };
+        // Established, unscaled (the SYNs carry no window scale).
+        tx(&t, &segment(true, true, 999, Some(1), 60000, &[]));
+        let window_of = |f: &[u8]| {
+            let mut f = f.to_vec();
+            let how = t.observe_sent(&Segment::parse(&f, true).unwrap());
+            rewrite(&mut f, how, true);
+            let seg = Segment::parse(&f, true).unwrap();
+            assert!(seg
+                .tcp
+                .verify_checksum(&IpAddress::Ipv4(US), &IpAddress::Ipv4(PEER)));
+            seg.tcp.window_len()
+        };
+        // One receiving connection: all four frames.
+        rx(&t, &segment(false, false, 1, Some(1000), 100, &[1; 10]));
+        assert_eq!(
+            window_of(&segment(true, false, 1000, Some(11), 60000, &[])),
+            4000
+        );
+        // smoltcp's own window is smaller: it stands.
+        assert_eq!(
+            window_of(&segment(true, false, 1000, Some(11), 3000, &[])),
+            3000
+        );
+        // Three more connections receive: a quarter, but the edge offered
+        // before (11 + 3000) holds until the peer reaches it.
+        for port in [40001u16, 40002, 40003] {
+            let mut f = segment(true, true, 999, Some(1), 60000, &[]);
+            f[36..38].copy_from_slice(&port.to_be_bytes());
+            tx(&t, &f);
+            let mut f = segment(false, false, 1, Some(1000), 100, &[1; 10]);
+            f[34..36].copy_from_slice(&port.to_be_bytes());
+            rx(&t, &f);
+        }
+        assert_eq!(
+            window_of(&segment(true, false, 1000, Some(1011), 60000, &[])),
+            2000
+        );
+        assert_eq!(
+            window_of(&segment(true, false, 1000, Some(3011), 60000, &[])),
+            1000
+        );
+    }
+
+    #[test]
     fn a_stale_bare_acknowledgement_gets_the_highest_sequence_number_sent() {
         let t = SentTable::default();
-        let renumber_to = |frame: &[u8]| t.observe_sent(&Segment::parse(frame, true).unwrap());
+        let renumber_to = |frame: &[u8]| t.observe_sent(&Segment::parse(frame, true).unwrap()).seq;
         tx(&t, &segment(true, true, 999, Some(1), 100, &[]));
         tx(&t, &segment(true, false, 1000, Some(1), 100, &[0; 500]));
         // Rewound after a timeout: the resending has got to 1200.
         let mut ack = segment(true, false, 1200, Some(1), 100, &[]);
         assert_eq!(renumber_to(&ack), Some(1500));
-        renumber(&mut ack, 1500, true);
+        rewrite(
+            &mut ack,
+            Rewrite {
+                seq: Some(1500),
+                window: None,
+            },
+            true,
+        );
         let seg = Segment::parse(&ack, true).unwrap();
         assert_eq!(seg.tcp.seq_number(), TcpSeqNumber(1500));
         assert!(seg
@@ -865,8 +1164,9 @@ mod tests {
                 let mut frame = segment(outgoing, syn, seq, ack, window, &payload);
                 if outgoing {
                     let seg = Segment::parse(&frame, true).unwrap();
-                    if let Some(to) = sent.observe_sent(&seg) {
-                        renumber(&mut frame, to, true);
+                    let how = sent.observe_sent(&seg);
+                    if how.any() {
+                        rewrite(&mut frame, how, true);
                     }
                 } else {
                     rx(&sent, &frame);

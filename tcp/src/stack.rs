@@ -51,7 +51,7 @@ use smoltcp::wire::{
 
 use crate::config::Config;
 use crate::flow::FlowTable;
-use crate::port::{tcp_mss, Flow, Port};
+use crate::port::{tcp_mss, Flow, Port, WindowShare};
 
 /// How long a static neighbour entry lives in the control interface's
 /// cache before it is refreshed (smoltcp's entries expire after 60 s).
@@ -160,6 +160,9 @@ pub struct Counters {
     /// instead of smoltcp's rewound one (during its resending after a
     /// retransmission timeout), which the peer would drop.
     pub acks_renumbered: u64,
+    /// Segments whose receive window was cut to the connection's share of
+    /// [`Config::window_frames`].
+    pub windows_cut: u64,
     /// Connection visits: a connection's egress and state, for frames,
     /// timers or calls that concerned it.
     pub conn_visits: u64,
@@ -1142,6 +1145,10 @@ impl<D: Device> Stack<D> {
             "the stack runs over Ethernet devices"
         );
         let eth_caps = port.capabilities();
+        port.sent.share = WindowShare::new(
+            config.window_frames.unwrap_or(0),
+            tcp_mss(eth_caps.max_transmission_unit),
+        );
         let mut ip_caps = eth_caps.clone();
         ip_caps.medium = Medium::Ip;
         ip_caps.max_transmission_unit = eth_caps.max_transmission_unit - ETH_HEADER;
@@ -1223,6 +1230,7 @@ impl<D: Device> Stack<D> {
             tx_frames: c.tx_frames.get(),
             tx_bytes: c.tx_bytes.get(),
             acks_renumbered: c.acks_renumbered.get(),
+            windows_cut: c.windows_cut.get(),
             ..self.core.counters
         }
     }

@@ -310,3 +310,111 @@ fn a_half_open_flood_drops_the_oldest_and_clients_still_connect() {
     sim.b.unlisten(PORT);
     assert_eq!(sim.b.connection_count(), 1, "the accepted one stays");
 }
+
+/// A `Write` into a buffer the test keeps.
+#[derive(Clone, Default)]
+struct Shared(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+
+impl std::io::Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The frames of a classic pcap file.
+fn pcap_frames(pcap: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut at = 24;
+    while at + 16 <= pcap.len() {
+        let len = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().unwrap()) as usize;
+        out.push(&pcap[at + 16..at + 16 + len]);
+        at += 16 + len;
+    }
+    out
+}
+
+/// Many connections streaming into one stack whose windows share a few
+/// frames (`Config::window_frames`): the windows they hold open together
+/// stay near the frames' bytes instead of a full socket buffer each, no
+/// window's right edge ever moves back, and every byte arrives.
+#[test]
+fn streaming_connections_share_the_receive_frames() {
+    const N: u16 = 64;
+    const FRAMES: usize = 256;
+    const LEN: usize = 64 * 1024;
+    let b_cfg = Config {
+        window_frames: Some(FRAMES),
+        ..Config::default()
+    };
+    let shift = b_cfg.window_shift();
+    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let pairs = open_many(&mut sim, N);
+    let capture = Shared::default();
+    sim.capture(Box::new(capture.clone()), iwarp_tcp::sim::Capture::Sent);
+    let msgs: Vec<Vec<u8>> = (0..pairs.len()).map(|i| data(LEN, i as u64)).collect();
+    let mut sent = vec![0; pairs.len()];
+    let mut got = vec![Vec::new(); pairs.len()];
+    let limit = sim.now + Duration::from_secs(30);
+    sim.run(limit, |s| {
+        let mut done = true;
+        for (i, &(a, b)) in pairs.iter().enumerate() {
+            if sent[i] < LEN {
+                sent[i] += s.a.send_slice(a, &msgs[i][sent[i]..]).unwrap_or(0);
+            }
+            let _ = s.b.recv(b, |buf| {
+                got[i].extend_from_slice(buf);
+                buf.len()
+            });
+            done &= got[i].len() == LEN;
+        }
+        if done {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    sim.finish_capture();
+    assert_eq!(got, msgs, "each connection got its own bytes");
+    assert!(sim.b.counters().windows_cut > 0);
+    let mss = sim.b.local_mss();
+    // B's segments: per connection (A's port) the right edge offered and
+    // the bytes it holds open; their sum at every segment.
+    let pcap = capture.0.borrow();
+    let mut edges: std::collections::HashMap<u16, (u32, usize)> = Default::default();
+    let (mut open, mut most) = (0usize, 0usize);
+    for frame in pcap_frames(&pcap) {
+        let eth = EthernetFrame::new_checked(frame).unwrap();
+        let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+        if ip.src_addr() != Sim::IP_B {
+            continue;
+        }
+        let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+        if tcp.syn() || tcp.rst() || !tcp.ack() {
+            continue;
+        }
+        let ack = tcp.ack_number().0 as u32;
+        let window = usize::from(tcp.window_len()) << shift;
+        let edge = ack.wrapping_add(window as u32);
+        if let Some(&(before, held)) = edges.get(&tcp.dst_port()) {
+            assert!(
+                edge.wrapping_sub(before) as i32 >= 0,
+                "port {}: right edge moved back from {before} to {edge}",
+                tcp.dst_port()
+            );
+            open -= held;
+        }
+        edges.insert(tcp.dst_port(), (edge, window));
+        open += window;
+        most = most.max(open);
+    }
+    // Each window alone could be smoltcp's 256 KiB; together they stay
+    // within the frames plus at most one segment each.
+    let bound = FRAMES * mss + usize::from(N) * mss;
+    assert!(most <= bound, "{most} bytes open at once, bound {bound}");
+    assert!(most < usize::from(N) * b_cfg.rx_buffer / 4);
+}

@@ -45,20 +45,29 @@ struct Cli {
     /// others leave, at least 4 KiB.
     #[arg(long, conflicts_with = "fit_window")]
     rx_budget: bool,
+    /// Receive frames the receiver's windows share
+    /// (`iwarp_tcp::Config::window_frames`; default: three quarters of
+    /// its fill ring; 0: windows are not cut).
+    #[arg(long)]
+    window_frames: Option<usize>,
 }
 
 /// The series name: receiver backend and sender backend.
-fn series(s: Sender, fit: bool, budget: bool) -> String {
+fn series(s: Sender, fit: bool, budget: bool, window_frames: Option<usize>) -> String {
     let base = match s {
         Sender::Kernel => "afxdp-rx/kernel-tx",
         Sender::Afxdp => "afxdp-rx/afxdp-tx",
+    };
+    let base = match window_frames {
+        Some(n) => format!("{base}-wf{n}"),
+        None => base.to_string(),
     };
     if fit {
         format!("{base}-fit")
     } else if budget {
         format!("{base}-budget")
     } else {
-        base.into()
+        base
     }
 }
 
@@ -85,6 +94,7 @@ fn main() -> std::process::ExitCode {
         frames: cli.frames,
         fit: cli.fit_window,
         budget: cli.rx_budget,
+        window_frames: cli.window_frames,
     };
     let reps = c.n.unwrap_or(1).max(1);
     let cpus = c.cpus();
@@ -100,7 +110,7 @@ fn main() -> std::process::ExitCode {
             "default"
         }
     );
-    let name = series(p.sender, p.fit, p.budget);
+    let name = series(p.sender, p.fit, p.budget, p.window_frames);
     let mut recs: Vec<Record> = Vec::new();
     let mut rows = vec![[
         "qps",

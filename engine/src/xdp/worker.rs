@@ -336,6 +336,11 @@ impl XdpIo {
             let fd = dev.frames.fd();
             let mut tcp = cfg.tcp;
             tcp.seed ^= seed ^ (index as u64).rotate_left(17);
+            // Half the frames stock the fill ring; the windows share three
+            // quarters of those, the rest is for acknowledgements.
+            if tcp.window_frames.is_none() {
+                tcp.window_frames = Some(cfg.frames as usize / 2 * 3 / 4);
+            }
             let stack = Stack::new(
                 dev,
                 EthernetAddress(mac),
