@@ -577,7 +577,8 @@ fn xdp_to_xdp_segments_hold_whole_fpdus() {
     }
     let whole = iwarp_capture::tshark::analyze(&pcap).expect("tshark");
     let alone = iwarp_capture::tshark::analyze_segments(&pcap).expect("tshark");
-    let resent = iwarp_capture::tshark::count(&pcap, "tcp.analysis.retransmission").expect("tshark");
+    let resent =
+        iwarp_capture::tshark::count(&pcap, "tcp.analysis.retransmission").expect("tshark");
     drop_capture(&pcap);
     println!(
         "{} of {} FPDUs decode segment by segment; {resent} retransmissions",
