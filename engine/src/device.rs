@@ -825,6 +825,21 @@ pub struct QpInit {
 }
 
 impl QpInit {
+    /// A QP of `pd` whose send and receive completions both go to `cq`,
+    /// with send and receive queues `depth` deep, completing only
+    /// signaled sends, with a receive queue of its own.
+    pub fn new(pd: &Pd, cq: &Cq, depth: usize) -> Self {
+        Self {
+            pd: pd.clone(),
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            sq_depth: depth,
+            rq_depth: depth,
+            sig_all: false,
+            srq: None,
+        }
+    }
+
     /// Create the core QP this describes.
     fn create_in(&self, ctx: &mut Context, emss: usize) -> Result<QpId, VerbsError> {
         let (pd, scq, rcq) = (self.pd.id, self.send_cq.id, self.recv_cq.id);

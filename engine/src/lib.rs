@@ -87,6 +87,12 @@ pub use iwarp::srq::SrqEvent;
 pub use iwarp::verbs::HandleCounts;
 pub use xdp::{EngineStats, XdpConfig, XdpStats};
 
+/// The Rust code blocks of the workspace's `README.md`, compiled (and
+/// those not marked `no_run` run) as doc tests of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 /// A placeholder completion for initialising the buffers passed to
 /// [`Cq::poll`] and [`Cq::wait`].
 pub const EMPTY_WC: WorkCompletion = WorkCompletion {

@@ -124,15 +124,7 @@ fn init(dev: &Device) -> (Pd, Cq, QpInit) {
 fn init_sized(dev: &Device, depth: usize) -> (Pd, Cq, QpInit) {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(1024);
-    let init = QpInit {
-        pd: pd.clone(),
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        sq_depth: depth,
-        rq_depth: depth,
-        sig_all: false,
-        srq: None,
-    };
+    let init = QpInit::new(&pd, &cq, depth);
     (pd, cq, init)
 }
 

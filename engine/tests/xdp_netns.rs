@@ -487,7 +487,7 @@ fn xdp_to_xdp_busy_poll_mtu_3506() {
 
 /// Whether tshark is there to judge `pcap`; if not, says so and removes it.
 fn tshark_ready(pcap: &std::path::Path) -> bool {
-    let ready = iwarp::tshark::available();
+    let ready = iwarp_capture::tshark::available();
     if !ready {
         eprintln!("note: tshark not installed; skipping the decode check");
         let _ = std::fs::remove_file(pcap);
@@ -526,7 +526,7 @@ fn xdp_to_xdp_markers_crc_capture_decodes_in_tshark() {
     if !tshark_ready(&pcap) {
         return;
     }
-    let r = iwarp::tshark::analyze(&pcap).expect("tshark");
+    let r = iwarp_capture::tshark::analyze(&pcap).expect("tshark");
     drop_capture(&pcap);
     println!("tshark: {r:?}");
     // Every size is written, read (request and response) and sent.
@@ -575,9 +575,10 @@ fn xdp_to_xdp_segments_hold_whole_fpdus() {
     if !tshark_ready(&pcap) {
         return;
     }
-    let whole = iwarp::tshark::analyze(&pcap).expect("tshark");
-    let alone = iwarp::tshark::analyze_segments(&pcap).expect("tshark");
-    let resent = iwarp::tshark::count(&pcap, "tcp.analysis.retransmission").expect("tshark");
+    let whole = iwarp_capture::tshark::analyze(&pcap).expect("tshark");
+    let alone = iwarp_capture::tshark::analyze_segments(&pcap).expect("tshark");
+    let resent =
+        iwarp_capture::tshark::count(&pcap, "tcp.analysis.retransmission").expect("tshark");
     drop_capture(&pcap);
     println!(
         "{} of {} FPDUs decode segment by segment; {resent} retransmissions",

@@ -11,10 +11,10 @@
 use iwarp::mem::Access;
 use iwarp::mpa::framing::{RxDeframer, RxItem};
 use iwarp::mpa::handshake::Config;
-use iwarp::pcap::{Side as PcapSide, TcpCapture};
 use iwarp::qp::{QpConfig, RecvWr, SendOp, SendWr, Sge};
 use iwarp::testing::{Chunking, End, Pair};
 use iwarp::wire::mpa::FrameRepr;
+use iwarp_capture::pcap::{Side as PcapSide, TcpCapture};
 
 /// Run every operation both ways.
 fn exchange(p: &mut Pair) {
@@ -185,7 +185,7 @@ fn pieces(p: &Pair, crc: bool, markers: [bool; 2]) -> Vec<(End, Vec<u8>)> {
 }
 
 fn judge(name: &str, crc: bool, markers_a: bool, markers_b: bool, revision: u8) {
-    if !iwarp::tshark::available() {
+    if !iwarp_capture::tshark::available() {
         eprintln!("note: tshark not installed; skipping the wire-format oracle ({name})");
         return;
     }
@@ -219,7 +219,7 @@ fn judge(name: &str, crc: bool, markers_a: bool, markers_b: bool, revision: u8) 
         .filter(|(e, b)| judged(*e) && !b.starts_with(b"MPA ID"))
         .count();
     let path = capture(name, &pieces);
-    let r = iwarp::tshark::analyze(&path).unwrap();
+    let r = iwarp_capture::tshark::analyze(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     assert_eq!(
         r.fpdus, fpdus,
@@ -289,7 +289,7 @@ fn tshark_crc_off_rev2() {
 /// with CRC.
 #[test]
 fn tshark_decodes_atomic_requests_and_responses() {
-    if !iwarp::tshark::available() {
+    if !iwarp_capture::tshark::available() {
         eprintln!("note: tshark not installed; skipping the RFC 7306 oracle");
         return;
     }
@@ -370,8 +370,8 @@ fn tshark_decodes_atomic_requests_and_responses() {
         0x0001_0000_5566_7788
     );
     let path = capture("rfc7306", &pieces(&p, true, [false, false]));
-    let r = iwarp::tshark::analyze(&path).unwrap();
-    let req = iwarp::tshark::fields(
+    let r = iwarp_capture::tshark::analyze(&path).unwrap();
+    let req = iwarp_capture::tshark::fields(
         &path,
         "iwarp_rdma.opcode == 0x0a",
         &[
@@ -388,7 +388,7 @@ fn tshark_decodes_atomic_requests_and_responses() {
             "iwarp_rdma.atomic.compare_mask",
         ],
     );
-    let resp = iwarp::tshark::fields(
+    let resp = iwarp_capture::tshark::fields(
         &path,
         "iwarp_rdma.opcode == 0x0b",
         &[
@@ -397,7 +397,7 @@ fn tshark_decodes_atomic_requests_and_responses() {
             "iwarp_rdma.atomic.original_request_identifier",
         ],
     );
-    let imm = iwarp::tshark::fields(&path, "iwarp_rdma.opcode == 0x09", &["iwarp_ddp.qn"]);
+    let imm = iwarp_capture::tshark::fields(&path, "iwarp_rdma.opcode == 0x09", &["iwarp_ddp.qn"]);
     let _ = std::fs::remove_file(&path);
     // Every FPDU decodes, with a good CRC: two requests, two responses and
     // the Immediate Data, which the dissector calls "Unknown".

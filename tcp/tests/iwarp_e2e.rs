@@ -157,7 +157,7 @@ fn lossy() -> LinkConfig {
 
 /// Run the exchange; returns tshark's report (None without tshark) and
 /// the number of FPDUs at least expected.
-fn run(name: &str, link: LinkConfig) -> Option<(iwarp::tshark::Report, usize)> {
+fn run(name: &str, link: LinkConfig) -> Option<(iwarp_capture::tshark::Report, usize)> {
     run_with(name, link, Config::default(), false, |_| ()).map(|(r, ())| r)
 }
 
@@ -169,7 +169,7 @@ fn run_with<T>(
     config: Config,
     aligned: bool,
     judge: impl FnOnce(&std::path::Path) -> T,
-) -> Option<((iwarp::tshark::Report, usize), T)> {
+) -> Option<((iwarp_capture::tshark::Report, usize), T)> {
     let mut sim = Sim::new(config, config, link);
     let path =
         std::env::temp_dir().join(format!("iwarp-tcp-e2e-{name}-{}.pcap", std::process::id()));
@@ -318,12 +318,12 @@ fn run_with<T>(
     eprintln!("e2e at {}: A→B {:?}; B→A {:?}", sim.now, s.0, s.1);
     sim.finish_capture();
 
-    if !iwarp::tshark::available() {
+    if !iwarp_capture::tshark::available() {
         eprintln!("note: tshark not installed; skipping the pcap check");
         let _ = std::fs::remove_file(&path);
         return None;
     }
-    let r = iwarp::tshark::analyze(&path).unwrap();
+    let r = iwarp_capture::tshark::analyze(&path).unwrap();
     let judged = judge(&path);
     if std::env::var("E2E_KEEP").is_err() {
         let _ = std::fs::remove_file(&path);
@@ -342,7 +342,7 @@ fn run_with<T>(
     Some(((r, min_fpdus), judged))
 }
 
-fn common_checks(r: &iwarp::tshark::Report) {
+fn common_checks(r: &iwarp_capture::tshark::Report) {
     assert_eq!(r.malformed, 0, "{r:?}");
     assert!(r.expert_errors.is_empty(), "{:?}", r.expert_errors);
     for op in ["Send", "Write", "Read Request", "Read Response"] {
@@ -407,7 +407,7 @@ fn check_alignment(config: Config, aligned: bool) {
         config.congestion
     );
     let Some((r, path)) = run_with(&name, LinkConfig::default(), config, aligned, |path| {
-        iwarp::tshark::analyze_segments(path).unwrap()
+        iwarp_capture::tshark::analyze_segments(path).unwrap()
     }) else {
         return;
     };

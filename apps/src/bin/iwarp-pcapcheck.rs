@@ -1,5 +1,5 @@
 //! `iwarp-pcapcheck FILE [--expect-crc]`: decode a capture with tshark's
-//! iWARP dissectors ([`iwarp::tshark::analyze`]), print the report, and
+//! iWARP dissectors ([`iwarp_capture::tshark::analyze`]), print the report, and
 //! exit non-zero unless it holds at least one FPDU, no bad CRC, nothing
 //! malformed and no expert error (and, with `--expect-crc`, every FPDU has
 //! a CRC tshark verified as good).
@@ -22,7 +22,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let r = match iwarp::tshark::analyze(&args.file) {
+    let r = match iwarp_capture::tshark::analyze(&args.file) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("iwarp-pcapcheck: {e}");

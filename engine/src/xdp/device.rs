@@ -10,13 +10,14 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter};
 use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::ArrayQueue;
+use iwarp_capture::pcap::PcapWriter;
 use iwarp_tcp::smoltcp::phy::{self, DeviceCapabilities, Medium};
 use iwarp_tcp::smoltcp::time::Instant;
 use iwarp_tcp::Stack;
@@ -32,35 +33,19 @@ pub(crate) const ETH_HEADER: usize = 14;
 /// device receives or transmits.
 #[derive(Debug)]
 pub(crate) struct Pcap {
-    out: BufWriter<File>,
+    out: PcapWriter<BufWriter<File>>,
 }
 
 impl Pcap {
     pub(crate) fn create(path: &Path) -> io::Result<Self> {
-        let mut out = BufWriter::new(File::create(path)?);
-        let mut hdr = Vec::with_capacity(24);
-        hdr.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-        hdr.extend_from_slice(&2u16.to_le_bytes());
-        hdr.extend_from_slice(&4u16.to_le_bytes());
-        hdr.extend_from_slice(&0i32.to_le_bytes());
-        hdr.extend_from_slice(&0u32.to_le_bytes());
-        hdr.extend_from_slice(&65535u32.to_le_bytes());
-        hdr.extend_from_slice(&1u32.to_le_bytes());
-        out.write_all(&hdr)?;
+        let out = PcapWriter::new(BufWriter::new(File::create(path)?))?;
         Ok(Self { out })
     }
 
     fn record(&mut self, ts: Instant, frame: &[u8]) {
         let us = ts.total_micros().max(0) as u64;
-        let len = frame.len() as u32;
-        let mut hdr = [0u8; 16];
-        hdr[0..4].copy_from_slice(&((us / 1_000_000) as u32).to_le_bytes());
-        hdr[4..8].copy_from_slice(&((us % 1_000_000) as u32).to_le_bytes());
-        hdr[8..12].copy_from_slice(&len.to_le_bytes());
-        hdr[12..16].copy_from_slice(&len.to_le_bytes());
         // A failing capture must not disturb the data path.
-        let _ = self.out.write_all(&hdr);
-        let _ = self.out.write_all(frame);
+        let _ = self.out.record(us, frame);
     }
 
     pub(crate) fn flush(&mut self) {

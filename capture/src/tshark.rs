@@ -1,6 +1,6 @@
 //! Runs Wireshark's `tshark` on a capture and summarises what its iWARP
-//! dissectors (`iwarp_mpa`, `iwarp_ddp_rdmap`) decoded: test support, used
-//! as an independent wire-format oracle.
+//! dissectors (`iwarp_mpa`, `iwarp_ddp_rdmap`) decoded: the independent
+//! wire-format oracle of the tests and of `iwarp-pcapcheck`.
 //!
 //! One tshark run produces both inputs:
 //!

@@ -1,16 +1,20 @@
-//! A synthetic TCP capture writer: test support, used as a wire-format
-//! oracle.
+//! Classic pcap files (`LINKTYPE_ETHERNET`).
+//!
+//! [`PcapWriter`] writes the frames it is handed, each with the timestamp
+//! it is given: the AF_XDP engine records every frame it receives or sends
+//! with it (`--xdp-pcap`).
 //!
 //! [`TcpCapture`] turns the two byte streams of one TCP connection into a
-//! classic pcap file (`LINKTYPE_ETHERNET`) that Wireshark/tshark dissects
-//! like a real capture: Ethernet II, IPv4 (198.18.0.1 → 198.18.0.2) and TCP
-//! with correct checksums, a three-way handshake, data segments of at most
-//! `mss` bytes whose sequence and acknowledgement numbers follow both
-//! streams, and a FIN exchange at the end. Timestamps are synthetic and
-//! strictly increasing; nothing reads a clock.
+//! pcap file that Wireshark/tshark dissects like a real capture: Ethernet
+//! II, IPv4 (198.18.0.1 → 198.18.0.2) and TCP with correct checksums, a
+//! three-way handshake, data segments of at most `mss` bytes whose
+//! sequence and acknowledgement numbers follow both streams, and a FIN
+//! exchange at the end. Timestamps are synthetic and strictly increasing;
+//! nothing reads a clock. The tests use it to put the protocol core's
+//! output in front of tshark ([`crate::tshark`]).
 //!
 //! ```no_run
-//! use iwarp::pcap::{Side, TcpCapture};
+//! use iwarp_capture::pcap::{Side, TcpCapture};
 //! let file = std::fs::File::create("/tmp/x.pcap")?;
 //! let mut cap = TcpCapture::new(file, 40000, 7174, 1460)?;
 //! cap.send(Side::Client, b"hello")?;
@@ -33,11 +37,16 @@ pub const SERVER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 const CLIENT_ISN: u32 = 0x1000_0000;
 const SERVER_ISN: u32 = 0x2000_0000;
 /// First timestamp: 2023-11-14T22:13:20Z, a fixed arbitrary instant.
-const START_SECS: u32 = 1_700_000_000;
+const START_MICROS: u64 = 1_700_000_000 * 1_000_000;
 /// Synthetic time between two consecutive frames.
-const STEP_MICROS: u32 = 10;
-const SNAPLEN: u32 = 262_144;
-const LINKTYPE_ETHERNET: u32 = 1;
+const STEP_MICROS: u64 = 10;
+/// The largest frame a reader is told to expect (the file header's
+/// snapshot length); longer frames are written whole all the same.
+pub const SNAPLEN: u32 = 262_144;
+/// The link type of the file: Ethernet II frames.
+pub const LINKTYPE_ETHERNET: u32 = 1;
+/// Magic number of a classic pcap file with microsecond timestamps.
+const MAGIC: u32 = 0xa1b2_c3d4;
 const ETH_LEN: usize = 14;
 const IP_LEN: usize = 20;
 const TCP_LEN: usize = 20;
@@ -50,6 +59,70 @@ const FIN: u8 = 0x01;
 const SYN: u8 = 0x02;
 const PSH: u8 = 0x08;
 const ACK: u8 = 0x10;
+
+/// Writer of a classic pcap file (microsecond timestamps, Ethernet link
+/// type) of whole frames.
+///
+/// [`Self::new`] writes the file header, [`Self::record`] one frame.
+/// Buffering is the caller's choice (wrap a file in a
+/// [`std::io::BufWriter`]).
+///
+/// ```
+/// use iwarp_capture::pcap::PcapWriter;
+/// let mut w = PcapWriter::new(Vec::new())?;
+/// w.record(1_500_000, &[0xa5; 60])?;
+/// let bytes = w.into_inner()?;
+/// assert_eq!(bytes.len(), 24 + 16 + 60);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct PcapWriter<W: Write> {
+    out: W,
+}
+
+impl<W: Write> PcapWriter<W> {
+    /// Start a file: writes the 24-byte pcap header (version 2.4, snapshot
+    /// length [`SNAPLEN`], link type [`LINKTYPE_ETHERNET`]).
+    pub fn new(mut out: W) -> io::Result<Self> {
+        let mut header = [0u8; 24];
+        header[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        header[4..6].copy_from_slice(&2u16.to_le_bytes());
+        header[6..8].copy_from_slice(&4u16.to_le_bytes());
+        // thiszone and sigfigs stay 0
+        header[16..20].copy_from_slice(&SNAPLEN.to_le_bytes());
+        header[20..24].copy_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
+        out.write_all(&header)?;
+        Ok(Self { out })
+    }
+
+    /// Append one whole frame (an Ethernet frame without its FCS), stamped
+    /// `micros` microseconds after the Unix epoch (seconds past `u32::MAX`
+    /// wrap).
+    pub fn record(&mut self, micros: u64, frame: &[u8]) -> io::Result<()> {
+        let secs = (micros / 1_000_000) as u32;
+        let usecs = (micros % 1_000_000) as u32;
+        let len = u32::try_from(frame.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame over 4 GiB"))?;
+        let mut rec = [0u8; 16];
+        rec[0..4].copy_from_slice(&secs.to_le_bytes());
+        rec[4..8].copy_from_slice(&usecs.to_le_bytes());
+        rec[8..12].copy_from_slice(&len.to_le_bytes());
+        rec[12..16].copy_from_slice(&len.to_le_bytes());
+        self.out.write_all(&rec)?;
+        self.out.write_all(frame)
+    }
+
+    /// Flush the underlying writer.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
+    /// Flush and return the underlying writer.
+    pub fn into_inner(mut self) -> io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
 
 /// One end of the captured connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +151,7 @@ struct Endpoint {
 /// and hands the writer back.
 #[derive(Debug)]
 pub struct TcpCapture<W: Write> {
-    out: W,
+    out: PcapWriter<W>,
     mss: usize,
     client: Endpoint,
     server: Endpoint,
@@ -97,7 +170,7 @@ impl<W: Write> TcpCapture<W> {
             ));
         }
         let mut cap = Self {
-            out,
+            out: PcapWriter::new(out)?,
             mss,
             client: Endpoint {
                 mac: CLIENT_MAC,
@@ -115,15 +188,6 @@ impl<W: Write> TcpCapture<W> {
             },
             frames: 0,
         };
-        let mut header = [0u8; 24];
-        header[0..4].copy_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-        header[4..6].copy_from_slice(&2u16.to_le_bytes());
-        header[6..8].copy_from_slice(&4u16.to_le_bytes());
-        // thiszone and sigfigs stay 0
-        header[16..20].copy_from_slice(&SNAPLEN.to_le_bytes());
-        header[20..24].copy_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
-        cap.out.write_all(&header)?;
-
         cap.segment(Side::Client, SYN, &[])?;
         cap.segment(Side::Server, SYN | ACK, &[])?;
         cap.segment(Side::Client, ACK, &[])?;
@@ -146,8 +210,7 @@ impl<W: Write> TcpCapture<W> {
         self.segment(Side::Client, FIN | ACK, &[])?;
         self.segment(Side::Server, FIN | ACK, &[])?;
         self.segment(Side::Client, ACK, &[])?;
-        self.out.flush()?;
-        Ok(self.out)
+        self.out.into_inner()
     }
 
     /// Write one frame from `from` with `flags` and `payload`, and advance
@@ -161,17 +224,8 @@ impl<W: Write> TcpCapture<W> {
         let ack = if flags & ACK != 0 { dst.next_seq } else { 0 };
         let frame = build_frame(&src, &dst, ack, flags, payload);
 
-        let micros = u64::from(self.frames) * u64::from(STEP_MICROS);
-        let secs = START_SECS.wrapping_add((micros / 1_000_000) as u32);
-        let usecs = (micros % 1_000_000) as u32;
-        let len = frame.len() as u32;
-        let mut rec = [0u8; 16];
-        rec[0..4].copy_from_slice(&secs.to_le_bytes());
-        rec[4..8].copy_from_slice(&usecs.to_le_bytes());
-        rec[8..12].copy_from_slice(&len.to_le_bytes());
-        rec[12..16].copy_from_slice(&len.to_le_bytes());
-        self.out.write_all(&rec)?;
-        self.out.write_all(&frame)?;
+        let micros = START_MICROS + u64::from(self.frames) * STEP_MICROS;
+        self.out.record(micros, &frame)?;
         self.frames = self.frames.wrapping_add(1);
 
         let consumed = payload.len() as u32 + u32::from(flags & (SYN | FIN) != 0);
@@ -341,6 +395,28 @@ mod tests {
         assert_eq!(checksum(0, &data), !0xddf2);
         // Odd length: the last byte is padded with zero.
         assert_eq!(checksum(0, &[0x12]), !0x1200);
+    }
+
+    #[test]
+    fn writer_header_and_records() {
+        let mut w = PcapWriter::new(Vec::new()).unwrap();
+        w.record(3_000_007, &[0xa5; 60]).unwrap();
+        w.record(3_000_008, &[0x5a; 3]).unwrap();
+        let b = w.into_inner().unwrap();
+        assert_eq!(b.len(), 24 + 16 + 60 + 16 + 3);
+        assert_eq!(b[..4], MAGIC.to_le_bytes());
+        assert_eq!(b[4..8], [2, 0, 4, 0], "version 2.4");
+        assert_eq!(b[8..16], [0; 8], "thiszone, sigfigs");
+        assert_eq!(b[16..20], SNAPLEN.to_le_bytes());
+        assert_eq!(b[20..24], 1u32.to_le_bytes(), "Ethernet link type");
+        assert_eq!(b[24..28], 3u32.to_le_bytes());
+        assert_eq!(b[28..32], 7u32.to_le_bytes());
+        assert_eq!(b[32..36], 60u32.to_le_bytes());
+        assert_eq!(b[36..40], 60u32.to_le_bytes());
+        assert!(b[40..100].iter().all(|&x| x == 0xa5));
+        assert_eq!(b[104..108], 8u32.to_le_bytes());
+        assert_eq!(b[108..112], 3u32.to_le_bytes());
+        assert_eq!(b[116..], [0x5a; 3]);
     }
 
     #[test]
