@@ -8,6 +8,8 @@
 //! server; with one, the client (like perftest). perftest's server serves
 //! one client; with `--persistent [N]` ours serves one client after
 //! another (N runs, or for ever), each run printing its own results.
+//! perftest's `-b` (bidirectional bw tests) and `-D`/`-f` (run for a
+//! duration, measured between margins) work as perftest's and with it.
 
 #[path = "../perf/stats.rs"]
 mod stats;
