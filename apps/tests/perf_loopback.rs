@@ -125,6 +125,189 @@ fn json_rows() {
     assert!(lines[0].ends_with('}'));
 }
 
+/// The value of `key` in a JSON row (numbers and `true`/`false` as
+/// text, strings without their quotes).
+fn field<'a>(row: &'a str, key: &str) -> Option<&'a str> {
+    let pat = format!("\"{key}\":");
+    let rest = &row[row.find(&pat)? + pat.len()..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    Some(rest[..end].trim_matches('"'))
+}
+
+fn num(row: &str, key: &str) -> f64 {
+    field(row, key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number {key} in {row}"))
+}
+
+/// The JSON rows of a run whose both sides exit 0.
+fn json_pair(test: &str, extra: &[&str]) -> (Vec<String>, Vec<String>) {
+    let mut args = extra.to_vec();
+    args.push("--json");
+    let (s, c) = run_pair(test, &args);
+    assert!(c.status.success(), "{test} client failed:\n{}", show(&c));
+    assert!(s.status.success(), "{test} server failed:\n{}", show(&s));
+    let lines = |o: &Output| -> Vec<String> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    (lines(&s), lines(&c))
+}
+
+/// `-b`: both sides send `n` messages per QP at once; each prints one row
+/// with the sum of both directions, and its JSON row carries each side's
+/// own count and average. Each side's own numbers are the other's remote
+/// ones (the report went both ways), and both directions moved every
+/// message.
+fn check_bidirectional(test: &str, extra: &[&str], per_side: u64) {
+    let (s, c) = json_pair(test, extra);
+    assert_eq!(s.len(), 1, "{test} server: {s:?}");
+    assert_eq!(c.len(), 1, "{test} client: {c:?}");
+    let (s, c) = (&s[0], &c[0]);
+    for (row, side) in [(s, "server"), (c, "client")] {
+        assert_eq!(field(row, "side"), Some(side), "{row}");
+        assert_eq!(field(row, "bidirectional"), Some("true"), "{row}");
+        assert_eq!(num(row, "local_iterations") as u64, per_side, "{row}");
+        assert_eq!(num(row, "remote_iterations") as u64, per_side, "{row}");
+        assert_eq!(num(row, "iterations") as u64, per_side, "{row}");
+        assert!(num(row, "local_bw_average") > 0.0, "{row}");
+        assert!(num(row, "remote_bw_average") > 0.0, "{row}");
+        let sum = num(row, "local_bw_average") + num(row, "remote_bw_average");
+        assert!((num(row, "bw_average") - sum).abs() < 1e-3, "{row}");
+    }
+    assert_eq!(field(s, "local_bw_average"), field(c, "remote_bw_average"));
+    assert_eq!(field(c, "local_bw_average"), field(s, "remote_bw_average"));
+}
+
+#[test]
+fn bidirectional_write_bw() {
+    check_bidirectional("write_bw", &["-b", "-s", "4096", "-n", "50"], 50);
+}
+
+#[test]
+fn bidirectional_write_bw_two_qps_all_sizes() {
+    // -a: one row per size on each side, every one bidirectional.
+    let (s, c) = json_pair("write_bw", &["-b", "-a", "-n", "8", "-q", "2"]);
+    assert_eq!(s.len(), 23, "{s:?}");
+    assert_eq!(c.len(), 23, "{c:?}");
+    for (i, (sr, cr)) in s.iter().zip(&c).enumerate() {
+        for row in [sr, cr] {
+            assert_eq!(num(row, "bytes") as u64, 2 << i, "{row}");
+            assert_eq!(num(row, "local_iterations") as u64, 16, "{row}");
+            assert_eq!(num(row, "remote_iterations") as u64, 16, "{row}");
+        }
+    }
+}
+
+#[test]
+fn bidirectional_read_bw() {
+    check_bidirectional("read_bw", &["-b", "-s", "4096", "-n", "50"], 50);
+}
+
+#[test]
+fn bidirectional_send_bw() {
+    // More messages than the receive depth: both directions run on
+    // credits.
+    check_bidirectional("send_bw", &["-b", "-s", "1024", "-n", "1200"], 1200);
+}
+
+/// `-D`: a run of a duration; the row counts what completed in the
+/// sample, so it is not empty.
+#[test]
+fn duration_write_bw() {
+    let (s, c) = json_pair("write_bw", &["-D", "3", "-f", "1", "-s", "4096"]);
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!(c.len(), 1, "{c:?}");
+    let iters = num(&c[0], "iterations");
+    assert!(iters > 0.0, "{}", c[0]);
+    assert!(num(&c[0], "bw_average") > 0.0, "{}", c[0]);
+    assert_eq!(num(&c[0], "bw_peak"), 0.0, "{}", c[0]);
+    assert_eq!(
+        (num(&c[0], "duration_s"), num(&c[0], "margin_s")),
+        (3.0, 1.0)
+    );
+    // The server prints the client's report.
+    assert_eq!(num(&s[0], "iterations"), iters, "{}", s[0]);
+}
+
+#[test]
+fn duration_bidirectional_send_bw() {
+    // send_bw -b -D: each side counts both directions, no report.
+    let (s, c) = json_pair("send_bw", &["-b", "-D", "2", "-s", "4096"]);
+    for rows in [&s, &c] {
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert!(num(&rows[0], "iterations") > 0.0, "{}", rows[0]);
+        assert_eq!(field(&rows[0], "bidirectional"), Some("true"));
+        assert_eq!(field(&rows[0], "local_iterations"), None);
+    }
+}
+
+#[test]
+fn duration_send_lat() {
+    let (s, c) = json_pair("send_lat", &["-D", "2", "-s", "64"]);
+    for rows in [&s, &c] {
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let row = &rows[0];
+        assert!(num(row, "iterations") > 0.0, "{row}");
+        assert!(
+            num(row, "t_avg_usec") > 0.0 && num(row, "tps_average") > 0.0,
+            "{row}"
+        );
+        assert_eq!(num(row, "duration_s"), 2.0, "{row}");
+    }
+    // The table: perftest's duration header and row.
+    let (s, c) = run_pair("write_lat", &["-D", "2"]);
+    assert!(s.status.success() && c.status.success(), "{}", show(&c));
+    let out = String::from_utf8_lossy(&c.stdout);
+    assert!(
+        out.contains(" #bytes        #iterations       t_avg[usec]    tps average\n"),
+        "{out}"
+    );
+    let r = rows(&c);
+    assert_eq!(r.len(), 1, "{out}");
+    let n: u64 = r[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(n > 0, "{out}");
+}
+
+#[test]
+fn duration_read_lat() {
+    let (s, c) = json_pair("read_lat", &["-D", "2"]);
+    assert!(s.is_empty(), "{s:?}");
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert!(num(&c[0], "iterations") > 0.0, "{}", c[0]);
+}
+
+#[test]
+fn bidirectional_and_duration_refusals() {
+    for (test, args, why) in [
+        (
+            "write_lat",
+            &["-b"][..],
+            "-b (bidirectional) is for bandwidth tests only",
+        ),
+        (
+            "write_bw",
+            &["-D", "2", "-a"][..],
+            "-D (duration) does not run with -a",
+        ),
+        (
+            "send_bw",
+            &["-D", "2", "-f", "1"][..],
+            "the duration (-D) must exceed twice the margin (-f)",
+        ),
+    ] {
+        let c = perf_client(test, "1", args);
+        assert!(!c.status.success(), "{test} {args:?}");
+        assert!(
+            String::from_utf8_lossy(&c.stderr).contains(why),
+            "{test} {args:?}: {}",
+            show(&c)
+        );
+    }
+}
+
 fn show(o: &Output) -> String {
     format!(
         "{}{}",

@@ -8,6 +8,8 @@
 //! server; with one, the client (like perftest). perftest's server serves
 //! one client; with `--persistent [N]` ours serves one client after
 //! another (N runs, or for ever), each run printing its own results.
+//! perftest's `-b` (bidirectional bw tests) and `-D`/`-f` (run for a
+//! duration, measured between margins) work as perftest's and with it.
 
 #[path = "../perf/stats.rs"]
 mod stats;
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use iwarp_apps::backend::BackendArgs;
 use iwarp_apps::proto::perftest::{
-    self as pt, BwReport, BwUnit, Exchange, LatStats, PingpongDest, Side, Test, Verb,
+    self as pt, BwReport, BwUnit, Exchange, LatDurStats, LatStats, PingpongDest, Side, Test, Verb,
 };
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, ConnRequest, Cq, Device, DeviceConfig, Listener,
@@ -125,6 +127,21 @@ struct Opts {
     /// inline sends, the data is sent as normal (non-inline) data.
     #[arg(short = 'I', long = "inline_size")]
     inline_size: Option<u32>,
+    /// Bidirectional (bandwidth tests): both sides issue the test's
+    /// traffic at once and each prints the sum of both directions
+    /// (perftest's -b; both sides must give it).
+    #[arg(short = 'b', long = "bidirectional")]
+    bidirectional: bool,
+    /// Run for SECS seconds instead of -n iterations, counting what
+    /// completes between the margins at both ends (perftest's -D; both
+    /// sides must give it; not with -a).
+    #[arg(short = 'D', long = "duration", value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    duration: Option<u64>,
+    /// With -D: seconds at the start and at the end of the run that are
+    /// not measured (default: a quarter of the duration, rounded down;
+    /// the duration must exceed twice the margin).
+    #[arg(short = 'f', long = "margin", value_name = "SECS")]
+    margin: Option<u64>,
     /// Report bandwidth in Gb/s instead of MB/s.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
@@ -176,6 +193,10 @@ struct Cfg {
     tx_depth: u32,
     rx_depth: u32,
     out_reads: u16,
+    /// `-b` (bandwidth tests only).
+    bidir: bool,
+    /// `-D`: duration and margin in seconds.
+    duration: Option<(u64, u64)>,
     unit: BwUnit,
     port: u16,
     crc: bool,
@@ -194,6 +215,22 @@ impl Cfg {
         if o.persistent.is_some() && o.address.is_some() {
             return Err("--persistent is for the server (no address)".into());
         }
+        if o.bidirectional && !test.is_bw() {
+            return Err("-b (bidirectional) is for bandwidth tests only".into());
+        }
+        let duration = match o.duration {
+            Some(d) => {
+                if o.all {
+                    return Err("-D (duration) does not run with -a".into());
+                }
+                let margin = o.margin.unwrap_or(d / 4);
+                if d <= margin.saturating_mul(2) {
+                    return Err("the duration (-D) must exceed twice the margin (-f)".into());
+                }
+                Some((d, margin))
+            }
+            None => None,
+        };
         let iters = o.iters.unwrap_or_else(|| test.default_iters());
         let size = o.size.unwrap_or_else(|| test.default_size());
         let sizes: Vec<u64> = if o.all {
@@ -205,9 +242,11 @@ impl Cfg {
         if o.all && max_size != MAX_ALL_SIZE {
             return Err("internal: -a sizes".into());
         }
+        // perftest caps the depths at -n only when it counts iterations.
+        let cap = if duration.is_some() { u64::MAX } else { iters };
         let tx_depth = if test.is_bw() {
             let t = o.tx_depth.unwrap_or(pt::DEFAULT_TX_DEPTH_BW);
-            let t = u64::from(t).min(iters) as u32;
+            let t = u64::from(t).min(cap) as u32;
             if test.verb() == Verb::Read {
                 t.min(u32::from(o.out_reads))
             } else {
@@ -216,7 +255,7 @@ impl Cfg {
         } else {
             pt::DEFAULT_TX_DEPTH_LAT
         };
-        let rx_depth = u64::from(pt::DEFAULT_RX_DEPTH_SEND_BW).min(iters) as u32;
+        let rx_depth = u64::from(pt::DEFAULT_RX_DEPTH_SEND_BW).min(cap) as u32;
         Ok(Self {
             test,
             side: if o.address.is_some() {
@@ -232,6 +271,8 @@ impl Cfg {
             tx_depth,
             rx_depth,
             out_reads: o.out_reads,
+            bidir: o.bidirectional,
+            duration,
             unit: if o.report_gbits {
                 BwUnit::Gbps
             } else {
@@ -260,6 +301,17 @@ impl Cfg {
 
     fn name(&self) -> &'static str {
         self.test.command().trim_start_matches("ib_")
+    }
+
+    /// A fresh `-D` clock (not started), if the run has a duration.
+    fn clock(&self) -> Option<stats::DurationClock> {
+        self.duration.map(|(d, m)| stats::DurationClock::new(d, m))
+    }
+
+    /// How long a comm-connection wait for the peer may take: the peer
+    /// may be measuring for the whole duration meanwhile.
+    fn comm_timeout(&self) -> Duration {
+        PEER_TIMEOUT + Duration::from_secs(self.duration.map_or(0, |(d, _)| d))
     }
 }
 
@@ -296,17 +348,20 @@ struct Comm {
     mr: Mr,
     side: Side,
     stash: Vec<WorkCompletion>,
+    /// How long a wait for the peer may take.
+    timeout: Duration,
 }
 
 impl Comm {
     /// `qp` was connected with [`Self::recv_sge`] posted (`COMM_RECV`).
-    fn new(qp: Qp, cq: Cq, mr: Mr, side: Side) -> Self {
+    fn new(qp: Qp, cq: Cq, mr: Mr, side: Side, timeout: Duration) -> Self {
         Self {
             qp,
             cq,
             mr,
             side,
             stash: Vec::new(),
+            timeout,
         }
     }
 
@@ -330,7 +385,7 @@ impl Comm {
         if let Some(i) = self.stash.iter().position(|w| w.wr_id == wr_id) {
             return Ok(self.stash.remove(i));
         }
-        let deadline = Instant::now() + PEER_TIMEOUT;
+        let deadline = Instant::now() + self.timeout;
         let mut wcs = [EMPTY_WC; 4];
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -534,36 +589,61 @@ enum Step {
     Measure(Vec<u64>),
 }
 
-/// perftest's script, expanded for send_bw with several QPs (dests of all
-/// QPs, dest 0, dests of all QPs, dest 0) and for `-a`: send_bw repeats
-/// "dest 0, measure, dest 0" per size, the other tests measure every
-/// size in one go.
+/// perftest's script ([`pt::script_with`]), expanded for send_bw with
+/// several QPs (dests of all QPs, dest 0, dests of all QPs, dest 0) and
+/// for `-a`: send_bw repeats "dest 0, measure, (bidirectional: report),
+/// dest 0" per size; bidirectional write_bw / read_bw repeat "dest 0,
+/// measure, dest 0, report" per size; the others measure every size in
+/// one go.
 fn steps(cfg: &Cfg) -> Vec<Step> {
-    let base = pt::script(cfg.test, cfg.qps);
+    let bidir = cfg.bidir && cfg.test.is_bw();
+    let base = pt::script_with(cfg.test, cfg.qps, bidir, cfg.duration.is_some());
+    let report = || (0..BwReport::FIELDS as u8).map(|field| Step::Ex(Exchange::Report { field }));
+    let dest0 = || Step::Ex(Exchange::Dest { qp: 0 });
     let mut v = Vec::new();
     if cfg.test == Test::SendBw {
         let q = cfg.qps;
         for s in base {
             match s {
-                Exchange::Dest { .. } | Exchange::Measure => {}
+                Exchange::Dest { .. } | Exchange::Measure | Exchange::Report { .. } => {}
                 s => v.push(Step::Ex(s)),
             }
         }
         v.extend((0..q).map(|qp| Step::Ex(Exchange::Dest { qp })));
-        v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+        v.push(dest0());
         v.extend((0..q).map(|qp| Step::Ex(Exchange::Dest { qp })));
         for (i, &size) in cfg.sizes.iter().enumerate() {
-            v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+            v.push(dest0());
             v.push(Step::Measure(vec![size]));
+            if bidir && cfg.duration.is_none() {
+                v.extend(report());
+            }
             if i + 1 < cfg.sizes.len() {
-                v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+                v.push(dest0());
             }
         }
         if cfg.sizes.len() > 1 {
             // perftest: the per-size dest after the last size, then close.
-            v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+            v.push(dest0());
         }
-        v.push(Step::Ex(Exchange::Dest { qp: 0 }));
+        v.push(dest0());
+        return v;
+    }
+    if bidir && cfg.sizes.len() > 1 {
+        // Up to the sync dest before the measurement, which each size
+        // repeats.
+        let m = base
+            .iter()
+            .position(|s| *s == Exchange::Measure)
+            .unwrap_or(base.len());
+        v.extend(base[..m.saturating_sub(1)].iter().map(|&s| Step::Ex(s)));
+        for &size in &cfg.sizes {
+            v.push(dest0());
+            v.push(Step::Measure(vec![size]));
+            v.push(dest0());
+            v.extend(report());
+        }
+        v.push(dest0());
         return v;
     }
     for s in base {
@@ -801,7 +881,7 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
             qp
         }
     };
-    let mut comm = Comm::new(comm_qp, comm_cq, comm_mr, cfg.side);
+    let mut comm = Comm::new(comm_qp, comm_cq, comm_mr, cfg.side, cfg.comm_timeout());
 
     // Data resources (the buffer holds the largest size).
     let q = if cfg.test.is_bw() {
@@ -936,12 +1016,16 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
                     a.data_done();
                 }
                 let d = data.as_ref().expect("just set");
-                let mut s = pt::info_block(
+                let mut s = pt::info_block_with(
                     cfg.test,
                     cfg.side,
-                    q as u32,
-                    cfg.tx_depth,
-                    u32::from(cfg.out_reads),
+                    &pt::InfoOpts {
+                        num_qps: q as u32,
+                        tx_depth: cfg.tx_depth,
+                        out_reads: u32::from(cfg.out_reads),
+                        bidirectional: cfg.bidir,
+                        rx_depth: cfg.rx_depth,
+                    },
                 );
                 for m in &d.my {
                     s.push_str(&pt::address_lines(true, m));
@@ -968,6 +1052,8 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
                         s.push('\n');
                         s.push_str(if cfg.test.is_bw() {
                             pt::bw_header(cfg.unit)
+                        } else if cfg.duration.is_some() {
+                            pt::LAT_DUR_HEADER
                         } else {
                             pt::LAT_HEADER
                         });
@@ -986,13 +1072,19 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
             Step::Measure(sizes) => {
                 let d = data.as_ref().ok_or("internal: measure before data")?;
                 flush();
+                // Bidirectional: the row is printed after the report
+                // exchange (send_bw with -D has none: its own row).
+                let own_row = !cfg.bidir || (cfg.test == Test::SendBw && cfg.duration.is_some());
                 for &size in sizes {
                     match measure(cfg, d, size, agreed)? {
                         Outcome::Bw(r) => {
                             my_report = r;
-                            print_bw(cfg, &r);
+                            if own_row {
+                                print_bw(cfg, &r, None);
+                            }
                         }
                         Outcome::Lat(s) => print_lat(cfg, &s),
+                        Outcome::LatDur(s) => print_lat_dur(cfg, &s),
                         Outcome::None => {}
                     }
                 }
@@ -1000,9 +1092,12 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
             Step::Ex(Exchange::Report { field }) => {
                 let msgs = my_report.to_messages();
                 let mine = match cfg.side {
-                    Side::Client => msgs[usize::from(*field) % BwReport::FIELDS],
-                    // perftest's server answers with its never-filled report.
-                    Side::Server => [0; BwReport::FIELD_LEN],
+                    Side::Server if !cfg.bidir => {
+                        // perftest's server answers with its never-filled
+                        // report.
+                        [0; BwReport::FIELD_LEN]
+                    }
+                    _ => msgs[usize::from(*field) % BwReport::FIELDS],
                 };
                 let r = comm.exchange(&mine)?;
                 report_msgs.push(r);
@@ -1010,9 +1105,12 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
                     let m: Vec<&[u8]> = report_msgs.iter().map(Vec::as_slice).collect();
                     let rep = BwReport::from_messages([m[0], m[1], m[2], m[3], m[4]])
                         .map_err(|e| format!("report: {e:?}"))?;
+                    report_msgs.clear();
                     peer_report = Some(rep);
-                    if cfg.side == Side::Server {
-                        print_bw(cfg, &rep);
+                    if cfg.bidir {
+                        print_bw(cfg, &my_report, Some(&rep));
+                    } else if cfg.side == Side::Server {
+                        print_bw(cfg, &rep, None);
                     }
                 }
             }
@@ -1092,24 +1190,66 @@ fn side_name(s: Side) -> &'static str {
     }
 }
 
-fn print_bw(cfg: &Cfg, r: &BwReport) {
+/// A bw result row: `r` alone, or with `remote` (bidirectional) the sum
+/// of both sides as perftest prints it. The JSON row of a bidirectional
+/// run also carries both sides' own numbers, that of a `-D` run the
+/// duration and margin.
+fn print_bw(cfg: &Cfg, r: &BwReport, remote: Option<&BwReport>) {
+    let row = match remote {
+        Some(rem) => r.bidirectional(rem),
+        None => *r,
+    };
     if cfg.json {
         let unit = match cfg.unit {
             BwUnit::MBps => "MB/sec",
             BwUnit::Gbps => "Gb/sec",
         };
+        let mut extra = String::new();
+        if cfg.bidir {
+            extra.push_str(",\"bidirectional\":true");
+            if let Some(rem) = remote {
+                extra.push_str(&format!(
+                    ",\"local_iterations\":{},\"local_bw_average\":{},\"remote_iterations\":{},\"remote_bw_average\":{}",
+                    r.iters,
+                    json_num(r.bw_avg),
+                    rem.iters,
+                    json_num(rem.bw_avg)
+                ));
+            }
+        }
+        if let Some((d, m)) = cfg.duration {
+            extra.push_str(&format!(",\"duration_s\":{d},\"margin_s\":{m}"));
+        }
         println!(
-            "{{\"test\":\"{}\",\"side\":\"{}\",\"bytes\":{},\"iterations\":{},\"bw_peak\":{},\"bw_average\":{},\"msg_rate_mpps\":{},\"unit\":\"{unit}\"}}",
+            "{{\"test\":\"{}\",\"side\":\"{}\",\"bytes\":{},\"iterations\":{},\"bw_peak\":{},\"bw_average\":{},\"msg_rate_mpps\":{},\"unit\":\"{unit}\"{extra}}}",
             cfg.name(),
             side_name(cfg.side),
-            r.size,
-            r.iters,
-            json_num(r.bw_peak),
-            json_num(r.bw_avg),
-            json_num(r.msg_rate)
+            row.size,
+            row.iters,
+            json_num(row.bw_peak),
+            json_num(row.bw_avg),
+            json_num(row.msg_rate)
         );
     } else {
-        println!("{}", pt::bw_row(r));
+        println!("{}", pt::bw_row(&row));
+    }
+    flush();
+}
+
+fn print_lat_dur(cfg: &Cfg, s: &LatDurStats) {
+    if cfg.json {
+        let (d, m) = cfg.duration.unwrap_or_default();
+        println!(
+            "{{\"test\":\"{}\",\"side\":\"{}\",\"bytes\":{},\"iterations\":{},\"t_avg_usec\":{},\"tps_average\":{},\"duration_s\":{d},\"margin_s\":{m}}}",
+            cfg.name(),
+            side_name(cfg.side),
+            s.size,
+            s.iters,
+            json_num(s.t_avg),
+            json_num(s.tps)
+        );
+    } else {
+        println!("{}", pt::lat_dur_row(s));
     }
     flush();
 }
@@ -1142,27 +1282,30 @@ fn print_lat(cfg: &Cfg, s: &LatStats) {
 enum Outcome {
     Bw(BwReport),
     Lat(LatStats),
+    LatDur(LatDurStats),
     None,
 }
 
 /// Before the last dest exchange of a measurement: post the receives
-/// (send tests) and reset the credit words.
+/// and reset the credit words (send tests; with `-b` send_bw does both on
+/// both sides).
 fn prepare(cfg: &Cfg, d: &Data, size: u64) -> Res<()> {
-    match (cfg.test, cfg.side) {
-        (Test::SendBw, Side::Server) => {
-            let rx = u64::from(cfg.rx_depth).min(cfg.iters);
-            for (j, qp) in d.qps.iter().enumerate() {
-                for _ in 0..rx {
-                    post_recv(d, qp, j, size as usize)?;
+    match cfg.test {
+        Test::SendBw => {
+            if cfg.side == Side::Server || cfg.bidir {
+                for (j, qp) in d.qps.iter().enumerate() {
+                    for _ in 0..cfg.rx_depth {
+                        post_recv(d, qp, j, size as usize)?;
+                    }
+                }
+            }
+            if cfg.side == Side::Client || cfg.bidir {
+                for j in 0..d.qps.len() {
+                    d.credit.write(j * CREDIT_SLOT, &[0; 4]);
                 }
             }
         }
-        (Test::SendBw, Side::Client) => {
-            for j in 0..d.qps.len() {
-                d.credit.write(j * CREDIT_SLOT, &[0; 4]);
-            }
-        }
-        (Test::SendLat, _) => {
+        Test::SendLat => {
             for _ in 0..LAT_RX as u64 {
                 post_recv(d, &d.qps[0], 0, d.slot)?;
             }
@@ -1180,17 +1323,48 @@ fn post_recv(d: &Data, qp: &Qp, j: usize, len: usize) -> Res<()> {
     .map_err(|e| format!("post_recv: {e:?}"))
 }
 
+/// send_bw: RDMA-Write the credit `received` into the peer's credit word
+/// of QP `j`, from the next slot of the source ring.
+fn post_credit(d: &Data, j: usize, received: u64, ring: &mut usize) -> Res<()> {
+    let q = d.qps.len();
+    let src = q * CREDIT_SLOT + 4 * (*ring % CREDIT_RING);
+    *ring += 1;
+    d.credit.write(src, &pt::encode_credit(received as u32));
+    d.qps[j]
+        .post_send(&SendWr {
+            wr_id: TAG_CREDIT | j as u64,
+            op: SendOp::Write {
+                remote_addr: d.rem[j].vaddr,
+                rkey: d.rem[j].rkey,
+            },
+            sgl: &[d.credit.sge(src, 4)],
+            signaled: true,
+        })
+        .map_err(|e| format!("credit write: {e:?}"))
+}
+
+/// The credit word the peer wrote for QP `j`.
+fn credit_word(d: &Data, j: usize) -> u32 {
+    let mut w = [0u8; 4];
+    d.credit.read(j * CREDIT_SLOT, &mut w);
+    pt::parse_credit(&w).unwrap_or(0)
+}
+
 fn measure(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<Outcome> {
-    cfg.dbg(|| format!("measure {} bytes x {}", size, cfg.iters));
+    match cfg.duration {
+        Some((s, m)) => cfg.dbg(|| format!("measure {size} bytes for {s} s (margin {m} s)")),
+        None => cfg.dbg(|| format!("measure {} bytes x {}", size, cfg.iters)),
+    }
     match (cfg.test, cfg.side) {
-        (Test::WriteBw | Test::ReadBw, Side::Server) => Ok(Outcome::None),
-        (Test::WriteBw | Test::ReadBw | Test::SendBw, Side::Client) => {
+        (Test::SendBw, _) if cfg.bidir => send_bi(cfg, d, size).map(Outcome::Bw),
+        (Test::WriteBw | Test::ReadBw, Side::Server) if !cfg.bidir => Ok(Outcome::None),
+        (Test::WriteBw | Test::ReadBw, _) | (Test::SendBw, Side::Client) => {
             bw_client(cfg, d, size, agreed).map(Outcome::Bw)
         }
         (Test::SendBw, Side::Server) => send_bw_server(cfg, d, size).map(Outcome::Bw),
-        (Test::WriteLat, side) => write_lat(cfg, d, size, side).map(Outcome::Lat),
-        (Test::SendLat, side) => send_lat(cfg, d, size, side).map(Outcome::Lat),
-        (Test::ReadLat, Side::Client) => read_lat(cfg, d, size).map(Outcome::Lat),
+        (Test::WriteLat, side) => write_lat(cfg, d, size, side),
+        (Test::SendLat, side) => send_lat(cfg, d, size, side),
+        (Test::ReadLat, Side::Client) => read_lat(cfg, d, size),
         (Test::ReadLat, Side::Server) => Ok(Outcome::None),
     }
 }
@@ -1217,6 +1391,12 @@ fn wait_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
 
 /// Busy-polling wait (latency tests).
 fn spin_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
+    spin_wcs_until(cq, out, None)
+}
+
+/// Busy-polling wait that gives up with 0 completions at `until` (the
+/// end of a `-D` run) and fails after `PEER_TIMEOUT` without any.
+fn spin_wcs_until(cq: &Cq, out: &mut [WorkCompletion], until: Option<Instant>) -> Res<usize> {
     let deadline = Instant::now() + PEER_TIMEOUT;
     let mut spins = 0u32;
     loop {
@@ -1226,7 +1406,11 @@ fn spin_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
         }
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(256) {
-            if Instant::now() > deadline {
+            let now = Instant::now();
+            if until.is_some_and(|u| now >= u) {
+                return Ok(0);
+            }
+            if now > deadline {
                 return Err("timed out waiting for completions".into());
             }
             std::thread::yield_now();
@@ -1235,30 +1419,43 @@ fn spin_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
     }
 }
 
+/// The bw sender: write_bw / read_bw (the client, and with `-b` the
+/// server too) and send_bw's client. With `-D` it posts until the end of
+/// the duration, counts the operations that complete during the sample
+/// and then waits for those still outstanding.
 fn bw_client(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<BwReport> {
     let q = d.qps.len();
-    let n = cfg.iters;
+    let mut clock = cfg.clock();
+    let n = if clock.is_some() { u64::MAX } else { cfg.iters };
     let depth = u64::from(cfg.tx_depth).max(1);
     let rx_depth = u64::from(cfg.rx_depth).max(1);
-    let total = n as usize * q;
+    let total = if clock.is_some() { 0 } else { n as usize * q };
     let verb = cfg.test.verb();
     let len = size as usize;
     let mut posted = vec![0u64; q];
     let mut done = vec![0u64; q];
+    let mut completed = 0usize;
+    let mut sampled = 0u64;
     let mut tposted = Vec::with_capacity(total);
     let mut tcompleted = Vec::with_capacity(total);
     let mut wcs = [EMPTY_WC; 64];
     let mut last_progress = Instant::now();
-    while tcompleted.len() < total {
+    if let Some(c) = clock.as_mut() {
+        c.start(last_progress);
+    }
+    loop {
+        match &clock {
+            Some(c) if c.ended(Instant::now()) => break,
+            None if completed >= total => break,
+            _ => {}
+        }
         let mut credit_blocked = false;
         for j in 0..q {
             while posted[j] < n && posted[j] - done[j] < depth {
                 let op = match verb {
                     Verb::Send => {
-                        let mut w = [0u8; 4];
-                        d.credit.read(j * CREDIT_SLOT, &mut w);
-                        let credit = u64::from(pt::parse_credit(&w).unwrap_or(0));
-                        if posted[j].saturating_sub(credit) >= rx_depth {
+                        let credit = credit_word(d, j);
+                        if u64::from((posted[j] as u32).wrapping_sub(credit)) >= rx_depth {
                             credit_blocked = true;
                             break;
                         }
@@ -1291,11 +1488,13 @@ fn bw_client(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<BwReport> {
                         signaled: true,
                     })
                     .map_err(|e| format!("post_send: {e:?}"))?;
-                tposted.push(Instant::now());
+                if clock.is_none() {
+                    tposted.push(Instant::now());
+                }
                 posted[j] += 1;
             }
         }
-        let k = if credit_blocked {
+        let k = if credit_blocked || clock.is_some() {
             d.cq.wait(&mut wcs, Some(Duration::from_millis(1)))
         } else {
             wait_wcs(&d.cq, &mut wcs)?
@@ -1304,15 +1503,42 @@ fn bw_client(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<BwReport> {
         if k > 0 {
             last_progress = now;
         } else if now.duration_since(last_progress) > PEER_TIMEOUT {
-            return Err("send_bw: no credits from the peer".into());
+            return Err(if credit_blocked {
+                "send_bw: no credits from the peer".into()
+            } else {
+                "timed out waiting for completions".into()
+            });
         }
         for wc in &wcs[..k] {
             check(wc)?;
             if let Some(c) = done.get_mut(wc.wr_id as usize) {
                 *c += 1;
-                tcompleted.push(now);
+                completed += 1;
+                match &clock {
+                    None => tcompleted.push(now),
+                    Some(c) if c.sampling(now) => sampled += 1,
+                    Some(_) => {}
+                }
             }
         }
+    }
+    if let Some(c) = clock {
+        let mut outstanding: u64 = posted.iter().zip(&done).map(|(p, d)| p - d).sum();
+        while outstanding > 0 {
+            let k = wait_wcs(&d.cq, &mut wcs)?;
+            for wc in &wcs[..k] {
+                check(wc)?;
+                if (wc.wr_id as usize) < q {
+                    outstanding -= 1;
+                }
+            }
+        }
+        return Ok(stats::duration_bw_report(
+            size,
+            sampled,
+            c.sample_secs(),
+            cfg.unit,
+        ));
     }
     Ok(stats::bw_report(
         size,
@@ -1323,31 +1549,48 @@ fn bw_client(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<BwReport> {
     ))
 }
 
+/// send_bw's server: receives, reposts and credits. With `-D` the clock
+/// starts at the first receive (as perftest's) and the receives
+/// completed during the sample are counted.
 fn send_bw_server(cfg: &Cfg, d: &Data, size: u64) -> Res<BwReport> {
     let q = d.qps.len();
-    let n = cfg.iters;
-    let rx = u64::from(cfg.rx_depth).min(n);
+    let mut clock = cfg.clock();
+    let dur = clock.is_some();
+    let n = if dur { u64::MAX } else { cfg.iters };
+    let rx = u64::from(cfg.rx_depth);
     let every = rx / 3;
     let mut recvd = vec![0u64; q];
     let mut posted = vec![rx; q];
     let mut total = 0u64;
+    let mut sampled = 0u64;
     let mut credits_out = 0usize;
     let mut ring = 0usize;
     // perftest's client starts sending when it has our pre-measure dest:
     // time from here (a receive-completion batch has no useful spread).
     let first = Instant::now();
     let mut last = first;
+    let mut last_progress = first;
+    let mut ended = false;
     let mut wcs = [EMPTY_WC; 64];
-    while total < n * q as u64 || credits_out > 0 {
-        let k = wait_wcs(&d.cq, &mut wcs)?;
+    while (!ended && total < n.saturating_mul(q as u64)) || credits_out > 0 {
+        let k = if dur {
+            d.cq.wait(&mut wcs, Some(Duration::from_millis(10)))
+        } else {
+            wait_wcs(&d.cq, &mut wcs)?
+        };
         let now = Instant::now();
+        if k > 0 {
+            last_progress = now;
+        } else if now.duration_since(last_progress) > PEER_TIMEOUT {
+            return Err("timed out waiting for completions".into());
+        }
         for wc in &wcs[..k] {
             check(wc)?;
             if wc.wr_id & TAG_CREDIT != 0 {
                 credits_out = credits_out.saturating_sub(1);
                 continue;
             }
-            if wc.opcode != WcOpcode::Recv {
+            if wc.opcode != WcOpcode::Recv || ended {
                 continue;
             }
             let j = (wc.wr_id & !TAG_RECV) as usize;
@@ -1357,43 +1600,210 @@ fn send_bw_server(cfg: &Cfg, d: &Data, size: u64) -> Res<BwReport> {
             last = now;
             recvd[j] += 1;
             total += 1;
+            if let Some(c) = clock.as_mut() {
+                c.start(now);
+                if c.sampling(now) {
+                    sampled += 1;
+                }
+            }
             if posted[j] < n {
                 post_recv(d, &d.qps[j], j, size as usize)?;
                 posted[j] += 1;
             }
             if (every > 0 && recvd[j].is_multiple_of(every)) || recvd[j] == n {
-                let src = q * CREDIT_SLOT + 4 * (ring % CREDIT_RING);
-                ring += 1;
-                d.credit.write(src, &pt::encode_credit(recvd[j] as u32));
-                d.qps[j]
-                    .post_send(&SendWr {
-                        wr_id: TAG_CREDIT | j as u64,
-                        op: SendOp::Write {
-                            remote_addr: d.rem[j].vaddr,
-                            rkey: d.rem[j].rkey,
-                        },
-                        sgl: &[d.credit.sge(src, 4)],
-                        signaled: true,
-                    })
-                    .map_err(|e| format!("credit write: {e:?}"))?;
+                post_credit(d, j, recvd[j], &mut ring)?;
                 credits_out += 1;
             }
         }
+        if let Some(c) = &clock {
+            ended = c.ended(now);
+        }
+    }
+    if let Some(c) = clock {
+        return Ok(stats::duration_bw_report(
+            size,
+            sampled,
+            c.sample_secs(),
+            cfg.unit,
+        ));
     }
     Ok(stats::rx_bw_report(size, total, first, last, cfg.unit))
 }
 
-fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
-    let n = cfg.iters;
+/// Credit writes a side may have outstanding on a QP beyond the send
+/// queue depth of its Sends (bidirectional send_bw).
+const CREDIT_SLACK: u64 = 8;
+
+/// Bidirectional send_bw (`-b`), both sides alike: each Sends to the
+/// other with perftest's credits (paced by the peer's credit word, see
+/// [`bw_client`]) while it receives, reposts and credits the peer's
+/// Sends (see [`send_bw_server`]). The server starts sending at the
+/// client's first message (perftest's `run_iter_bi`). Without `-D` a
+/// side is done when it has sent and received `-n` messages per QP; its
+/// own report is that of its Sends. With `-D` the client's clock starts
+/// at once and the server's at its first receive; what is counted is
+/// every Send and receive completed during the sample (perftest prints
+/// that as the side's row, with no report exchange).
+fn send_bi(cfg: &Cfg, d: &Data, size: u64) -> Res<BwReport> {
+    let q = d.qps.len();
+    let mut clock = cfg.clock();
+    let dur = clock.is_some();
+    let n = if dur { u64::MAX } else { cfg.iters };
+    let depth = u64::from(cfg.tx_depth).max(1);
+    let rx = u64::from(cfg.rx_depth).max(1);
+    let every = (rx / 3).max(1);
+    let len = size as usize;
+    let mut posted = vec![0u64; q];
+    let mut done = vec![0u64; q];
+    let mut recvd = vec![0u64; q];
+    let mut rposted = vec![rx; q];
+    let mut credits_out = vec![0u64; q];
+    let mut credit_due = vec![false; q];
+    let mut ring = 0usize;
+    let cap = if dur { 0 } else { n as usize * q };
+    let mut tposted = Vec::with_capacity(cap);
+    let mut tcompleted = Vec::with_capacity(cap);
+    let mut sampled = 0u64;
+    let mut sending = cfg.side == Side::Client;
+    let mut last_progress = Instant::now();
+    if sending {
+        if let Some(c) = clock.as_mut() {
+            c.start(last_progress);
+        }
+    }
+    let mut wcs = [EMPTY_WC; 64];
+    loop {
+        let over = match &clock {
+            Some(c) => c.ended(Instant::now()),
+            None => (0..q).all(|j| done[j] >= n && recvd[j] >= n && credits_out[j] == 0),
+        };
+        if over {
+            break;
+        }
+        for j in 0..q {
+            let busy = posted[j] - done[j] + credits_out[j];
+            if credit_due[j] && busy < depth + CREDIT_SLACK {
+                post_credit(d, j, recvd[j], &mut ring)?;
+                credits_out[j] += 1;
+                credit_due[j] = false;
+            }
+            while sending && posted[j] < n && posted[j] - done[j] + credits_out[j] < depth {
+                let credit = credit_word(d, j);
+                if u64::from((posted[j] as u32).wrapping_sub(credit)) >= rx {
+                    break;
+                }
+                d.qps[j]
+                    .post_send(&SendWr {
+                        wr_id: j as u64,
+                        op: SendOp::Send {
+                            solicited: false,
+                            invalidate: None,
+                        },
+                        sgl: &[d.mr.sge(j * d.slot, len)],
+                        signaled: true,
+                    })
+                    .map_err(|e| format!("post_send: {e:?}"))?;
+                if !dur {
+                    tposted.push(Instant::now());
+                }
+                posted[j] += 1;
+            }
+        }
+        let k = d.cq.wait(&mut wcs, Some(Duration::from_millis(1)));
+        let now = Instant::now();
+        if k > 0 {
+            last_progress = now;
+        } else if now.duration_since(last_progress) > PEER_TIMEOUT {
+            return Err("send_bw -b: no progress (messages or credits) from the peer".into());
+        }
+        for wc in &wcs[..k] {
+            check(wc)?;
+            let j = (wc.wr_id & !(TAG_RECV | TAG_CREDIT)) as usize;
+            if j >= q {
+                continue;
+            }
+            if wc.wr_id & TAG_CREDIT != 0 {
+                credits_out[j] = credits_out[j].saturating_sub(1);
+            } else if wc.opcode == WcOpcode::Recv {
+                if !sending {
+                    sending = true;
+                    if let Some(c) = clock.as_mut() {
+                        c.start(now);
+                    }
+                }
+                recvd[j] += 1;
+                if clock.is_some_and(|c| c.sampling(now)) {
+                    sampled += 1;
+                }
+                if rposted[j] < n {
+                    post_recv(d, &d.qps[j], j, len)?;
+                    rposted[j] += 1;
+                }
+                if (recvd[j] % rx).is_multiple_of(every) {
+                    credit_due[j] = true;
+                }
+            } else {
+                done[j] += 1;
+                match &clock {
+                    None => tcompleted.push(now),
+                    Some(c) if c.sampling(now) => sampled += 1,
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    if let Some(c) = clock {
+        // What is still in flight completes: the peer's receives for our
+        // Sends are posted (credits), our credit writes need nothing.
+        let mut outstanding: u64 = (0..q).map(|j| posted[j] - done[j] + credits_out[j]).sum();
+        while outstanding > 0 {
+            let k = wait_wcs(&d.cq, &mut wcs)?;
+            for wc in &wcs[..k] {
+                check(wc)?;
+                if wc.wr_id & TAG_RECV == 0 {
+                    outstanding = outstanding.saturating_sub(1);
+                }
+            }
+        }
+        return Ok(stats::duration_bw_report(
+            size,
+            sampled,
+            c.sample_secs(),
+            cfg.unit,
+        ));
+    }
+    Ok(stats::bw_report(
+        size,
+        &tposted,
+        &tcompleted,
+        pt::DEFAULT_CQ_MOD as usize,
+        cfg.unit,
+    ))
+}
+
+/// write_lat's ping-pong. With `-D` both sides start their clocks at
+/// once, a wait for the peer's write ends at the end of the run, and the
+/// writes completed during the sample are counted.
+fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<Outcome> {
+    let mut clock = cfg.clock();
+    let dur = clock.is_some();
+    let n = if dur { u64::MAX } else { cfg.iters };
     let len = size as usize;
     let qp = &d.qps[0];
     let rem = d.rem[0];
     let poll_off = d.region(0) + len - 1;
-    let mut stamps = Vec::with_capacity(n as usize);
+    let mut stamps = Vec::with_capacity(if dur { 0 } else { n as usize });
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     let mut outstanding = 0u64;
+    let mut sampled = 0u64;
     let mut wcs = [EMPTY_WC; 16];
-    while scnt < n || rcnt < n {
+    if let Some(c) = clock.as_mut() {
+        c.start(Instant::now());
+    }
+    'run: while dur || scnt < n || rcnt < n {
+        if clock.is_some_and(|c| c.ended(Instant::now())) {
+            break;
+        }
         if rcnt < n && !(scnt == 0 && side == Side::Server) {
             rcnt += 1;
             let want = pt::write_lat_marker(rcnt);
@@ -1402,7 +1812,11 @@ fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
             while d.mr.read_byte_volatile(poll_off) != want {
                 spins = spins.wrapping_add(1);
                 if spins.is_multiple_of(256) {
-                    if Instant::now() > deadline {
+                    let now = Instant::now();
+                    if clock.is_some_and(|c| c.ended(now)) {
+                        break 'run;
+                    }
+                    if now > deadline {
                         let mut b = vec![0u8; len];
                         d.mr.read(d.region(0), &mut b);
                         return Err(format!(
@@ -1417,7 +1831,9 @@ fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
         if scnt < n {
             scnt += 1;
             d.mr.write(len - 1, &[pt::write_lat_marker(scnt)]);
-            stamps.push(Instant::now());
+            if !dur {
+                stamps.push(Instant::now());
+            }
             qp.post_send(&SendWr {
                 wr_id: 0,
                 op: SendOp::Write {
@@ -1431,9 +1847,13 @@ fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
             outstanding += 1;
         }
         let k = d.cq.poll(&mut wcs);
+        let now = Instant::now();
         for wc in &wcs[..k] {
             check(wc)?;
             outstanding = outstanding.saturating_sub(1);
+            if clock.is_some_and(|c| c.sampling(now)) {
+                sampled += 1;
+            }
         }
     }
     while outstanding > 0 {
@@ -1443,27 +1863,43 @@ fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
             outstanding = outstanding.saturating_sub(1);
         }
     }
-    Ok(stats::lat_stats(size, n, &stamps, 2.0))
+    Ok(match clock {
+        Some(c) => Outcome::LatDur(stats::duration_lat(size, sampled, c.sample_secs(), 2.0)),
+        None => Outcome::Lat(stats::lat_stats(size, n, &stamps, 2.0)),
+    })
 }
 
-fn send_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
-    let n = cfg.iters;
+/// send_lat's ping-pong. With `-D` each side starts its clock at its
+/// first receive (as perftest's) and counts the receives completed
+/// during the sample.
+fn send_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<Outcome> {
+    let mut clock = cfg.clock();
+    let dur = clock.is_some();
+    let n = if dur { u64::MAX } else { cfg.iters };
     let len = size as usize;
     let qp = &d.qps[0];
-    let mut stamps = Vec::with_capacity(n as usize);
+    let mut stamps = Vec::with_capacity(if dur { 0 } else { n as usize });
     let mut wcs = [EMPTY_WC; 16];
     let mut sends_out = 0u64;
     let mut recvd = 0u64;
     let mut sent = 0u64;
+    let mut sampled = 0u64;
     // Client: send, then wait for the answer; server: the other way round.
-    while sent < n || recvd < n || sends_out > 0 {
+    loop {
+        match &clock {
+            Some(c) if c.ended(Instant::now()) => break,
+            None if !(sent < n || recvd < n || sends_out > 0) => break,
+            _ => {}
+        }
         let may_send = sent < n
             && match side {
                 Side::Client => recvd == sent,
                 Side::Server => recvd > sent,
             };
         if may_send {
-            stamps.push(Instant::now());
+            if !dur {
+                stamps.push(Instant::now());
+            }
             qp.post_send(&SendWr {
                 wr_id: 0,
                 op: SendOp::Send {
@@ -1478,29 +1914,63 @@ fn send_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<LatStats> {
             sends_out += 1;
             continue;
         }
-        let k = spin_wcs(&d.cq, &mut wcs)?;
+        let until = clock.and_then(|c| c.end());
+        let k = spin_wcs_until(&d.cq, &mut wcs, until)?;
+        let now = Instant::now();
         for wc in &wcs[..k] {
             check(wc)?;
             if wc.opcode == WcOpcode::Recv {
                 recvd += 1;
+                if let Some(c) = clock.as_mut() {
+                    c.start(now);
+                    if c.sampling(now) {
+                        sampled += 1;
+                    }
+                }
                 post_recv(d, qp, 0, d.slot)?;
             } else {
                 sends_out = sends_out.saturating_sub(1);
             }
         }
     }
-    Ok(stats::lat_stats(size, n, &stamps, 2.0))
+    while sends_out > 0 {
+        let k = spin_wcs(&d.cq, &mut wcs)?;
+        for wc in &wcs[..k] {
+            check(wc)?;
+            if wc.opcode != WcOpcode::Recv {
+                sends_out -= 1;
+            }
+        }
+    }
+    Ok(match clock {
+        Some(c) => Outcome::LatDur(stats::duration_lat(size, sampled, c.sample_secs(), 2.0)),
+        None => Outcome::Lat(stats::lat_stats(size, n, &stamps, 2.0)),
+    })
 }
 
-fn read_lat(cfg: &Cfg, d: &Data, size: u64) -> Res<LatStats> {
-    let n = cfg.iters;
+/// read_lat's reads, one at a time. With `-D` the reads completed during
+/// the sample are counted.
+fn read_lat(cfg: &Cfg, d: &Data, size: u64) -> Res<Outcome> {
+    let mut clock = cfg.clock();
+    let n = if clock.is_some() { u64::MAX } else { cfg.iters };
     let len = size as usize;
     let qp = &d.qps[0];
     let rem = d.rem[0];
-    let mut stamps = Vec::with_capacity(n as usize);
+    let mut stamps = Vec::with_capacity(if clock.is_some() { 0 } else { n as usize });
+    let mut sampled = 0u64;
     let mut wcs = [EMPTY_WC; 4];
-    for _ in 0..n {
-        stamps.push(Instant::now());
+    if let Some(c) = clock.as_mut() {
+        c.start(Instant::now());
+    }
+    let mut i = 0u64;
+    while i < n {
+        let now = Instant::now();
+        if clock.is_some_and(|c| c.ended(now)) {
+            break;
+        }
+        if clock.is_none() {
+            stamps.push(now);
+        }
         qp.post_send(&SendWr {
             wr_id: 0,
             op: SendOp::Read {
@@ -1512,13 +1982,23 @@ fn read_lat(cfg: &Cfg, d: &Data, size: u64) -> Res<LatStats> {
         })
         .map_err(|e| format!("post_send: {e:?}"))?;
         let k = spin_wcs(&d.cq, &mut wcs)?;
+        let now = Instant::now();
         for wc in &wcs[..k] {
             check(wc)?;
+            if clock.is_some_and(|c| c.sampling(now)) {
+                sampled += 1;
+            }
         }
+        i += 1;
     }
-    // One more stamp closes the last round trip.
-    stamps.push(Instant::now());
-    Ok(stats::lat_stats(size, n, &stamps, 1.0))
+    Ok(match clock {
+        Some(c) => Outcome::LatDur(stats::duration_lat(size, sampled, c.sample_secs(), 1.0)),
+        None => {
+            // One more stamp closes the last round trip.
+            stamps.push(Instant::now());
+            Outcome::Lat(stats::lat_stats(size, n, &stamps, 1.0))
+        }
+    })
 }
 
 #[cfg(test)]
@@ -1566,6 +2046,45 @@ mod tests {
         let c = cfg(Test::WriteLat, &["-a"]);
         assert_eq!(c.sizes.first(), Some(&2));
         assert_eq!(c.max_size, MAX_ALL_SIZE);
+    }
+
+    #[test]
+    fn steps_bidirectional() {
+        let measures = |s: &[Step]| s.iter().filter(|s| matches!(s, Step::Measure(_))).count();
+        let reports = |s: &[Step]| {
+            s.iter()
+                .filter(|s| matches!(s, Step::Ex(Exchange::Report { .. })))
+                .count()
+        };
+        // One size: perftest's script_with as it is.
+        for t in [Test::WriteBw, Test::ReadBw, Test::SendBw] {
+            let c = cfg(t, &["-b", "-n", "10"]);
+            let want = pt::script_with(t, 1, true, false);
+            assert_eq!(steps(&c).len(), want.len(), "{t:?}");
+        }
+        // -a: each size between a dest and (write/read) a dest before
+        // its report.
+        let s = steps(&cfg(Test::WriteBw, &["-b", "-a"]));
+        assert_eq!((measures(&s), reports(&s)), (23, 23 * 5));
+        let i = s
+            .iter()
+            .position(|s| matches!(s, Step::Measure(_)))
+            .unwrap();
+        assert_eq!(s[i - 1], Step::Ex(Exchange::Dest { qp: 0 }));
+        assert_eq!(s[i + 1], Step::Ex(Exchange::Dest { qp: 0 }));
+        assert_eq!(s[i + 2], Step::Ex(Exchange::Report { field: 0 }));
+        let plain = steps(&cfg(Test::WriteBw, &["-a"]));
+        assert_eq!(s.len(), plain.len() - 8 + 23 * 8 + 1);
+        let s = steps(&cfg(Test::SendBw, &["-b", "-a"]));
+        assert_eq!((measures(&s), reports(&s)), (23, 23 * 5));
+        // send_bw -b -D: no report.
+        let s = steps(&cfg(Test::SendBw, &["-b", "-D", "2"]));
+        assert_eq!((measures(&s), reports(&s)), (1, 0));
+        let c = cfg(Test::SendBw, &["-D", "8", "-n", "10"]);
+        assert_eq!(
+            (c.duration, c.tx_depth, c.rx_depth),
+            (Some((8, 2)), 128, 512)
+        );
     }
 
     #[test]

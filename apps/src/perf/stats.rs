@@ -2,9 +2,9 @@
 //! code does (bw peak over post/completion time pairs; latency from the
 //! gaps between consecutive posts).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use iwarp_apps::proto::perftest::{BwReport, BwUnit, LatStats};
+use iwarp_apps::proto::perftest::{BwReport, BwUnit, LatDurStats, LatStats};
 
 /// Largest number of start indices the peak search visits (it is
 /// quadratic; beyond this the start index is sampled).
@@ -115,6 +115,89 @@ pub fn lat_stats(size: u64, iters: u64, stamps: &[Instant], rtt_factor: f64) -> 
     s
 }
 
+/// perftest's `-D` clock: once started, `margin` of warm-up, then the
+/// sample (`duration - 2 * margin`), then `margin` more during which the
+/// test still runs, then the end. Only operations that complete during
+/// the sample are counted.
+#[derive(Clone, Copy, Debug)]
+pub struct DurationClock {
+    start: Option<Instant>,
+    margin: Duration,
+    duration: Duration,
+}
+
+impl DurationClock {
+    /// A clock of `duration` seconds with `margin` seconds at both ends
+    /// (`duration > 2 * margin`), not yet started.
+    pub fn new(duration: u64, margin: u64) -> Self {
+        Self {
+            start: None,
+            margin: Duration::from_secs(margin),
+            duration: Duration::from_secs(duration),
+        }
+    }
+
+    /// Start the clock at `now` (once; later calls change nothing).
+    pub fn start(&mut self, now: Instant) {
+        self.start.get_or_insert(now);
+    }
+
+    /// Whether `now` is in the sample.
+    pub fn sampling(&self, now: Instant) -> bool {
+        self.start.is_some_and(|t| {
+            let e = now.saturating_duration_since(t);
+            e >= self.margin && e < self.duration.saturating_sub(self.margin)
+        })
+    }
+
+    /// Whether the run is over at `now` (never before the clock starts).
+    pub fn ended(&self, now: Instant) -> bool {
+        self.start
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.duration)
+    }
+
+    /// When the run ends (`None` before the start).
+    pub fn end(&self) -> Option<Instant> {
+        self.start.map(|t| t + self.duration)
+    }
+
+    /// Length of the sample in seconds.
+    pub fn sample_secs(&self) -> f64 {
+        self.duration.saturating_sub(2 * self.margin).as_secs_f64()
+    }
+}
+
+/// Bandwidth report of a `-D` run: `count` operations of `size` bytes
+/// completed during a sample of `secs` seconds; no peak (0, as perftest).
+pub fn duration_bw_report(size: u64, count: u64, secs: f64, unit: BwUnit) -> BwReport {
+    let mut r = BwReport {
+        size,
+        iters: count,
+        ..BwReport::default()
+    };
+    if secs > 0.0 {
+        r.bw_avg = unit.from_bytes_per_sec(size as f64 * count as f64 / secs);
+        r.msg_rate = count as f64 / secs / 1e6;
+    }
+    r
+}
+
+/// Latency report of a `-D` run: `count` round trips (or one-way
+/// operations, see `rtt_factor` in [`lat_stats`]) completed during a
+/// sample of `secs` seconds.
+pub fn duration_lat(size: u64, count: u64, secs: f64, rtt_factor: f64) -> LatDurStats {
+    let mut s = LatDurStats {
+        size,
+        iters: count,
+        ..LatDurStats::default()
+    };
+    if count > 0 && secs > 0.0 {
+        s.t_avg = secs * 1e6 / rtt_factor / count as f64;
+        s.tps = count as f64 / secs;
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +216,31 @@ mod tests {
         assert!((s.avg - 10.0).abs() < 1e-9);
         assert!((s.p99 - 15.0).abs() < 1e-9);
         assert_eq!(lat_stats(2, 1, &[t0], 1.0).max, 0.0);
+    }
+
+    #[test]
+    fn duration_clock_phases() {
+        let t0 = Instant::now();
+        let s = |v: u64| t0 + Duration::from_millis(v);
+        let mut c = DurationClock::new(4, 1);
+        assert!(c.end().is_none() && !c.ended(s(10_000)) && !c.sampling(s(1500)));
+        c.start(t0);
+        c.start(s(500));
+        assert!(!c.sampling(s(999)) && c.sampling(s(1000)) && c.sampling(s(2999)));
+        assert!(!c.sampling(s(3000)) && !c.ended(s(3999)) && c.ended(s(4000)));
+        assert_eq!(c.end(), Some(s(4000)));
+        assert_eq!(c.sample_secs(), 2.0);
+        let mut z = DurationClock::new(1, 0);
+        z.start(t0);
+        assert!(z.sampling(t0) && z.ended(s(1000)));
+        let r = duration_bw_report(1 << 20, 10, 2.0, BwUnit::MBps);
+        assert_eq!(
+            (r.iters, r.bw_peak, r.bw_avg, r.msg_rate),
+            (10, 0.0, 5.0, 5e-6)
+        );
+        let l = duration_lat(2, 1000, 2.0, 2.0);
+        assert_eq!((l.iters, l.t_avg, l.tps), (1000, 1000.0, 500.0));
+        assert_eq!(duration_lat(2, 0, 2.0, 1.0).t_avg, 0.0);
     }
 
     #[test]

@@ -163,6 +163,16 @@ impl Test {
         }
     }
 
+    /// The title line of `-b` (bandwidth tests).
+    pub fn title_bidirectional(self) -> &'static str {
+        match self {
+            Self::WriteBw => "RDMA_Write Bidirectional BW Test",
+            Self::ReadBw => "RDMA_Read Bidirectional BW Test",
+            Self::SendBw => "Send Bidirectional BW Test",
+            t => t.title(),
+        }
+    }
+
     /// The tool's command name.
     pub fn command(self) -> &'static str {
         match self {
@@ -366,6 +376,18 @@ impl BwReport {
         ]
     }
 
+    /// perftest's bidirectional row: this side's size and iterations,
+    /// the sums of both sides' peak, average and message rate.
+    pub fn bidirectional(&self, remote: &Self) -> Self {
+        Self {
+            size: self.size,
+            iters: self.iters,
+            bw_peak: self.bw_peak + remote.bw_peak,
+            bw_avg: self.bw_avg + remote.bw_avg,
+            msg_rate: self.msg_rate + remote.msg_rate,
+        }
+    }
+
     /// Rebuild from the five received messages.
     pub fn from_messages(m: [&[u8]; Self::FIELDS]) -> Result<Self> {
         let f = |i: usize| exact::<8>(m[i]).map(u64::from_be_bytes);
@@ -482,6 +504,34 @@ pub fn script(test: Test, num_qps: u32) -> Vec<Exchange> {
         Test::SendBw | Test::SendLat | Test::ReadLat => v.push(Dest { qp: 0 }),
         Test::WriteLat => {}
     }
+    v
+}
+
+/// [`script`] with perftest's `-b` (bidirectional) and `-D` (duration)
+/// for one message size. `-D` alone changes nothing on the comm
+/// connection (each side ends the measurement by its own clock).
+/// Bidirectional write_bw / read_bw: one more Dest 0 right before the
+/// measurement (both sides start sending after it), then both sides send
+/// their [`BwReport`] (no Dest before it) and the closing Dest 0.
+/// Bidirectional send_bw: the plain order plus the report exchange after
+/// the measurement, except with `-D`, where each side prints its own
+/// numbers and there is no report. Latency tests have no `-b`.
+pub fn script_with(test: Test, num_qps: u32, bidirectional: bool, duration: bool) -> Vec<Exchange> {
+    use Exchange::*;
+    let mut v = script(test, num_qps);
+    if !(bidirectional && test.is_bw()) {
+        return v;
+    }
+    let m = v.iter().position(|s| *s == Measure).unwrap_or(v.len());
+    v.truncate(m);
+    if test != Test::SendBw {
+        v.push(Dest { qp: 0 });
+    }
+    v.push(Measure);
+    if !(test == Test::SendBw && duration) {
+        v.extend((0..BwReport::FIELDS as u8).map(|field| Report { field }));
+    }
+    v.push(Dest { qp: 0 });
     v
 }
 
@@ -621,6 +671,32 @@ pub fn lat_row(s: &LatStats) -> String {
     )
 }
 
+/// Column header of latency tests with `-D` (duration).
+pub const LAT_DUR_HEADER: &str = " #bytes        #iterations       t_avg[usec]    tps average";
+
+/// Result of a latency test with `-D`: the operations completed in the
+/// sampled part of the run (the duration less the margin at both ends).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LatDurStats {
+    /// Message size.
+    pub size: u64,
+    /// Operations completed while sampling.
+    pub iters: u64,
+    /// Sample time per operation in microseconds, divided by the
+    /// round-trip factor (2 for write/send latency, 1 for read).
+    pub t_avg: f64,
+    /// Operations per second.
+    pub tps: f64,
+}
+
+/// One result row of a latency test with `-D`.
+pub fn lat_dur_row(s: &LatDurStats) -> String {
+    format!(
+        " {:<7}       {}            {:<7.2}        {:<7.2}",
+        s.size, s.iters, s.t_avg, s.tps
+    )
+}
+
 /// Whether the printing side is the client or the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
@@ -634,6 +710,45 @@ pub enum Side {
 /// as observed on siw with `-R` (server: preceded by the "Waiting for
 /// client to connect" box; client: with a `TX depth` line).
 pub fn info_block(test: Test, side: Side, num_qps: u32, tx_depth: u32, out_reads: u32) -> String {
+    info_block_with(
+        test,
+        side,
+        &InfoOpts {
+            num_qps,
+            tx_depth,
+            out_reads,
+            bidirectional: false,
+            rx_depth: 0,
+        },
+    )
+}
+
+/// The options [`info_block_with`] prints beyond the test and the side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InfoOpts {
+    /// Number of data QPs.
+    pub num_qps: u32,
+    /// Send queue depth.
+    pub tx_depth: u32,
+    /// Outstanding RDMA Reads (read tests).
+    pub out_reads: u32,
+    /// `-b`: the title says `Bidirectional`, both sides print `TX depth`
+    /// and send_bw prints `RX depth` (perftest prints them for a side
+    /// that sends, and receives, in the test).
+    pub bidirectional: bool,
+    /// Receive depth, printed by a bidirectional send_bw.
+    pub rx_depth: u32,
+}
+
+/// [`info_block`] with every option (`-b`).
+pub fn info_block_with(test: Test, side: Side, o: &InfoOpts) -> String {
+    let InfoOpts {
+        num_qps,
+        tx_depth,
+        out_reads,
+        bidirectional,
+        rx_depth,
+    } = *o;
     let mut s = String::new();
     if side == Side::Server {
         s.push_str("\n************************************\n");
@@ -641,15 +756,22 @@ pub fn info_block(test: Test, side: Side, num_qps: u32, tx_depth: u32, out_reads
         s.push_str("************************************\n");
     }
     let _ = writeln!(s, "{RESULT_LINE}");
-    let _ = writeln!(s, "                    {}", test.title());
+    if bidirectional && test.is_bw() {
+        let _ = writeln!(s, "                    {}", test.title_bidirectional());
+    } else {
+        let _ = writeln!(s, "                    {}", test.title());
+    }
     let _ = writeln!(s, " Dual-port       : OFF\t\tDevice         : siw0");
     let _ = writeln!(s, " Number of qps   : {num_qps}\t\tTransport type : IW");
     let _ = writeln!(s, " Connection type : RC\t\tUsing SRQ      : OFF");
     let relax = if test == Test::WriteLat { "OFF" } else { "ON" };
     let _ = writeln!(s, " PCIe relax order: {relax}");
     let _ = writeln!(s, " ibv_wr* API     : OFF");
-    if side == Side::Client {
+    if side == Side::Client || bidirectional {
         let _ = writeln!(s, " TX depth        : {tx_depth}");
+    }
+    if bidirectional && test == Test::SendBw {
+        let _ = writeln!(s, " RX depth        : {rx_depth}");
     }
     if test.is_bw() {
         let _ = writeln!(s, " CQ Moderation   : {DEFAULT_CQ_MOD}");
@@ -944,6 +1066,78 @@ mod tests {
         assert!(info.contains("\n TX depth        : 128\n CQ Moderation   : 100\n"));
         assert!(info_block(Test::ReadBw, Side::Server, 1, 128, 128)
             .contains(" Outstand reads  : 128\n"));
+    }
+
+    #[test]
+    fn bidirectional_scripts() {
+        let len = |t, b, d| {
+            script_with(t, 1, b, d)
+                .into_iter()
+                .filter_map(message_len)
+                .collect::<Vec<_>>()
+        };
+        // write_bw -b: the pre-measure sync Dest, no Dest before the report.
+        assert_eq!(
+            len(Test::WriteBw, true, false),
+            [16, 4, 4, 2, 56, 56, 56, 56, 56, 56, 8, 8, 8, 8, 8, 56]
+        );
+        assert_eq!(
+            script_with(Test::WriteBw, 1, true, false)[10..12],
+            [Exchange::Dest { qp: 0 }, Exchange::Measure]
+        );
+        assert_eq!(
+            len(Test::ReadBw, true, true),
+            len(Test::WriteBw, true, false)
+        );
+        assert_eq!(
+            len(Test::SendBw, true, false),
+            [16, 4, 4, 2, 56, 56, 56, 56, 56, 56, 8, 8, 8, 8, 8, 56]
+        );
+        assert_eq!(
+            len(Test::SendBw, true, true),
+            len(Test::SendBw, false, false)
+        );
+        for t in Test::ALL {
+            assert_eq!(script_with(t, 2, false, true), script(t, 2));
+        }
+        assert_eq!(
+            script_with(Test::SendLat, 1, true, false),
+            script(Test::SendLat, 1)
+        );
+        let info = info_block_with(
+            Test::SendBw,
+            Side::Server,
+            &InfoOpts {
+                num_qps: 1,
+                tx_depth: 128,
+                out_reads: 1,
+                bidirectional: true,
+                rx_depth: 512,
+            },
+        );
+        assert!(info.contains("                    Send Bidirectional BW Test\n"));
+        assert!(info.contains(" TX depth        : 128\n RX depth        : 512\n"));
+        let me = BwReport {
+            size: 4096,
+            iters: 100,
+            bw_peak: 1.0,
+            bw_avg: 0.5,
+            msg_rate: 0.25,
+        };
+        let peer = BwReport { iters: 90, ..me };
+        let both = me.bidirectional(&peer);
+        assert_eq!((both.size, both.iters), (4096, 100));
+        assert_eq!((both.bw_peak, both.bw_avg, both.msg_rate), (2.0, 1.0, 0.5));
+        let d = LatDurStats {
+            size: 2,
+            iters: 12345,
+            t_avg: 40.51,
+            tps: 12345.0,
+        };
+        assert_eq!(
+            lat_dur_row(&d),
+            " 2             12345            40.51          12345.00"
+        );
     }
 
     #[test]
