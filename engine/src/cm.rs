@@ -304,6 +304,7 @@ impl ConnRequest {
         let n = req.hs.poll_transmit(&mut frame);
         frame.truncate(n);
         tracing::info!(
+            parent: &self.shared.span,
             peer = %req.peer,
             local = %req.local,
             reason = "rejected by the application",
@@ -321,6 +322,7 @@ impl Drop for ConnRequest {
         // reset by the engine.
         if let Some(req) = self.req.take() {
             tracing::debug!(
+                parent: &self.shared.span,
                 peer = %req.peer,
                 local = %req.local,
                 "connection request dropped without a reply"

@@ -389,7 +389,7 @@ impl Device {
         if !e.xdp.is_empty() {
             let (ls, addr) = e.listen_xdp(addr)?;
             drop(e);
-            tracing::info!(%addr, "listening");
+            tracing::info!(parent: &self.shared().span, %addr, "listening");
             self.shared().kick();
             return Ok(Listener {
                 shared: self.shared().clone(),
@@ -407,7 +407,7 @@ impl Device {
             .engine()
             .add_listener(TcpListener::from_std(std))
             .map_err(|e| CmError::Io(e.kind()))?;
-        tracing::info!(%addr, "listening");
+        tracing::info!(parent: &self.shared().span, %addr, "listening");
         self.shared().kick();
         Ok(Listener {
             shared: self.shared().clone(),
@@ -439,7 +439,7 @@ impl Device {
     ) -> Result<Qp, CmError> {
         let start = Instant::now();
         check_init(self.shared(), &qp)?;
-        tracing::debug!(peer = %addr, "connect started");
+        tracing::debug!(parent: &self.shared().span, peer = %addr, "connect started");
         let (sq_depth, rq_depth) = (qp.sq_depth, qp.rq_depth_in_engine());
         let srq = qp.srq.clone();
         let conn = Arc::new(ConnShared::default());
@@ -448,7 +448,7 @@ impl Device {
             self.dial_xdp(addr, &conn, start + params.timeout)?
         } else {
             let std = std::net::TcpStream::connect_timeout(&addr, params.timeout).map_err(|e| {
-                tracing::warn!(peer = %addr, error = %e, "connect failed: TCP");
+                tracing::debug!(peer = %addr, error = %e, "connect failed: TCP");
                 CmError::from(e)
             })?;
             std.set_nodelay(true).map_err(|e| CmError::Io(e.kind()))?;
@@ -467,7 +467,7 @@ impl Device {
             let id = match qp.create_in(&mut e.ctx, emss) {
                 Ok(id) => id,
                 Err(err) => {
-                    tracing::warn!(peer = %addr, error = %err, "connect failed: no QP");
+                    tracing::debug!(peer = %addr, error = %err, "connect failed: no QP");
                     e.drop_sock(sock);
                     return Err(err.into());
                 }
@@ -496,7 +496,7 @@ impl Device {
         let setup = shared.wait_for(&conn.m, &conn.cv, Some(deadline), |i| i.setup.clone());
         let result = setup.unwrap_or(Err(CmError::Timeout));
         if let Err(err) = &result {
-            conn_event!(shared.engine().ctx, id, WARN, error = %err, "connect failed");
+            conn_event!(shared.engine().ctx, id, DEBUG, error = %err, "connect failed");
         }
         let qp = Qp {
             shared: shared.clone(),
@@ -918,7 +918,7 @@ impl Qp {
         let mut e = shared.engine();
         let now = e.now();
         let id = init.create_in(&mut e.ctx, req.emss).inspect_err(|err| {
-            tracing::warn!(peer = %req.peer, error = %err, "accept failed: no QP");
+            tracing::debug!(peer = %req.peer, error = %err, "accept failed: no QP");
         })?;
         let _ = e
             .ctx
@@ -947,7 +947,7 @@ impl Qp {
             return Err(CmError::Io(err.kind()));
         }
         if let Err(err) = result {
-            conn_event!(e.ctx, id, WARN, error = %err, "accept failed");
+            conn_event!(e.ctx, id, DEBUG, error = %err, "accept failed");
             e.release_qp(id);
             drop(e);
             shared.kick();

@@ -307,7 +307,7 @@ impl XdpIo {
             })?;
         let base = Steer::base(cfg.ip, &cfg.ephemeral_ports);
         let steering = Steering::attach(cfg.ifname.as_str(), cfg.attach, &base).map_err(|e| {
-            tracing::warn!(ifname = %cfg.ifname, attach = ?cfg.attach, error = %e, "XDP attach failed");
+            tracing::debug!(ifname = %cfg.ifname, attach = ?cfg.attach, error = %e, "XDP attach failed");
             io_err(e)
         })?;
         tracing::info!(
@@ -934,7 +934,7 @@ impl XdpIo {
             } else if stack.is_reset(d.conn) || stack.is_closed(d.conn) {
                 opening.remove(&d.conn);
                 let _ = stack.release(d.conn);
-                tracing::warn!("connect failed: TCP connection refused or reset");
+                tracing::debug!("connect failed: TCP connection refused or reset");
                 Some(Err(CmError::ConnectionRefused))
             } else {
                 None
