@@ -6,7 +6,10 @@
 //! Progress threads are other threads, so this test binary installs one
 //! global capturing subscriber; tests running in parallel pick out their
 //! own records by something unique to them (their connection's addresses,
-//! their thread, their device's span).
+//! their thread, their device's span). As root, the AF_XDP backend's
+//! attach is checked too, in namespaces of its own.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -15,7 +18,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use iwarp_engine::{Backend, CmEvent, ConnParams, Device, DeviceConfig, Progress, QpInit};
+use iwarp_engine::xdp::AttachMode;
+use iwarp_engine::{
+    Backend, CmEvent, ConnParams, Device, DeviceConfig, Progress, QpInit, XdpConfig,
+};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
 use tracing::{Event, Level, Subscriber};
@@ -276,4 +282,53 @@ fn device_start_and_stop_are_logged_in_its_span() {
         .find(|r| r.message() == "progress thread started")
         .unwrap();
     assert_ne!(started.thread, me);
+}
+
+#[test]
+fn af_xdp_attach_and_detach_are_logged() {
+    if !common::is_root() {
+        return;
+    }
+    capture();
+    let topo = common::Topo::up(1500, None, None, 1);
+    let thread = common::spawn_in(&topo.b, || {
+        let mut c = XdpConfig::new("xb", common::IP_B, 24);
+        c.attach = AttachMode::Generic;
+        let dev = Device::open(
+            Backend::AfXdp(c),
+            DeviceConfig {
+                progress: Progress::Manual,
+                seed: Some(3),
+                busy_poll: false,
+            },
+        )
+        .unwrap();
+        drop(dev);
+        std::thread::current().id()
+    })
+    .join()
+    .unwrap();
+    let mine = records(|r| r.thread == thread);
+    let one = |m: &str| {
+        let v: Vec<&Rec> = mine.iter().filter(|r| r.message() == m).collect();
+        assert_eq!(v.len(), 1, "{m:?} in {mine:#?}");
+        v[0].clone()
+    };
+    let attached = one("XDP steering program attached");
+    assert_eq!(attached.level, Level::INFO);
+    assert_eq!(attached.fields["ifname"], "xb");
+    assert_eq!(attached.fields["attach"], "Generic");
+    assert_eq!(attached.fields["mode"], "Generic");
+    let bound = one("AF_XDP socket bound");
+    assert_eq!(bound.fields["ifname"], "xb");
+    assert_eq!(bound.fields["queue"], "0");
+    assert_eq!(bound.fields["mtu"], "1500");
+    let opened = one("device opened");
+    assert_eq!(opened.fields["backend"], "af_xdp");
+    // Attach and sockets belong to the device's span.
+    assert_eq!(attached.span("dev"), opened.span("dev"));
+    assert_eq!(bound.span("dev"), opened.span("dev"));
+    one("XDP steering program detached");
+    one("device closed");
+    topo.assert_no_program();
 }
