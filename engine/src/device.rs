@@ -112,6 +112,7 @@ struct DeviceInner {
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        let _entered = self.shared.span.enter();
         self.shared.stop();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();

@@ -328,7 +328,8 @@ fn af_xdp_attach_and_detach_are_logged() {
     // Attach and sockets belong to the device's span.
     assert_eq!(attached.span("dev"), opened.span("dev"));
     assert_eq!(bound.span("dev"), opened.span("dev"));
-    one("XDP steering program detached");
+    let detached = one("XDP steering program detached");
+    assert_eq!(detached.span("dev"), opened.span("dev"));
     one("device closed");
     topo.assert_no_program();
 }
