@@ -4,5 +4,6 @@
 
 pub mod backend;
 pub mod hex;
+pub mod logging;
 pub mod probe;
 pub mod proto;

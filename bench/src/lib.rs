@@ -499,7 +499,12 @@ pub fn notes() -> Vec<String> {
 /// ends successfully (`Err(SUCCESS)`); it installs the teardown of its
 /// namespaces on SIGINT/SIGTERM/SIGHUP and creates the two-namespace
 /// topology for `veth` (`Err(FAILURE)` after printing the error).
+///
+/// With `RUST_LOG` set, the stack's `tracing` log goes to stderr with that
+/// filter (as in the tools of `apps`); without it nothing is installed and
+/// the libraries stay silent.
 pub fn start(tool: &str, veth: Veth) -> Result<Topology, std::process::ExitCode> {
+    init_logging(tool);
     if !require_root(tool) {
         return Err(std::process::ExitCode::SUCCESS);
     }
@@ -509,6 +514,25 @@ pub fn start(tool: &str, veth: Veth) -> Result<Topology, std::process::ExitCode>
             eprintln!("{tool}: {e}");
             std::process::ExitCode::FAILURE
         })
+}
+
+/// Install a `tracing` subscriber on stderr if `RUST_LOG` is set.
+pub fn init_logging(tool: &str) {
+    let Some(spec) = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    else {
+        return;
+    };
+    match tracing_subscriber::EnvFilter::try_new(&spec) {
+        Ok(filter) => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(io::stderr)
+                .try_init();
+        }
+        Err(e) => eprintln!("{tool}: invalid RUST_LOG {spec:?}: {e}; no log"),
+    }
 }
 
 /// Whether the process runs as root (effective uid 0). Without root it

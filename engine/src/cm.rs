@@ -303,6 +303,13 @@ impl ConnRequest {
         let mut frame = vec![0; 1024];
         let n = req.hs.poll_transmit(&mut frame);
         frame.truncate(n);
+        tracing::info!(
+            parent: &self.shared.span,
+            peer = %req.peer,
+            local = %req.local,
+            reason = "rejected by the application",
+            "connection request rejected: MPA reply with Reject queued"
+        );
         self.shared.engine().linger(req.sock, frame);
         self.shared.kick();
         Ok(())
@@ -314,6 +321,12 @@ impl Drop for ConnRequest {
         // A kernel socket closes itself; a user-space TCP connection is
         // reset by the engine.
         if let Some(req) = self.req.take() {
+            tracing::debug!(
+                parent: &self.shared.span,
+                peer = %req.peer,
+                local = %req.local,
+                "connection request dropped without a reply"
+            );
             if let Sock::Xdp(..) = req.sock {
                 self.shared.engine().drop_sock(req.sock);
                 self.shared.kick();

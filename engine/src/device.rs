@@ -26,6 +26,7 @@ use crate::kernel::{
     emss_of, lock, ConnShared, CqQueue, Released, Request, Shared, Sock, SrqEvents,
 };
 use crate::kernel::{Sleeper, XdpRef};
+use crate::log::{conn_event, conn_span, device_span};
 use crate::post::WorkQueues;
 use crate::xdp::worker::XdpIo;
 use crate::xdp::{EngineStats, XdpConfig, XdpStats};
@@ -111,11 +112,13 @@ struct DeviceInner {
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        let _entered = self.shared.span.enter();
         self.shared.stop();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
         }
         self.shared.engine().shutdown();
+        tracing::info!(parent: &self.shared.span, "device closed");
     }
 }
 
@@ -142,7 +145,14 @@ impl Device {
             h.finish()
         });
         let threaded = matches!(cfg.progress, Progress::Thread { .. });
+        let backend_name = match &backend {
+            Backend::Kernel => "kernel",
+            Backend::AfXdp(_) => "af_xdp",
+        };
+        let span = device_span(backend_name);
+        let _entered = span.enter();
         let mut shared = Shared::new(seed, threaded, cfg.busy_poll)?;
+        shared.span = span.clone();
         // Engines 1.. of a multi-core AF_XDP device and the cores their
         // threads are pinned to.
         let mut extra: Vec<(XdpRef, Option<usize>)> = Vec::new();
@@ -186,6 +196,13 @@ impl Device {
                 threads: Mutex::new(Vec::new()),
             }),
         };
+        tracing::info!(
+            backend = backend_name,
+            progress = ?cfg.progress,
+            busy_poll = cfg.busy_poll,
+            engines = extra.len() + 1,
+            "device opened"
+        );
         if !threaded {
             return Ok(dev);
         }
@@ -204,7 +221,10 @@ impl Device {
                 if let Some(cpu) = cpu0 {
                     pin(cpu);
                 }
+                let _entered = s.span.enter();
+                tracing::info!(engine = 0, cpu = ?cpu0, "progress thread started");
                 s.run(first);
+                tracing::info!(engine = 0, "progress thread stopped");
             })?;
         lock(&dev.inner.threads).push(t);
         for (k, ((x, cpu), (sleeper, poll))) in extra
@@ -219,7 +239,10 @@ impl Device {
                     if let Some(cpu) = cpu {
                         pin(cpu);
                     }
+                    let _entered = s.span.enter();
+                    tracing::info!(engine = k + 1, cpu = ?cpu, "progress thread started");
                     s.run_engine(k + 1, x, poll, &sleeper);
+                    tracing::info!(engine = k + 1, "progress thread stopped");
                 })?;
             lock(&dev.inner.threads).push(t);
         }
@@ -367,6 +390,7 @@ impl Device {
         if !e.xdp.is_empty() {
             let (ls, addr) = e.listen_xdp(addr)?;
             drop(e);
+            tracing::info!(parent: &self.shared().span, %addr, "listening");
             self.shared().kick();
             return Ok(Listener {
                 shared: self.shared().clone(),
@@ -384,6 +408,7 @@ impl Device {
             .engine()
             .add_listener(TcpListener::from_std(std))
             .map_err(|e| CmError::Io(e.kind()))?;
+        tracing::info!(parent: &self.shared().span, %addr, "listening");
         self.shared().kick();
         Ok(Listener {
             shared: self.shared().clone(),
@@ -415,6 +440,7 @@ impl Device {
     ) -> Result<Qp, CmError> {
         let start = Instant::now();
         check_init(self.shared(), &qp)?;
+        tracing::debug!(parent: &self.shared().span, peer = %addr, "connect started");
         let (sq_depth, rq_depth) = (qp.sq_depth, qp.rq_depth_in_engine());
         let srq = qp.srq.clone();
         let conn = Arc::new(ConnShared::default());
@@ -422,7 +448,10 @@ impl Device {
         let (sock, local, emss) = if xdp {
             self.dial_xdp(addr, &conn, start + params.timeout)?
         } else {
-            let std = std::net::TcpStream::connect_timeout(&addr, params.timeout)?;
+            let std = std::net::TcpStream::connect_timeout(&addr, params.timeout).map_err(|e| {
+                tracing::debug!(peer = %addr, error = %e, "connect failed: TCP");
+                CmError::from(e)
+            })?;
             std.set_nodelay(true).map_err(|e| CmError::Io(e.kind()))?;
             std.set_nonblocking(true)
                 .map_err(|e| CmError::Io(e.kind()))?;
@@ -439,10 +468,14 @@ impl Device {
             let id = match qp.create_in(&mut e.ctx, emss) {
                 Ok(id) => id,
                 Err(err) => {
+                    tracing::debug!(peer = %addr, error = %err, "connect failed: no QP");
                     e.drop_sock(sock);
                     return Err(err.into());
                 }
             };
+            let _ = e
+                .ctx
+                .set_qp_span(id, conn_span(&shared.span, id, local, addr));
             if let Err(err) = post_recvs(&mut e.ctx, id, recvs).and_then(|()| {
                 e.ctx
                     .connect(id, params.mpa_config(left), &params.private_data, now)
@@ -463,6 +496,9 @@ impl Device {
         let deadline = Instant::now() + left + Duration::from_secs(1);
         let setup = shared.wait_for(&conn.m, &conn.cv, Some(deadline), |i| i.setup.clone());
         let result = setup.unwrap_or(Err(CmError::Timeout));
+        if let Err(err) = &result {
+            conn_event!(shared.engine().ctx, id, DEBUG, error = %err, "connect failed");
+        }
         let qp = Qp {
             shared: shared.clone(),
             id,
@@ -897,7 +933,12 @@ impl Qp {
         let conn = Arc::new(ConnShared::default());
         let mut e = shared.engine();
         let now = e.now();
-        let id = init.create_in(&mut e.ctx, req.emss)?;
+        let id = init.create_in(&mut e.ctx, req.emss).inspect_err(|err| {
+            tracing::debug!(peer = %req.peer, error = %err, "accept failed: no QP");
+        })?;
+        let _ = e
+            .ctx
+            .set_qp_span(id, conn_span(&shared.span, id, req.local, req.peer));
         let mut result = post_recvs(&mut e.ctx, id, recvs)
             .and_then(|()| e.ctx.listen(id, params.mpa_config(params.timeout), now));
         if result.is_ok() {
@@ -922,6 +963,7 @@ impl Qp {
             return Err(CmError::Io(err.kind()));
         }
         if let Err(err) = result {
+            conn_event!(e.ctx, id, DEBUG, error = %err, "accept failed");
             e.release_qp(id);
             drop(e);
             shared.kick();

@@ -39,6 +39,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 
 use crate::cm::{CmError, CmEvent};
+use crate::log::conn_event;
 use crate::post::WorkQueues;
 use crate::slots::{ConnSlots, Slotted};
 use crate::xdp::worker::XdpIo;
@@ -691,6 +692,7 @@ impl Engine {
                     Err(_) => break, // WouldBlock, or a connection reset before accept
                 };
                 work += 1;
+                tracing::debug!(%peer, "TCP connection accepted");
                 let _ = sock.set_nodelay(true);
                 let token = self.token();
                 if self
@@ -730,14 +732,14 @@ impl Engine {
             let p = &mut self.pending[i];
             let mut outcome = None;
             if p.hs.poll_timeout().is_some_and(|d| now >= d) {
-                outcome = Some(Err(()));
+                outcome = Some(Err("timed out waiting for the MPA request".to_string()));
             }
             while outcome.is_none() {
                 // Small reads: what follows the request stays in the socket
                 // until the QP exists.
                 let mut s: &TcpStream = &p.sock;
                 match s.read(&mut self.rx_buf[..4096]) {
-                    Ok(0) => outcome = Some(Err(())),
+                    Ok(0) => outcome = Some(Err("closed by the peer".to_string())),
                     Ok(n) => {
                         work += n;
                         let chunk = &self.rx_buf[..n];
@@ -750,12 +752,12 @@ impl Engine {
                                     outcome = Some(Ok((req, chunk[used..].to_vec())));
                                 }
                             }
-                            Err(_) => outcome = Some(Err(())),
+                            Err(e) => outcome = Some(Err(e.to_string())),
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(_) => outcome = Some(Err(())),
+                    Err(e) => outcome = Some(Err(e.to_string())),
                 }
             }
             match outcome {
@@ -765,8 +767,16 @@ impl Engine {
                     let mut p = self.pending.swap_remove(i);
                     let _ = self.registry.deregister(&mut p.sock);
                     work += 1;
-                    if let Ok((request, rest)) = r {
-                        hand_over(p, request, rest);
+                    match r {
+                        Ok((request, rest)) => {
+                            tracing::debug!(peer = %p.peer, "MPA request queued for the listener");
+                            hand_over(p, request, rest);
+                        }
+                        Err(reason) => tracing::warn!(
+                            peer = %p.peer,
+                            %reason,
+                            "connection dropped before its MPA request"
+                        ),
                     }
                 }
             }
@@ -894,6 +904,7 @@ impl Engine {
         }
         if let Some(kind) = broken {
             // A reset or a write to a closed connection: the stream ended.
+            conn_event!(self.ctx, qp, WARN, error = ?kind, "connection dropped: I/O error");
             c.eof = true;
             c.out = Vec::new();
             c.out_pos = 0;
@@ -906,6 +917,13 @@ impl Engine {
         let flushed = broken.is_some() || (drained && c.out_pos >= c.out.len());
         if flushed && self.ctx.wants_close(qp) {
             if let Some(mut s) = c.sock.take() {
+                conn_event!(
+                    self.ctx,
+                    qp,
+                    DEBUG,
+                    reset = broken.is_some(),
+                    "TCP connection closed"
+                );
                 let _ = self.registry.deregister(&mut s);
                 if broken.is_some() {
                     let _ = s.shutdown(Shutdown::Both);
@@ -1309,6 +1327,8 @@ pub(crate) struct Shared {
     /// QPs with work requests queued by application threads
     /// ([`crate::post`]), moved into the core at the start of a pass.
     pub(crate) posted: SegQueue<Arc<WorkQueues>>,
+    /// The device's span ([`crate::log::device_span`]).
+    pub(crate) span: tracing::Span,
 }
 
 /// Sleep in `poll` for at most `timeout` with the AF_XDP sockets `fds` in
@@ -1397,6 +1417,7 @@ impl Shared {
             waiters: AtomicUsize::new(0),
             sleepers: std::sync::OnceLock::new(),
             posted: SegQueue::new(),
+            span: tracing::Span::none(),
         })
     }
 

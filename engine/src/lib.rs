@@ -70,6 +70,7 @@
 mod cm;
 mod device;
 mod kernel;
+mod log;
 mod post;
 mod slots;
 pub mod xdp;

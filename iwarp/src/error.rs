@@ -30,6 +30,15 @@ impl Layer {
             _ => None,
         }
     }
+
+    /// The layer's name: "RDMAP", "DDP" or "LLP".
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rdmap => "RDMAP",
+            Self::Ddp => "DDP",
+            Self::Llp => "LLP",
+        }
+    }
 }
 
 /// A Terminate error: layer, error type and error code.

@@ -4,6 +4,9 @@
 //! threads and never reads a clock. Bytes of the TCP stream and the current
 //! time go in; bytes to transmit, work completions and connection events
 //! come out. The AF_XDP engine and the kernel-socket backend drive it.
+//! It reports connection lifecycle, Terminates and failures as `tracing`
+//! events (none per frame), which reach whatever subscriber the
+//! application installs and go nowhere without one (see [`qp`]).
 //!
 //! Layers, bottom up:
 //!

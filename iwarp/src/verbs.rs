@@ -380,6 +380,17 @@ impl Context {
         self.qps.get(qp.key()).map(|s| &*s.qp)
     }
 
+    /// Attribute the `tracing` events of `qp` to `span` (the owner's
+    /// connection span): see [`crate::qp`].
+    pub fn set_qp_span(&mut self, qp: QpId, span: tracing::Span) -> Result<(), VerbsError> {
+        let slot = self
+            .qps
+            .get_mut(qp.key())
+            .ok_or(VerbsError::InvalidHandle)?;
+        slot.qp.set_span(span);
+        Ok(())
+    }
+
     fn with_qp<R>(
         &mut self,
         qp: QpId,

@@ -68,6 +68,10 @@ use iwarp_engine::{Backend, CmError, CmEvent, ConnParams, Device, DeviceConfig, 
 struct Cli {
     #[command(subcommand)]
     role: Role,
+    /// The stack's log on stderr at debug level (`RUST_LOG`, when set,
+    /// chooses its filter instead).
+    #[arg(short = 'd', long = "debug", global = true)]
+    debug: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -296,6 +300,7 @@ fn run_server(addr: Option<&str>, reject: bool, c: &Common) -> Result<(), Fail> 
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    iwarp_apps::logging::init("iwarp-cm", cli.debug);
     let result = match &cli.role {
         Role::Server {
             addr,

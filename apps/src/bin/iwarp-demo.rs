@@ -34,6 +34,10 @@ struct Args {
     /// Print only the summary.
     #[arg(long)]
     quiet: bool,
+    /// The core's log on stderr at debug level (`RUST_LOG`, when set,
+    /// chooses its filter instead).
+    #[arg(short = 'd', long = "debug")]
+    debug: bool,
 }
 
 /// One configuration of the table.
@@ -488,6 +492,7 @@ fn pump(p: &mut Pair, buf: &mut [u8]) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    iwarp_apps::logging::init("iwarp-demo", args.debug);
     let mut sizes = vec![1usize, 4096, args.size as usize];
     sizes.sort_unstable();
     sizes.dedup();

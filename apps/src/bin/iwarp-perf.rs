@@ -326,6 +326,7 @@ fn main() -> ExitCode {
         Cmd::SendLat(o) => (Test::SendLat, o),
     };
     let _ = (opts.inline_size, opts.rdma_cm);
+    iwarp_apps::logging::init("iwarp-perf", opts.debug);
     let result = Cfg::new(test, opts).and_then(|cfg| match (cfg.side, cfg.persistent) {
         (Side::Server, Some(runs)) => serve_persistent(&cfg, runs),
         _ => run(&cfg),

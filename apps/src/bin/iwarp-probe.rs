@@ -58,6 +58,10 @@ struct Args {
     /// Milliseconds between the MPA reply and our first FPDU.
     #[arg(long, default_value_t = 100)]
     first_send_delay: u64,
+    /// The stack's log on stderr at debug level (`RUST_LOG`, when set,
+    /// chooses its filter instead).
+    #[arg(short = 'd', long = "debug", global = true)]
+    debug: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -136,6 +140,7 @@ fn run_target(listen: SocketAddr, count: usize, timeout: Duration) -> ExitCode {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    iwarp_apps::logging::init("iwarp-probe", args.debug);
     if let Some(Cmd::Target {
         listen,
         count,

@@ -79,6 +79,10 @@ const RESTART_SECS: f64 = 4.0;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The stack's log on stderr at debug level (`RUST_LOG`, when set,
+    /// chooses its filter instead).
+    #[arg(short = 'd', long = "debug", global = true)]
+    debug: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -138,6 +142,11 @@ struct ClientArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.debug && std::env::var_os("RUST_LOG").is_none() {
+        // The client processes `run` spawns inherit the filter.
+        std::env::set_var("RUST_LOG", iwarp_apps::logging::DEBUG_FILTER);
+    }
+    iwarp_apps::logging::init("iwarp-soak", cli.debug);
     let r = match cli.cmd {
         Cmd::Run(a) => run(&a),
         Cmd::Client(a) => client(&a),

@@ -110,7 +110,8 @@ struct Args {
     /// Validate the ping data (client).
     #[arg(short = 'V')]
     validate: bool,
-    /// Debug output on stderr.
+    /// Debug output on stderr, with the stack's log at debug level
+    /// (`RUST_LOG`, when set, chooses the log's filter instead).
     #[arg(short = 'd')]
     debug: bool,
     /// Ask for MPA CRC32c.
@@ -897,6 +898,7 @@ fn serve(
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    iwarp_apps::logging::init("rping", args.debug);
     let secs = args.timeout.unwrap_or(10.0);
     if !(secs.is_finite() && secs > 0.0) {
         eprintln!("rping: --timeout must be a positive number of seconds");

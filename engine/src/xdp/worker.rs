@@ -23,6 +23,7 @@ use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
 use crate::cm::{CmError, CmEvent};
 use crate::kernel::{drain_events, lock, push_event, ConnShared, ListenShared, Request, Sock};
+use crate::log::conn_event;
 use crate::slots::{ConnSlots, Slotted};
 
 /// How long a dropped connection may take to finish its close before it is
@@ -179,7 +180,10 @@ impl Steer {
     /// Detach the program (before the sockets close).
     pub(crate) fn detach(&self) {
         if let Some(s) = lock(&self.inner).steering.take() {
-            let _ = s.detach();
+            match s.detach() {
+                Ok(()) => tracing::info!("XDP steering program detached"),
+                Err(e) => tracing::warn!(error = %e, "XDP detach failed"),
+            }
         }
     }
 }
@@ -302,7 +306,17 @@ impl XdpIo {
                 )
             })?;
         let base = Steer::base(cfg.ip, &cfg.ephemeral_ports);
-        let steering = Steering::attach(cfg.ifname.as_str(), cfg.attach, &base).map_err(io_err)?;
+        let steering = Steering::attach(cfg.ifname.as_str(), cfg.attach, &base).map_err(|e| {
+            tracing::debug!(ifname = %cfg.ifname, attach = ?cfg.attach, error = %e, "XDP attach failed");
+            io_err(e)
+        })?;
+        tracing::info!(
+            ifname = %cfg.ifname,
+            attach = ?cfg.attach,
+            mode = ?steering.mode(),
+            prog_id = steering.prog_id(),
+            "XDP steering program attached"
+        );
         let steer = Arc::new(Steer {
             inner: std::sync::Mutex::new(SteerState {
                 steering: Some(steering),
@@ -359,6 +373,17 @@ impl XdpIo {
                     s.set_xsk(queue, &RawFd(fd)).map_err(io_err)?;
                 }
             }
+            tracing::info!(
+                ifname = %cfg.ifname,
+                queue,
+                engine = index,
+                ip = %cfg.ip,
+                mtu = cfg.mtu,
+                frames = cfg.frames,
+                frame_size = cfg.frame_size(),
+                ephemeral_ports = ?part,
+                "AF_XDP socket bound"
+            );
             engines.push(Self {
                 steer: steer.clone(),
                 index,
@@ -789,6 +814,7 @@ impl XdpIo {
                 )) = self.stack.endpoints(conn)
                 {
                     let key = (u32::from_be_bytes(ip.octets()), port, local.port);
+                    tracing::debug!(peer = %to_std(IpAddress::Ipv4(ip), port), "TCP connection accepted");
                     self.passive.insert(conn, key);
                     *self.local_ports.entry(local.port).or_default() += 1;
                 }
@@ -817,6 +843,11 @@ impl XdpIo {
         while i < self.pending.len() {
             let p = &mut self.pending[i];
             let mut failed = p.hs.poll_timeout().is_some_and(|d| now >= d);
+            let mut reason = if failed {
+                Some("timed out waiting for the MPA request".to_string())
+            } else {
+                None
+            };
             let mut request = None;
             if !failed {
                 let (hs, frame) = (&mut p.hs, &mut p.frame);
@@ -832,22 +863,36 @@ impl XdpIo {
                             }
                             used
                         }
-                        Err(_) => {
+                        Err(e) => {
                             failed = true;
+                            reason = Some(e.to_string());
                             0
                         }
                     }
                 });
                 match r {
                     Ok(n) => work += n,
-                    Err(_) => failed = true,
+                    Err(e) => {
+                        failed = true;
+                        reason.get_or_insert_with(|| format!("{e:?}"));
+                    }
                 }
                 if self.stack.is_reset(p.conn) {
                     failed = true;
+                    reason.get_or_insert_with(|| "reset by the peer".to_string());
                 }
             }
             if failed {
                 let p = self.pending.swap_remove(i);
+                let peer = self
+                    .stack
+                    .endpoints(p.conn)
+                    .map(|(_, r)| to_std(r.addr, r.port));
+                tracing::warn!(
+                    peer = ?peer,
+                    reason = reason.as_deref().unwrap_or("unknown"),
+                    "connection dropped before its MPA request"
+                );
                 self.drop_sock(Sock::Xdp(self.index, p.conn));
                 work += 1;
                 continue;
@@ -869,6 +914,7 @@ impl XdpIo {
                 .stack
                 .emss(p.conn)
                 .unwrap_or_else(|| self.stack.local_mss());
+            tracing::debug!(%peer, "MPA request queued for the listener");
             let req = Request {
                 sock: Sock::Xdp(self.index, p.conn),
                 peer,
@@ -893,6 +939,7 @@ impl XdpIo {
             } else if stack.is_reset(d.conn) || stack.is_closed(d.conn) {
                 opening.remove(&d.conn);
                 let _ = stack.release(d.conn);
+                tracing::debug!("connect failed: TCP connection refused or reset");
                 Some(Err(CmError::ConnectionRefused))
             } else {
                 None
@@ -934,6 +981,7 @@ impl XdpIo {
                 Err(_) => {}
             }
             if !c.eof && self.stack.is_reset(c.conn) {
+                conn_event!(ctx, qp, WARN, "connection dropped: reset by the peer");
                 c.eof = true;
                 ctx.handle_eof(qp);
                 push_event(
@@ -966,11 +1014,13 @@ impl XdpIo {
         }
         work += drain_events(ctx, qp, &c.shared);
         if !c.closing && drained && ctx.wants_close(qp) {
+            conn_event!(ctx, qp, DEBUG, "TCP connection closing");
             c.closing = true;
             let _ = self.stack.close(c.conn);
             work += 1;
         }
         if self.stack.is_closed(c.conn) || (c.closing && self.stack.is_reset(c.conn)) {
+            conn_event!(ctx, qp, DEBUG, "TCP connection closed");
             c.gone = true;
             if !c.eof {
                 c.eof = true;

@@ -712,6 +712,11 @@ impl Handshake {
         n
     }
 
+    /// Bytes of our frame not yet returned by `poll_transmit`.
+    pub(crate) fn tx_remaining(&self) -> usize {
+        self.tx.len().saturating_sub(self.tx_pos)
+    }
+
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

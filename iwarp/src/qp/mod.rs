@@ -18,6 +18,43 @@
 //!                                                    +--Terminate received / EOF--------> Error
 //! ```
 //! Entering Error flushes every outstanding work request.
+//!
+//! The QP reports its connection's lifecycle, every Terminate sent or
+//! received and every failure as `tracing` events (nothing per FPDU).
+//! They are attributed to the span its owner sets with
+//! [`crate::verbs::Context::set_qp_span`] (the engine's `conn` span), to
+//! the current span when none is set. Events are not I/O: with no
+//! subscriber installed they cost a relaxed load each.
+
+/// A `tracing` event at level `$lvl` in the QP's span `$span` (the
+/// current span if it is none).
+macro_rules! qp_event {
+    ($span:expr, $lvl:ident, $($arg:tt)+) => {
+        if $span.is_none() {
+            tracing::event!(tracing::Level::$lvl, $($arg)+)
+        } else {
+            tracing::event!(parent: &$span, tracing::Level::$lvl, $($arg)+)
+        }
+    };
+}
+
+/// A `tracing` event about the Terminate code `$t`: the layer, error
+/// type and code as numbers and names.
+macro_rules! term_event {
+    ($span:expr, $lvl:ident, $t:expr, $($arg:tt)+) => {{
+        let t: TermCode = $t;
+        qp_event!(
+            $span,
+            $lvl,
+            layer = t.layer as u8,
+            layer_name = t.layer.name(),
+            etype = t.etype,
+            code = t.code,
+            name = t.name(),
+            $($arg)+
+        )
+    }};
+}
 
 mod rx;
 mod tx;
@@ -448,6 +485,8 @@ pub struct Qp {
     hs_tx_pending: bool,
     /// See [`handshake::Config::responder_sends_first`].
     responder_sends_first: bool,
+    /// The span its events belong to (none: the current span).
+    span: tracing::Span,
 }
 
 impl Qp {
@@ -475,6 +514,7 @@ impl Qp {
             wants_close: false,
             hs_tx_pending: false,
             responder_sends_first: false,
+            span: tracing::Span::none(),
             config,
         }
     }
@@ -482,6 +522,16 @@ impl Qp {
     /// The QP's identifier.
     pub fn id(&self) -> QpId {
         self.id
+    }
+
+    /// The span the QP's events belong to ([`tracing::Span::none`] until
+    /// the owner sets one).
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    pub(crate) fn set_span(&mut self, span: tracing::Span) {
+        self.span = span;
     }
 
     /// The shared receive queue the QP takes its receives from.
@@ -543,9 +593,24 @@ impl Qp {
         if self.state != QpState::Idle {
             return Err(HandshakeError::NotExpected);
         }
+        let (revision, crc, markers, p2p) =
+            (config.revision, config.crc, config.markers, config.p2p);
+        let (ird, ord) = (config.ird, config.ord);
         self.handshake = Some(Handshake::initiator(config, private_data, now)?);
         self.role = Role::Initiator;
         self.state = QpState::Connecting;
+        qp_event!(
+            self.span,
+            DEBUG,
+            revision,
+            crc,
+            markers,
+            p2p,
+            ird,
+            ord,
+            private_data_len = private_data.len(),
+            "connect: MPA request queued"
+        );
         Ok(())
     }
 
@@ -561,6 +626,7 @@ impl Qp {
         self.handshake = Some(Handshake::responder(config, now));
         self.role = Role::Responder;
         self.state = QpState::Connecting;
+        qp_event!(self.span, DEBUG, "accept: awaiting the MPA request");
         Ok(())
     }
 
@@ -571,6 +637,12 @@ impl Qp {
     ) -> Result<(), HandshakeError> {
         let hs = self.handshake.as_mut().ok_or(HandshakeError::NotExpected)?;
         hs.accept(private_data)?;
+        qp_event!(
+            self.span,
+            DEBUG,
+            private_data_len = private_data.len(),
+            "connection accepted: MPA reply queued"
+        );
         self.pump_handshake(env);
         Ok(())
     }
@@ -582,6 +654,12 @@ impl Qp {
     ) -> Result<(), HandshakeError> {
         let hs = self.handshake.as_mut().ok_or(HandshakeError::NotExpected)?;
         hs.reject(private_data)?;
+        qp_event!(
+            self.span,
+            INFO,
+            reason = "rejected by the application",
+            "connection rejected: MPA reply with Reject queued"
+        );
         self.pump_handshake(env);
         self.enter_error(env);
         self.wants_close = true;
@@ -594,6 +672,16 @@ impl Qp {
         while let Some(ev) = self.handshake.as_mut().and_then(Handshake::poll_event) {
             match ev {
                 handshake::Event::ConnectRequest(req) => {
+                    qp_event!(
+                        self.span,
+                        DEBUG,
+                        revision = req.revision,
+                        crc = req.crc,
+                        markers = req.markers,
+                        enhanced = req.ird_ord.is_some(),
+                        private_data_len = req.private_data.len(),
+                        "MPA request received"
+                    );
                     self.events.push_back(QpEvent::ConnectRequest(req))
                 }
                 handshake::Event::Established {
@@ -607,6 +695,23 @@ impl Qp {
                         self.config.rx_max_ulpdu,
                         self.role == Role::Responder,
                     );
+                    if self.role == Role::Initiator {
+                        qp_event!(self.span, DEBUG, "MPA reply received");
+                    }
+                    qp_event!(
+                        self.span,
+                        INFO,
+                        role = if self.role == Role::Initiator { "initiator" } else { "responder" },
+                        revision = negotiated.revision,
+                        crc = negotiated.crc,
+                        markers_tx = negotiated.markers_tx,
+                        markers_rx = negotiated.markers_rx,
+                        ird = negotiated.ird,
+                        ord = negotiated.ord,
+                        p2p = negotiated.p2p,
+                        rtr = ?negotiated.rtr,
+                        "connection established (RTS)"
+                    );
                     self.negotiated = Some(negotiated.clone());
                     self.state = QpState::Rts;
                     self.events.push_back(QpEvent::Established {
@@ -615,11 +720,24 @@ impl Qp {
                     });
                 }
                 handshake::Event::Rejected { private_data } => {
+                    qp_event!(
+                        self.span,
+                        INFO,
+                        reason = "rejected by the peer",
+                        private_data_len = private_data.len(),
+                        "connection rejected: MPA reply with Reject received"
+                    );
                     self.events.push_back(QpEvent::Rejected { private_data });
                     self.enter_error(env);
                     self.wants_close = true;
                 }
                 handshake::Event::Failed(e) => {
+                    qp_event!(
+                        self.span,
+                        WARN,
+                        error = %e,
+                        "connection failed: MPA exchange"
+                    );
                     self.events.push_back(QpEvent::ConnectFailed(e));
                     self.enter_error(env);
                     self.wants_close = true;
@@ -708,6 +826,7 @@ impl Qp {
     fn complete(&mut self, cq: CqId, wc: WorkCompletion, env: &mut Env<'_>) {
         let ok = env.cqs.get_mut(cq).is_some_and(|cq| cq.push(wc));
         if !ok && self.state != QpState::Error {
+            qp_event!(self.span, WARN, cq = ?cq, "completion queue overrun");
             self.events.push_back(QpEvent::CqOverrun);
             self.enter_error(env);
             self.wants_close = true;
@@ -749,11 +868,20 @@ impl Qp {
         if self.state != QpState::Terminate {
             self.state = QpState::Error;
         }
+        let mut flushed = self.sq.len() + self.rq.len();
         for f in self.inflight.iter_mut() {
             if f.status.is_none() {
                 f.status = Some(WcStatus::WrFlushError);
+                flushed += 1;
             }
         }
+        qp_event!(
+            self.span,
+            DEBUG,
+            state = ?self.state,
+            flushed,
+            "QP to Error: outstanding work requests flushed"
+        );
         self.drain_inflight(env);
         self.orq.clear();
         self.aorq.clear();
@@ -793,8 +921,20 @@ impl Qp {
             }
         }
         self.state = if self.tx.queue_terminate(&v) {
+            term_event!(
+                self.span,
+                DEBUG,
+                v.code,
+                "protocol violation: Terminate queued"
+            );
             QpState::Terminate
         } else {
+            term_event!(
+                self.span,
+                WARN,
+                v.code,
+                "protocol violation: no Terminate can be sent"
+            );
             QpState::Error
         };
         self.enter_error(env);
@@ -837,6 +977,7 @@ impl Qp {
         match self.state {
             QpState::Error | QpState::Terminate => {}
             _ => {
+                qp_event!(self.span, INFO, state = ?self.state, "connection closed by the peer");
                 self.events.push_back(QpEvent::Disconnected);
                 self.enter_error(env);
             }
@@ -851,6 +992,7 @@ impl Qp {
         match self.state {
             QpState::Error | QpState::Terminate | QpState::Closing => {}
             _ => {
+                qp_event!(self.span, INFO, state = ?self.state, "disconnect");
                 self.events.push_back(QpEvent::Disconnected);
                 self.enter_error(env);
                 if self.tx.busy() {
@@ -883,12 +1025,21 @@ impl Qp {
     ) -> usize {
         let mut n = 0;
         if let Some(hs) = self.handshake.as_mut() {
+            let before = hs.tx_remaining();
             n += hs.poll_transmit(out);
+            let sent = before > 0 && hs.tx_remaining() == 0;
+            let (done, reject) = (hs.is_done(), hs.is_closed());
+            if sent {
+                let frame = match self.role {
+                    Role::Initiator => "request",
+                    Role::Responder => "reply",
+                };
+                qp_event!(self.span, DEBUG, frame, reject, "MPA frame sent");
+            }
             self.hs_tx_pending = n == out.len();
             if n == out.len() {
                 return n;
             }
-            let done = hs.is_done();
             self.pump_handshake(env);
             if done && self.state != QpState::Connecting {
                 // Established and our frame is out: the handshake has

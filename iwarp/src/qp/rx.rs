@@ -728,8 +728,20 @@ impl Qp {
                 self.rx.expect_msn[QN_TERMINATE as usize] =
                     self.rx.expect_msn[QN_TERMINATE as usize].wrapping_add(1);
                 let start = hdr.header_len();
-                let code = TerminateRepr::parse(&self.rx.hbuf[start..self.rx.hlen])
-                    .ok()
+                let parsed = TerminateRepr::parse(&self.rx.hbuf[start..self.rx.hlen]).ok();
+                let bits = parsed.map_or(0, |t| t.raw_code_bits);
+                qp_event!(
+                    self.span,
+                    WARN,
+                    layer = bits >> 12,
+                    layer_name = Layer::from_raw((bits >> 12) as u8).map_or("unknown", Layer::name),
+                    etype = (bits >> 8) & 0xf,
+                    code = bits & 0xff,
+                    name = TermCode::from_bits(bits).map_or("unknown error", TermCode::name),
+                    malformed = parsed.is_none(),
+                    "Terminate received"
+                );
+                let code = parsed
                     .and_then(|t| t.code)
                     .unwrap_or(codes::RDMAP_UNSPECIFIED_OP);
                 self.events.push_back(QpEvent::RemoteTerminate(code));

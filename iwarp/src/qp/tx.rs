@@ -128,6 +128,8 @@ pub(super) struct Tx {
     fpdu: Option<Fpdu>,
     rtr: Option<RtrType>,
     terminate: Option<Msg>,
+    /// The error the queued Terminate reports.
+    terminate_code: Option<TermCode>,
     terminate_sent: bool,
     aborted: bool,
     pub(super) next_seq: u64,
@@ -201,6 +203,7 @@ impl Tx {
             self.next_msn(QN_TERMINATE),
             0,
         );
+        self.terminate_code = Some(v.code);
         self.terminate = Some(Msg {
             hdr,
             body,
@@ -829,6 +832,9 @@ impl Qp {
             return;
         };
         if msg.terminate {
+            if let Some(code) = self.tx.terminate_code {
+                term_event!(self.span, WARN, code, "Terminate sent");
+            }
             self.tx.terminate_sent = true;
             self.state = QpState::Error;
             return;
