@@ -215,37 +215,28 @@ fn main() -> std::process::ExitCode {
     let max = counts.iter().copied().max().unwrap_or(1);
     let mut ratios = Vec::new();
     if max > 1 && counts.contains(&1) {
-        let r = Ratio::new(
+        ratios.push(Ratio::new(
             &format!("aggregate {max} QPs / 1 QP"),
             agg(max),
             agg(1),
             ">=",
             0.8,
-        );
-        match r.value {
-            Some(v) => println!(
-                "ratio {}: {v:.2} (target >= 0.8: {})",
-                r.name,
-                if r.met == Some(true) {
-                    "met"
-                } else {
-                    "not met"
-                }
-            ),
-            None => println!("ratio {}: n/a", r.name),
-        }
-        ratios.push(r);
-        let r = Ratio::new(
+        ));
+        ratios.push(Ratio::new(
             &format!("receive cost per frame {max} QPs / 1 QP"),
             cost(max),
             cost(1),
             "<=",
             1.2,
-        );
+        ));
+    }
+    for r in &ratios {
         match r.value {
             Some(v) => println!(
-                "ratio {}: {v:.2} (target <= 1.2: {})",
+                "ratio {}: {v:.2} (target {} {}: {})",
                 r.name,
+                r.op,
+                r.target,
                 if r.met == Some(true) {
                     "met"
                 } else {
@@ -254,7 +245,6 @@ fn main() -> std::process::ExitCode {
             ),
             None => println!("ratio {}: n/a", r.name),
         }
-        ratios.push(r);
     }
     let rep = {
         let mut notes = iwarp_bench::notes();
