@@ -9,8 +9,13 @@
 //! * [`tshark`]: runs Wireshark's `tshark` on a capture and summarises what
 //!   its iWARP dissectors decoded ([`tshark::Report`]): an independent
 //!   wire-format oracle for the tests and for `iwarp-pcapcheck`.
+//! * `log` (feature `log`): a `tracing` layer that records every event
+//!   with its fields and the spans it belongs to, for tests of what the
+//!   libraries log.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "log")]
+pub mod log;
 pub mod pcap;
 pub mod tshark;

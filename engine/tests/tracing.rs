@@ -11,98 +11,20 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::fmt::Debug;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use iwarp_capture::log::{Capture, Record as Rec};
 use iwarp_engine::xdp::AttachMode;
 use iwarp_engine::{
     Backend, CmEvent, ConnParams, Device, DeviceConfig, Progress, QpInit, XdpConfig,
 };
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context as LayerCtx, SubscriberExt};
-use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
+use tracing::Level;
+use tracing_subscriber::layer::SubscriberExt;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-type Fields = BTreeMap<String, String>;
-
-#[derive(Default)]
-struct Collect(Fields);
-
-impl Visit for Collect {
-    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
-        self.0.insert(field.name().into(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().into(), value.into());
-    }
-}
-
-/// One recorded event: level, fields (`message` included), the thread
-/// that emitted it and the spans it belongs to, outermost first.
-#[derive(Clone, Debug)]
-struct Rec {
-    level: Level,
-    fields: Fields,
-    thread: ThreadId,
-    spans: Vec<(String, Fields)>,
-}
-
-impl Rec {
-    fn message(&self) -> &str {
-        self.fields.get("message").map_or("", String::as_str)
-    }
-    fn span(&self, name: &str) -> Option<&Fields> {
-        self.spans
-            .iter()
-            .rev()
-            .find(|(n, _)| n == name)
-            .map(|(_, f)| f)
-    }
-}
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Rec>>>);
-
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: LayerCtx<'_, S>) {
-        let mut c = Collect::default();
-        attrs.record(&mut c);
-        if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(c.0);
-        }
-    }
-
-    fn on_event(&self, event: &Event<'_>, ctx: LayerCtx<'_, S>) {
-        let mut c = Collect::default();
-        event.record(&mut c);
-        let spans = ctx
-            .event_scope(event)
-            .map(|scope| {
-                scope
-                    .from_root()
-                    .map(|s| {
-                        let f = s.extensions().get::<Fields>().cloned().unwrap_or_default();
-                        (s.name().to_string(), f)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        self.0.lock().unwrap().push(Rec {
-            level: *event.metadata().level(),
-            fields: c.0,
-            thread: std::thread::current().id(),
-            spans,
-        });
-    }
-}
 
 /// The process-wide capturing subscriber, installed once.
 fn capture() -> &'static Capture {
@@ -116,14 +38,7 @@ fn capture() -> &'static Capture {
 }
 
 fn records(keep: impl Fn(&Rec) -> bool) -> Vec<Rec> {
-    capture()
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|r| keep(r))
-        .cloned()
-        .collect()
+    capture().records(keep)
 }
 
 /// Wait (bounded) until the records `keep` selects include every message

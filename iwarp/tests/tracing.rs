@@ -4,94 +4,24 @@
 //! test's own thread only (`with_default`), records every event with its
 //! fields and the spans it belongs to.
 
-use std::collections::BTreeMap;
-use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
-
 use iwarp::mem::Access;
 use iwarp::mpa::handshake::Config;
 use iwarp::qp::{QpConfig, QpEvent, QpState, SendOp, SendWr, Sge};
 use iwarp::testing::{Chunking, Pair};
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context as LayerCtx, SubscriberExt};
-use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
+use iwarp_capture::log::{Capture, Record as Rec};
+use tracing::Level;
+use tracing_subscriber::layer::SubscriberExt;
 
-type Fields = BTreeMap<String, String>;
-
-#[derive(Default)]
-struct Collect(Fields);
-
-impl Visit for Collect {
-    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
-        self.0.insert(field.name().into(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().into(), value.into());
-    }
+/// The `qp` field of a record's innermost `conn` span.
+trait ConnSpan {
+    fn conn(&self) -> Option<&str>;
 }
 
-/// One recorded event: level, fields (`message` included) and the spans
-/// it belongs to, outermost first, as (name, fields).
-#[derive(Clone, Debug)]
-struct Rec {
-    level: Level,
-    fields: Fields,
-    spans: Vec<(String, Fields)>,
-}
-
-impl Rec {
-    fn message(&self) -> &str {
-        self.fields.get("message").map_or("", String::as_str)
-    }
-    fn field(&self, name: &str) -> &str {
-        self.fields.get(name).map_or("", String::as_str)
-    }
-    /// The `qp` field of the innermost `conn` span, if any.
+impl ConnSpan for Rec {
     fn conn(&self) -> Option<&str> {
-        self.spans
-            .iter()
-            .rev()
-            .find(|(n, _)| n == "conn")
-            .and_then(|(_, f)| f.get("qp"))
+        self.span("conn")
+            .and_then(|f| f.get("qp"))
             .map(String::as_str)
-    }
-}
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Rec>>>);
-
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: LayerCtx<'_, S>) {
-        let mut c = Collect::default();
-        attrs.record(&mut c);
-        if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(c.0);
-        }
-    }
-
-    fn on_event(&self, event: &Event<'_>, ctx: LayerCtx<'_, S>) {
-        let mut c = Collect::default();
-        event.record(&mut c);
-        let spans = ctx
-            .event_scope(event)
-            .map(|scope| {
-                scope
-                    .from_root()
-                    .map(|s| {
-                        let f = s.extensions().get::<Fields>().cloned().unwrap_or_default();
-                        (s.name().to_string(), f)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        self.0.lock().unwrap().push(Rec {
-            level: *event.metadata().level(),
-            fields: c.0,
-            spans,
-        });
     }
 }
 
@@ -101,8 +31,7 @@ fn capture(f: impl FnOnce()) -> Vec<Rec> {
     let cap = Capture::default();
     let subscriber = tracing_subscriber::registry().with(cap.clone());
     tracing::subscriber::with_default(subscriber, f);
-    let recs = cap.0.lock().unwrap().clone();
-    recs
+    cap.records(|_| true)
 }
 
 fn find<'a>(recs: &'a [Rec], msg: &str, conn: &str) -> Vec<&'a Rec> {
