@@ -211,7 +211,7 @@ impl WindowShare {
     }
 
     /// Move the period forward to `now`.
-    fn tick(&self, now: Instant) {
+    pub(crate) fn tick(&self, now: Instant) {
         let p = (now.total_millis().max(0) / SHARE_PERIOD_MS) as u64;
         let cur = self.period.get();
         if p == cur {
@@ -683,7 +683,6 @@ impl<D: Device> Device for Port<D> {
 
     fn receive(&mut self, timestamp: Instant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
         let counters = &self.counters;
-        self.sent.share.tick(timestamp);
         if let Some(frame) = self.inject.pop_front() {
             return Some((PortRx::Injected(frame), PortTx::Discard));
         }

@@ -1737,6 +1737,7 @@ impl<D: Device> Stack<D> {
     /// [`Stack::poll_at`].
     pub fn poll(&mut self, now: Instant) -> bool {
         self.core.now = now;
+        self.port.sent.share.tick(now);
         let mut did = false;
         if !self.core.neighbors.is_empty() && now >= self.core.neighbor_refresh_at {
             self.core.neighbor_refresh_at = now + NEIGHBOR_REFRESH;
