@@ -62,13 +62,13 @@ impl Record {
 }
 
 /// Add `new` to `all`: samples of a series already there (same config,
-/// size and metric) are appended to it (a failure marks it failed).
+/// size, metric and QP count) are appended to it (a failure marks it
+/// failed).
 pub fn merge(all: &mut Vec<Record>, new: Vec<Record>) {
     for r in new {
-        match all
-            .iter_mut()
-            .find(|x| x.config == r.config && x.size == r.size && x.metric == r.metric)
-        {
+        match all.iter_mut().find(|x| {
+            x.config == r.config && x.size == r.size && x.metric == r.metric && x.qps == r.qps
+        }) {
             Some(x) => {
                 x.samples.extend_from_slice(&r.samples);
                 x.summary = summarize(&x.samples);
@@ -309,6 +309,15 @@ mod tests {
             )],
         );
         assert!(all[1].error.is_some());
+        // The same series at another QP count is another record.
+        let at = |qps, v| Record {
+            qps: Some(qps),
+            ..Record::new("a", 4, "aggregate_bw", "Gb/s", vec![v])
+        };
+        merge(&mut all, vec![at(1, 4.0), at(16, 2.0), at(1, 6.0)]);
+        assert_eq!(all.len(), 4);
+        assert_eq!(all[2].samples, vec![4.0, 6.0]);
+        assert_eq!(all[3].samples, vec![2.0]);
     }
 
     #[test]

@@ -7,7 +7,6 @@
 use clap::Parser;
 use iwarp_bench::report::{self, Ratio, Record, Report};
 use iwarp_bench::scale::{self, ScaleParams, Sender};
-use iwarp_bench::stats::summarize;
 use iwarp_bench::{next_port, parse_size, Common};
 
 #[derive(Parser, Debug)]
@@ -182,20 +181,7 @@ fn main() -> std::process::ExitCode {
                     new.push(with(Record::failed(&name, p.size, "mem_per_qp", "KiB", &e)));
                 }
             }
-            // Series differ by QP count: merge only the same count.
-            for r in new {
-                match recs
-                    .iter_mut()
-                    .find(|x| x.config == r.config && x.metric == r.metric && x.qps == r.qps)
-                {
-                    Some(x) => {
-                        x.samples.extend_from_slice(&r.samples);
-                        x.summary = summarize(&x.samples);
-                        x.error = x.error.take().or(r.error);
-                    }
-                    None => recs.push(r),
-                }
-            }
+            report::merge(&mut recs, new);
         }
     }
     drop(topo);
