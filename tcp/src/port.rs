@@ -362,7 +362,11 @@ impl SentTable {
                     rx_period: u64::MAX,
                     rx_open: 0,
                 };
-                entries.insert(key, sent);
+                // A SYN sent again restarts the entry: what the old one
+                // held open is no longer counted.
+                if let Some(old) = entries.insert(key, sent) {
+                    self.share.reopen(old.rx_open, 0);
+                }
             }
             return Rewrite::default();
         }
@@ -1045,6 +1049,11 @@ mod tests {
             window_of(&segment(true, false, 1000, Some(3011), 60000, &[])),
             1000
         );
+        // A SYN sent again restarts the connection: its open window is
+        // no longer counted.
+        assert_eq!(t.share.open.get(), 1000);
+        tx(&t, &segment(true, true, 999, Some(1), 60000, &[]));
+        assert_eq!(t.share.open.get(), 0);
     }
 
     #[test]
