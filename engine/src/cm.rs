@@ -31,7 +31,7 @@ use iwarp::qp::RecvWr;
 use iwarp::verbs::VerbsError;
 
 use crate::device::{Qp, QpInit};
-use crate::kernel::{ListenShared, Request, Shared, Sock};
+use crate::runtime::{ListenShared, Request, Shared, Sock};
 
 /// Connection parameters: what we offer (initiator) or accept with
 /// (responder).

@@ -22,12 +22,12 @@ use iwarp::verbs::{Context, HandleCounts, VerbsError};
 use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
-use crate::kernel::{
-    emss_of, lock, ConnShared, CqQueue, Released, Request, Shared, Sock, SrqEvents,
-};
-use crate::kernel::{Sleeper, XdpRef};
+use crate::kernel::{emss_of, XdpRef};
 use crate::log::{conn_event, conn_span, device_span};
 use crate::post::WorkQueues;
+use crate::runtime::{
+    lock, ConnShared, CqQueue, Released, Request, Shared, Sleeper, Sock, SrqEvents,
+};
 use crate::xdp::worker::XdpIo;
 use crate::xdp::{EngineStats, XdpConfig, XdpStats};
 

@@ -1,46 +1,47 @@
 //! The kernel-socket backend: the protocol core driven over `std::net` TCP
 //! sockets in non-blocking mode.
 //!
-//! One [`Engine`] per device, behind one mutex ([`Shared::engine`]), holds
-//! the verbs [`Context`] and every socket. Connection setup locks it and
-//! calls the core directly; work requests do not take it: they go through
-//! per-QP lock-free queues ([`crate::post`]) that a pass empties into the
-//! core first. Either way the caller then [`Shared::kick`]s the progress
-//! thread. A progress pass ([`Engine::pass`]) locks it and, for each
-//! connection with something to do (its socket reported ready, its QP
-//! touched by the application, its core timer due: `crate::slots`),
-//! reads into a reused buffer and feeds the core, writes what the core
-//! transmits (keeping what the socket did not take), turns QP events into
+//! One [`Engine`] per device, behind one mutex
+//! ([`crate::runtime::Shared::engine`]), holds the verbs [`Context`] and
+//! every socket. Connection setup locks it and calls the core directly;
+//! work requests do not take it: they go through per-QP lock-free queues
+//! ([`crate::post`]) that a pass empties into the core first. Either way
+//! the caller then [`crate::runtime::Shared::kick`]s the progress thread.
+//! A progress pass ([`Engine::pass`]) locks it and, for each connection
+//! with something to do (its socket reported ready, its QP touched by the
+//! application, its core timer due: `crate::slots`), reads into a reused
+//! buffer and feeds the core, writes what the core transmits (keeping
+//! what the socket did not take), turns QP events into
 //! connection-manager state, and moves completions from the core's CQs
-//! into the application's [`CqQueue`]s: crossbeam-queue queues (as are
-//! connection requests, [`ListenShared`]), so the application neither
-//! posts nor polls under a lock.
+//! into the application's [`crate::runtime::CqQueue`]s: crossbeam-queue
+//! queues (as are connection requests, [`crate::runtime::ListenShared`]),
+//! so the application neither posts nor polls under a lock.
 //!
 //! Sleeping and edge-triggered readiness ([`Engine::readiness`]) are
 //! described in `docs/design.md` ("Threading and progress").
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam_queue::{ArrayQueue, SegQueue};
+use crossbeam_queue::SegQueue;
 
-use iwarp::cq::{CqId, QpId, WorkCompletion};
-use iwarp::mem::PdId;
-use iwarp::mpa::handshake::{self, ConnectRequest, Handshake, HandshakeError, Negotiated};
-use iwarp::qp::QpEvent;
-use iwarp::srq::{SrqEvent, SrqId};
+use iwarp::cq::{CqId, QpId};
+use iwarp::mpa::handshake::{self, ConnectRequest, Handshake};
+use iwarp::srq::SrqId;
 use iwarp::time::Instant as CoreInstant;
 use iwarp::verbs::{Context, VerbsError};
 use mio::net::{TcpListener, TcpStream};
-use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use mio::{Events, Interest, Registry, Token};
 
 use crate::cm::{CmError, CmEvent};
 use crate::log::conn_event;
-use crate::post::WorkQueues;
+use crate::runtime::{
+    drain_events, lock, push_event, ConnShared, CqQueue, ListenShared, Released, Request, Sock,
+    SrqEvents,
+};
 use crate::slots::{ConnSlots, Slotted};
 use crate::xdp::worker::XdpIo;
 
@@ -49,162 +50,14 @@ pub(crate) type XdpRef = Arc<Mutex<XdpIo>>;
 
 /// The waker's token is 0, sockets count up from 1; the AF_XDP socket
 /// takes the last one.
-const XSK: Token = Token(usize::MAX);
+pub(crate) const XSK: Token = Token(usize::MAX);
 
 /// Size of the receive buffer and of each transmit batch.
 const IO_BUF: usize = 256 * 1024;
-/// Listed QPs whose work requests one pass moves into the core at most.
-const POSTED_PER_PASS: usize = 4096;
 /// A connection's backlog buffer is freed once empty if it grew past this.
 const OUT_KEEP: usize = 16 * 1024;
 /// Reads (and transmit batches) per socket and pass, for fairness.
 const IO_BUDGET: usize = 8;
-/// The waker's token; sockets get tokens from 1 on.
-const WAKER: Token = Token(0);
-/// Upper bound of one sleep of a thread that drives a manual device.
-const MANUAL_SLICE: Duration = Duration::from_millis(10);
-
-/// Lock a mutex, ignoring poisoning (the protected state stays consistent:
-/// no engine code panics while holding a lock on peer input).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The application-side queue of one completion queue: a bounded
-/// lock-free queue (crossbeam's `ArrayQueue`) the engine pushes into and
-/// the application pops from, so polling a CQ takes no lock at all. The
-/// mutex and condition variable only serve blocking waits: a waiter
-/// counts itself in `sleepers` before it looks at the queue, and the
-/// engine, after pushing, wakes the condition variable (under the mutex)
-/// only when someone counts as sleeping.
-#[derive(Debug)]
-pub(crate) struct CqQueue {
-    pub(crate) q: ArrayQueue<WorkCompletion>,
-    pub(crate) sleep: Mutex<()>,
-    pub(crate) cv: Condvar,
-    pub(crate) sleepers: AtomicUsize,
-}
-
-impl CqQueue {
-    pub(crate) fn new(capacity: usize) -> Self {
-        Self {
-            q: ArrayQueue::new(capacity.max(1)),
-            sleep: Mutex::new(()),
-            cv: Condvar::new(),
-            sleepers: AtomicUsize::new(0),
-        }
-    }
-
-    /// Pop up to `out.len()` completions into `out`, oldest first.
-    pub(crate) fn pop_into(&self, out: &mut [WorkCompletion]) -> usize {
-        let mut n = 0;
-        for slot in out.iter_mut() {
-            let Some(wc) = self.q.pop() else { break };
-            *slot = wc;
-            n += 1;
-        }
-        n
-    }
-
-    /// After pushing: wake blocked waiters, if any.
-    fn wake(&self) {
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = lock(&self.sleep);
-            self.cv.notify_all();
-        }
-    }
-}
-
-/// An object the application released (the last clone of its handle was
-/// dropped): the engine frees it in the core on its next pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Released {
-    Pd(PdId),
-    Cq(CqId),
-}
-
-/// The asynchronous events of one shared receive queue, shared with the
-/// application's `Srq`: the engine moves them out of the core each pass.
-#[derive(Debug, Default)]
-pub(crate) struct SrqEvents {
-    pub(crate) m: Mutex<VecDeque<SrqEvent>>,
-    pub(crate) cv: Condvar,
-}
-
-/// Connection-manager state of one QP, shared with the application's `Qp`.
-#[derive(Debug, Default)]
-pub(crate) struct ConnShared {
-    pub(crate) m: Mutex<ConnInfo>,
-    pub(crate) cv: Condvar,
-}
-
-/// See [`ConnShared`].
-#[derive(Debug, Default)]
-pub(crate) struct ConnInfo {
-    /// `None` while the MPA exchange runs.
-    pub(crate) setup: Option<Result<(), CmError>>,
-    pub(crate) negotiated: Option<Negotiated>,
-    pub(crate) peer_private_data: Vec<u8>,
-    pub(crate) events: VecDeque<CmEvent>,
-    /// AF_XDP: the outcome of the TCP connect (the effective MSS).
-    pub(crate) tcp: Option<Result<usize, CmError>>,
-}
-
-/// The transport of a connection: a kernel socket or a connection of the
-/// AF_XDP engine's user-space TCP.
-#[derive(Debug)]
-pub(crate) enum Sock {
-    Kernel(TcpStream),
-    /// (engine index, connection).
-    Xdp(usize, iwarp_tcp::ConnId),
-}
-
-/// A TCP connection whose MPA request has arrived, waiting for the
-/// application's decision (the socket is no longer polled).
-#[derive(Debug)]
-pub(crate) struct Request {
-    pub(crate) sock: Sock,
-    pub(crate) peer: SocketAddr,
-    pub(crate) local: SocketAddr,
-    pub(crate) emss: usize,
-    /// The standalone responder that parsed the request (used to reject).
-    pub(crate) hs: Handshake,
-    pub(crate) request: ConnectRequest,
-    /// The request frame exactly as received.
-    pub(crate) frame: Vec<u8>,
-    /// Bytes received after the frame.
-    pub(crate) rest: Vec<u8>,
-}
-
-/// Connection requests of one listener, shared with the application's
-/// `Listener`.
-/// Connection requests of one listener, from the engine to the
-/// application: an unbounded lock-free queue (crossbeam's `SegQueue`);
-/// the mutex and condition variable only serve blocking waits, with the
-/// sleeper count of [`CqQueue`].
-#[derive(Debug, Default)]
-pub(crate) struct ListenShared {
-    pub(crate) q: SegQueue<Request>,
-    pub(crate) sleep: Mutex<()>,
-    pub(crate) cv: Condvar,
-    pub(crate) sleepers: AtomicUsize,
-}
-
-impl ListenShared {
-    /// Queue a request and wake a blocked `get_request`, if any.
-    pub(crate) fn push(&self, req: Request) {
-        self.q.push(req);
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = lock(&self.sleep);
-            self.cv.notify_all();
-        }
-    }
-
-    /// Take every queued request.
-    pub(crate) fn drain(&self) -> Vec<Request> {
-        std::iter::from_fn(|| self.q.pop()).collect()
-    }
-}
 
 /// A connection driven by the core.
 #[derive(Debug)]
@@ -303,7 +156,7 @@ impl Draining {
 #[derive(Debug)]
 pub(crate) struct Engine {
     pub(crate) ctx: Context,
-    epoch: std::time::Instant,
+    pub(crate) epoch: std::time::Instant,
     registry: Registry,
     next_token: usize,
     /// Kernel backend: the connections the core drives, the ones the next
@@ -347,9 +200,9 @@ pub(crate) struct Engine {
     homes: HashMap<QpId, usize>,
     /// AF_XDP: per engine, the QPs the application changed since its
     /// last pass ([`Self::touch_qp`]).
-    touched: Vec<Vec<QpId>>,
+    pub(crate) touched: Vec<Vec<QpId>>,
     /// AF_XDP: QPs the engines destroyed in the current pass.
-    reaped: Vec<QpId>,
+    pub(crate) reaped: Vec<QpId>,
 }
 
 impl Engine {
@@ -1153,7 +1006,7 @@ impl Engine {
     /// engine: `None`) waits for: the earliest timer ([`Self::sleep_for`]
     /// with `cap`) and the engines' sockets with their tokens, for
     /// [`sleep_armed`].
-    fn sleep_plan(
+    pub(crate) fn sleep_plan(
         &mut self,
         which: Option<usize>,
         cap: Option<Duration>,
@@ -1243,11 +1096,6 @@ pub(crate) fn emss_of(sock: &TcpStream) -> usize {
         .clamp(512, 16384)
 }
 
-pub(crate) fn push_event(shared: &ConnShared, ev: CmEvent) {
-    lock(&shared.m).events.push_back(ev);
-    shared.cv.notify_all();
-}
-
 /// Write what `s` takes of `buf` now: `Ok(0)` if it would block.
 fn write_some(mut s: &TcpStream, buf: &[u8]) -> Result<usize, io::ErrorKind> {
     loop {
@@ -1257,501 +1105,5 @@ fn write_some(mut s: &TcpStream, buf: &[u8]) -> Result<usize, io::ErrorKind> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
             Err(e) => return Err(e.kind()),
         }
-    }
-}
-
-/// Turn the QP's events into connection-manager state.
-pub(crate) fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> usize {
-    let mut n = 0;
-    while let Some(ev) = ctx.poll_event(qp) {
-        n += 1;
-        let mut info = lock(&shared.m);
-        match ev {
-            QpEvent::ConnectRequest(_) => {}
-            QpEvent::Established {
-                negotiated,
-                private_data,
-            } => {
-                info.negotiated = Some(negotiated);
-                info.peer_private_data = private_data;
-                info.setup = Some(Ok(()));
-            }
-            QpEvent::Rejected { private_data } => {
-                info.setup = Some(Err(CmError::Rejected { private_data }));
-            }
-            QpEvent::ConnectFailed(e) => {
-                info.setup = Some(Err(match e {
-                    HandshakeError::Timeout => CmError::MpaTimeout,
-                    e => CmError::Mpa(e),
-                }));
-            }
-            QpEvent::Disconnected => {
-                if info.setup.is_none() {
-                    info.setup = Some(Err(CmError::Closed));
-                } else {
-                    info.events.push_back(CmEvent::Disconnected);
-                }
-            }
-            QpEvent::LocalTerminate(t) => info.events.push_back(CmEvent::LocalTerminate(t)),
-            QpEvent::RemoteTerminate(t) => info.events.push_back(CmEvent::RemoteTerminate(t)),
-            QpEvent::CqOverrun => info.events.push_back(CmEvent::CqOverrun),
-        }
-        drop(info);
-        shared.cv.notify_all();
-    }
-    n
-}
-
-/// What the application and the progress thread share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) engine: Mutex<Engine>,
-    /// The poller, while no progress thread owns it (manual progress).
-    poll: Mutex<Option<(Poll, Events)>>,
-    waker: Waker,
-    /// A progress thread runs the engine.
-    pub(crate) threaded: bool,
-    busy_poll: bool,
-    /// Work was submitted since the progress thread's last pass.
-    dirty: AtomicBool,
-    /// The progress thread is (about to be) asleep in the poller.
-    sleeping: AtomicBool,
-    stop: AtomicBool,
-    /// Application threads waiting for the engine lock (a busy-polling
-    /// progress thread steps aside for them).
-    waiters: AtomicUsize,
-    /// The engine's clock origin.
-    epoch: std::time::Instant,
-    /// Multi-core AF_XDP: how the progress threads of engines 1.. sleep.
-    sleepers: std::sync::OnceLock<Vec<Arc<Sleeper>>>,
-    /// QPs with work requests queued by application threads
-    /// ([`crate::post`]), moved into the core at the start of a pass.
-    pub(crate) posted: SegQueue<Arc<WorkQueues>>,
-    /// The device's span ([`crate::log::device_span`]).
-    pub(crate) span: tracing::Span,
-}
-
-/// Sleep in `poll` for at most `timeout` with the AF_XDP sockets `fds` in
-/// its epoll set for that time only.
-///
-/// A socket in an epoll set keeps an entry in its wait queue, and every
-/// frame the kernel puts on its rx ring walks that queue
-/// (`sk_data_ready`, then `ep_poll_callback` under two irq-saving locks)
-/// whether or not a thread sleeps. On veth the receive runs in the
-/// sending core's softirq, so a permanently registered socket slowed the
-/// *peer's* bulk sender: about 0.4 of the 5 µs it spent per frame in a
-/// 64 KiB RDMA Write bandwidth run (`perf record` of `iwarp-bw`). Adding a socket reports it
-/// readable at once if frames arrived since the last pass (epoll checks
-/// readiness when a file is added), so none is slept through.
-fn sleep_armed(
-    poll: &mut Poll,
-    events: &mut Events,
-    timeout: Option<Duration>,
-    fds: &[(Token, i32)],
-) {
-    let registry = poll.registry();
-    let mut armed = 0;
-    for &(token, fd) in fds {
-        if registry
-            .register(&mut mio::unix::SourceFd(&fd), token, Interest::READABLE)
-            .is_err()
-        {
-            break;
-        }
-        armed += 1;
-    }
-    // A socket that could not be added cannot wake us: poll once, then
-    // let the caller's next pass look at it.
-    let timeout = if armed < fds.len() {
-        Some(Duration::ZERO)
-    } else {
-        timeout
-    };
-    let _ = poll.poll(events, timeout);
-    for &(_, fd) in &fds[..armed] {
-        let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&fd));
-    }
-}
-
-/// How the progress thread of an AF_XDP engine other than the first
-/// sleeps: its own poller (its socket and a waker).
-#[derive(Debug)]
-pub(crate) struct Sleeper {
-    waker: Waker,
-    sleeping: AtomicBool,
-    dirty: AtomicBool,
-}
-
-impl Sleeper {
-    /// A poller woken by [`Shared::kick`] and, while the thread sleeps,
-    /// by its engine's AF_XDP socket ([`sleep_armed`]).
-    pub(crate) fn new() -> io::Result<(Arc<Self>, Poll)> {
-        let poll = Poll::new()?;
-        let waker = Waker::new(poll.registry(), WAKER)?;
-        let s = Arc::new(Self {
-            waker,
-            sleeping: AtomicBool::new(false),
-            dirty: AtomicBool::new(false),
-        });
-        Ok((s, poll))
-    }
-}
-
-impl Shared {
-    pub(crate) fn new(seed: u64, threaded: bool, busy_poll: bool) -> io::Result<Self> {
-        let poll = Poll::new()?;
-        let waker = Waker::new(poll.registry(), WAKER)?;
-        let registry = poll.registry().try_clone()?;
-        let engine = Engine::new(seed, registry);
-        let epoch = engine.epoch;
-        Ok(Self {
-            engine: Mutex::new(engine),
-            epoch,
-            poll: Mutex::new(Some((poll, Events::with_capacity(256)))),
-            waker,
-            threaded,
-            busy_poll,
-            dirty: AtomicBool::new(false),
-            sleeping: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            waiters: AtomicUsize::new(0),
-            sleepers: std::sync::OnceLock::new(),
-            posted: SegQueue::new(),
-            span: tracing::Span::none(),
-        })
-    }
-
-    pub(crate) fn engine(&self) -> MutexGuard<'_, Engine> {
-        if let Ok(g) = self.engine.try_lock() {
-            return g;
-        }
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let g = lock(&self.engine);
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
-        g
-    }
-
-    /// Busy-poll with the AF_XDP backend: spin instead of sleeping.
-    pub(crate) fn set_busy_poll(&mut self, on: bool) {
-        self.busy_poll = on;
-    }
-
-    /// New work for the engine: wake the progress thread if it sleeps.
-    pub(crate) fn kick(&self) {
-        self.dirty.store(true, Ordering::SeqCst);
-        if self.sleeping.load(Ordering::SeqCst) {
-            let _ = self.waker.wake();
-        }
-        for s in self.sleepers.get().map_or(&[][..], Vec::as_slice) {
-            s.dirty.store(true, Ordering::SeqCst);
-            if s.sleeping.load(Ordering::SeqCst) {
-                let _ = s.waker.wake();
-            }
-        }
-    }
-
-    /// Set the sleepers of engines 1.. (once, before their threads run).
-    pub(crate) fn set_sleepers(&self, s: Vec<Arc<Sleeper>>) {
-        let _ = self.sleepers.set(s);
-    }
-
-    /// One pass of a progress thread. Kernel backend: [`Engine::pass`].
-    /// AF_XDP: the pass of engine `x` alone, its I/O steps (rx burst and
-    /// smoltcp ingress; smoltcp egress and tx burst) under the engine's
-    /// own lock, only the steps that touch the core's context under the
-    /// device lock; wakes the other engines' threads if it forwarded
-    /// frames to them.
-    fn pass_engine(&self, x: Option<&XdpRef>) -> usize {
-        let Some(x) = x else {
-            return self.progress();
-        };
-        let now = self.now();
-        let t0 = std::time::Instant::now();
-        let mut work = lock(x).io_in(now);
-        let t1 = std::time::Instant::now();
-        let t2;
-        {
-            let mut e = self.engine();
-            t2 = std::time::Instant::now();
-            work += self.drain_posted(&mut e);
-            e.passes += 1;
-            let mut g = lock(x);
-            let k = g.index();
-            let touched = e.touched.get_mut(k).map(std::mem::take);
-            let touched = touched.unwrap_or_default();
-            let e = &mut *e;
-            work += g.drive(&mut e.ctx, now, &touched, &mut e.reaped);
-            drop(g);
-            e.give_back(k, touched);
-            e.forget_reaped();
-            work += e.move_completions();
-        }
-        let t3 = std::time::Instant::now();
-        let mut g = lock(x);
-        work += g.io_out(now);
-        let forwarded = g.take_forwarded();
-        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let t4 = std::time::Instant::now();
-        g.timing.0 += ns(t1 - t0) + ns(t4 - t3);
-        g.timing.1 += ns(t2 - t1);
-        g.timing.2 += ns(t3 - t2);
-        drop(g);
-        if forwarded {
-            self.kick();
-        }
-        work
-    }
-
-    /// The core's clock (as [`Engine::now`], without its lock).
-    fn now(&self) -> CoreInstant {
-        let us = self.epoch.elapsed().as_micros();
-        CoreInstant::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
-    }
-
-    /// The progress thread of AF_XDP engine `k` ≥ 1.
-    pub(crate) fn run_engine(&self, k: usize, x: XdpRef, mut poll: Poll, sleeper: &Sleeper) {
-        let mut events = Events::with_capacity(16);
-        while !self.stop.load(Ordering::SeqCst) {
-            sleeper.dirty.store(false, Ordering::SeqCst);
-            let work = self.pass_engine(Some(&x));
-            self.step_aside();
-            if work > 0 {
-                continue;
-            }
-            if self.busy_poll {
-                std::hint::spin_loop();
-                continue;
-            }
-            sleeper.sleeping.store(true, Ordering::SeqCst);
-            if !sleeper.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
-                let (timeout, fds) = self.engine().sleep_plan(Some(k), None);
-                sleep_armed(&mut poll, &mut events, timeout, &fds);
-            }
-            sleeper.sleeping.store(false, Ordering::SeqCst);
-        }
-    }
-
-    /// One progress pass.
-    pub(crate) fn progress(&self) -> usize {
-        let mut e = self.engine();
-        // Manual progress of the kernel backend: the sockets that became
-        // ready (a thread asleep in the poller hands over what it saw
-        // when it wakes).
-        let kernel = e.xdp.is_empty();
-        if let Some(mut g) = self.poll.try_lock().ok().filter(|_| kernel) {
-            if let Some((poll, events)) = g.as_mut() {
-                let _ = poll.poll(events, Some(Duration::ZERO));
-                e.readiness(events);
-            }
-        }
-        self.drain_posted(&mut e) + e.pass()
-    }
-
-    /// Move the work requests queued on the posted list into the core
-    /// (`e` is this device's engine, locked). Returns how many moved.
-    pub(crate) fn drain_posted(&self, e: &mut Engine) -> usize {
-        // Bounded: QPs listed again while this runs wait for the next
-        // pass rather than keep it going.
-        let mut n = 0;
-        for _ in 0..POSTED_PER_PASS {
-            match self.posted.pop() {
-                Some(q) => {
-                    n += q.drain(&mut e.ctx);
-                    if let Some(qp) = q.qp() {
-                        e.touch_qp(qp);
-                    }
-                }
-                None => break,
-            }
-        }
-        n
-    }
-
-    /// Let application threads waiting for the engine lock take it before
-    /// the next pass (an unlock followed by an immediate lock would
-    /// otherwise starve them).
-    fn step_aside(&self) {
-        for _ in 0..20_000 {
-            if self.waiters.load(Ordering::Relaxed) == 0 {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-        std::thread::yield_now();
-    }
-
-    /// Ask the progress thread to stop.
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.sleeping.store(true, Ordering::SeqCst);
-        let _ = self.waker.wake();
-        for s in self.sleepers.get().map_or(&[][..], Vec::as_slice) {
-            let _ = s.waker.wake();
-        }
-    }
-
-    /// The progress thread's loop (of AF_XDP engine 0 `x`, if given).
-    pub(crate) fn run(&self, x: Option<XdpRef>) {
-        let Some((mut poll, mut events)) = lock(&self.poll).take() else {
-            return;
-        };
-        let kernel = x.is_none() && self.engine().xdp.is_empty();
-        while !self.stop.load(Ordering::SeqCst) {
-            self.dirty.store(false, Ordering::SeqCst);
-            // `x`: engine 0 of a multi-core AF_XDP device; otherwise the
-            // whole pass under the device lock (kernel backend, one
-            // AF_XDP engine). The kernel backend first learns which
-            // sockets became ready, without waiting.
-            let work = if kernel {
-                let _ = poll.poll(&mut events, Some(Duration::ZERO));
-                let mut e = self.engine();
-                e.readiness(&events);
-                self.drain_posted(&mut e) + e.pass()
-            } else {
-                self.pass_engine(x.as_ref())
-            };
-            self.step_aside();
-            if work > 0 {
-                continue;
-            }
-            if self.busy_poll {
-                std::hint::spin_loop();
-                continue;
-            }
-            self.sleeping.store(true, Ordering::SeqCst);
-            if !self.dirty.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
-                let (timeout, fds) = self.engine().sleep_plan(Some(0), None);
-                sleep_armed(&mut poll, &mut events, timeout, &fds);
-                if kernel {
-                    self.engine().readiness(&events);
-                }
-            }
-            self.sleeping.store(false, Ordering::SeqCst);
-        }
-        *lock(&self.poll) = Some((poll, events));
-    }
-
-    /// Manual progress: sleep until a socket is ready, a timer is due, or
-    /// at most `max` (and at most a short slice, so that conditions
-    /// another thread creates are seen).
-    fn idle_wait(&self, max: Duration) {
-        let cap = max.min(MANUAL_SLICE);
-        let (timeout, fds) = self.engine().sleep_plan(None, Some(cap));
-        let timeout = timeout.unwrap_or(cap);
-        match self.poll.try_lock() {
-            Ok(mut g) => match g.as_mut() {
-                Some((poll, events)) => {
-                    sleep_armed(poll, events, Some(timeout), &fds);
-                    self.engine().readiness(events);
-                }
-                None => std::thread::sleep(timeout),
-            },
-            // Another thread sleeps in the poller and drives the engine.
-            Err(_) => std::thread::sleep(timeout.min(Duration::from_millis(1))),
-        }
-    }
-
-    /// Block until `f` yields a value or `deadline` passes. With a
-    /// progress thread this waits on `cv` (no spinning); a manual device
-    /// is driven by the waiting thread itself, which sleeps in the poller
-    /// between passes.
-    pub(crate) fn wait_for<T, R>(
-        &self,
-        m: &Mutex<T>,
-        cv: &Condvar,
-        deadline: Option<std::time::Instant>,
-        mut f: impl FnMut(&mut T) -> Option<R>,
-    ) -> Option<R> {
-        if self.threaded {
-            let mut g = lock(m);
-            loop {
-                if let Some(r) = f(&mut g) {
-                    return Some(r);
-                }
-                match deadline {
-                    None => g = cv.wait(g).unwrap_or_else(|e| e.into_inner()),
-                    Some(d) => {
-                        let left = d.saturating_duration_since(std::time::Instant::now());
-                        if left.is_zero() {
-                            return None;
-                        }
-                        g = cv
-                            .wait_timeout(g, left)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
-                    }
-                }
-            }
-        }
-        loop {
-            self.progress();
-            if let Some(r) = f(&mut lock(m)) {
-                return Some(r);
-            }
-            let left = match deadline {
-                None => MANUAL_SLICE,
-                Some(d) => d.saturating_duration_since(std::time::Instant::now()),
-            };
-            if left.is_zero() {
-                return None;
-            }
-            self.idle_wait(left);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::net::UnixDatagram;
-    use std::time::Instant;
-
-    /// A socket readable before the sleep wakes it at once (epoll looks
-    /// at readiness when the socket is added), and it leaves the epoll
-    /// set afterwards: adding it again succeeds.
-    #[test]
-    fn sleep_armed_sees_earlier_readiness_and_disarms() {
-        let mut poll = Poll::new().unwrap();
-        let mut events = Events::with_capacity(4);
-        let (a, b) = UnixDatagram::pair().unwrap();
-        let fds = [(XSK, b.as_raw_fd())];
-
-        // Nothing to read: the sleep lasts its timeout, no event.
-        sleep_armed(
-            &mut poll,
-            &mut events,
-            Some(Duration::from_millis(20)),
-            &fds,
-        );
-        assert!(events.is_empty());
-
-        a.send(b"frame").unwrap();
-        let t = Instant::now();
-        sleep_armed(&mut poll, &mut events, Some(Duration::from_secs(30)), &fds);
-        assert!(t.elapsed() < Duration::from_secs(30), "slept through");
-        assert_eq!(events.iter().map(|e| e.token()).collect::<Vec<_>>(), [XSK]);
-
-        // Not registered any more: a second registration is accepted.
-        let fd = b.as_raw_fd();
-        poll.registry()
-            .register(&mut mio::unix::SourceFd(&fd), XSK, Interest::READABLE)
-            .expect("the socket left the epoll set after the sleep");
-    }
-
-    /// A socket that cannot be added (a closed descriptor) does not make
-    /// the sleep last its whole timeout.
-    #[test]
-    fn sleep_armed_does_not_block_on_a_socket_it_cannot_add() {
-        let mut poll = Poll::new().unwrap();
-        let mut events = Events::with_capacity(4);
-        let t = Instant::now();
-        sleep_armed(
-            &mut poll,
-            &mut events,
-            Some(Duration::from_secs(30)),
-            &[(XSK, -1)],
-        );
-        assert!(t.elapsed() < Duration::from_secs(30));
     }
 }

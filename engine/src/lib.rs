@@ -72,6 +72,7 @@ mod device;
 mod kernel;
 mod log;
 mod post;
+mod runtime;
 mod slots;
 pub mod xdp;
 

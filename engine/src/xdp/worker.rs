@@ -22,8 +22,8 @@ use super::device::{FlowKey, Flows, Inbox, Pcap, XskDevice};
 use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
 use crate::cm::{CmError, CmEvent};
-use crate::kernel::{drain_events, lock, push_event, ConnShared, ListenShared, Request, Sock};
 use crate::log::conn_event;
+use crate::runtime::{drain_events, lock, push_event, ConnShared, ListenShared, Request, Sock};
 use crate::slots::{ConnSlots, Slotted};
 
 /// How long a dropped connection may take to finish its close before it is
