@@ -22,12 +22,13 @@ use iwarp::verbs::{Context, HandleCounts, VerbsError};
 use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
-use crate::kernel::{emss_of, XdpRef};
+use crate::kernel::emss_of;
 use crate::log::{conn_event, conn_span, device_span};
 use crate::post::WorkQueues;
 use crate::runtime::{
     lock, ConnShared, CqQueue, Released, Request, Shared, Sleeper, Sock, SrqEvents,
 };
+use crate::xdp::set::XdpRef;
 use crate::xdp::worker::XdpIo;
 use crate::xdp::{EngineStats, XdpConfig, XdpStats};
 
@@ -270,12 +271,13 @@ impl Device {
             slots: e.ctx.slots(),
             ..Stats::default()
         };
-        if let Some(x) = e.xdp.first() {
+        let engines = e.xdp().map_or(&[][..], |x| x.engines());
+        if let Some(x) = engines.first() {
             let (tcp, xdp) = lock(x).stats();
             s.tcp = Some(tcp);
             s.xdp = Some(xdp);
         }
-        s.engines = e.xdp.iter().map(|x| lock(x).engine_stats()).collect();
+        s.engines = engines.iter().map(|x| lock(x).engine_stats()).collect();
         s
     }
 
@@ -387,7 +389,7 @@ impl Device {
     /// [`Listener::local_addr`]).
     pub fn listen(&self, addr: SocketAddr) -> Result<Listener, CmError> {
         let mut e = self.shared().engine();
-        if !e.xdp.is_empty() {
+        if e.xdp().is_some() {
             let (ls, addr) = e.listen_xdp(addr)?;
             drop(e);
             tracing::info!(parent: &self.shared().span, %addr, "listening");
@@ -444,7 +446,7 @@ impl Device {
         let (sq_depth, rq_depth) = (qp.sq_depth, qp.rq_depth_in_engine());
         let srq = qp.srq.clone();
         let conn = Arc::new(ConnShared::default());
-        let xdp = !self.shared().engine().xdp.is_empty();
+        let xdp = self.shared().engine().xdp().is_some();
         let (sock, local, emss) = if xdp {
             self.dial_xdp(addr, &conn, start + params.timeout)?
         } else {

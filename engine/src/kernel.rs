@@ -1,56 +1,41 @@
-//! The kernel-socket backend: the protocol core driven over `std::net` TCP
-//! sockets in non-blocking mode.
+//! The kernel-socket transport: the protocol core driven over `std::net`
+//! TCP sockets in non-blocking mode.
 //!
-//! One [`Engine`] per device, behind one mutex
-//! ([`crate::runtime::Shared::engine`]), holds the verbs [`Context`] and
-//! every socket. Connection setup locks it and calls the core directly;
-//! work requests do not take it: they go through per-QP lock-free queues
-//! ([`crate::post`]) that a pass empties into the core first. Either way
-//! the caller then [`crate::runtime::Shared::kick`]s the progress thread.
-//! A progress pass ([`Engine::pass`]) locks it and, for each connection
-//! with something to do (its socket reported ready, its QP touched by the
-//! application, its core timer due: `crate::slots`), reads into a reused
-//! buffer and feeds the core, writes what the core transmits (keeping
-//! what the socket did not take), turns QP events into
-//! connection-manager state, and moves completions from the core's CQs
-//! into the application's [`crate::runtime::CqQueue`]s: crossbeam-queue
-//! queues (as are connection requests, [`crate::runtime::ListenShared`]),
-//! so the application neither posts nor polls under a lock.
+//! [`KernelIo`] holds every socket of a device that runs on kernel TCP;
+//! it is the [`crate::runtime::Transport`] of the device's engine
+//! ([`crate::runtime::Engine`], behind one mutex,
+//! [`crate::runtime::Shared::engine`]). Connection setup locks it and
+//! calls the core directly; work requests do not take it: they go through
+//! per-QP lock-free queues ([`crate::post`]) that a pass empties into the
+//! core first. Either way the caller then
+//! [`crate::runtime::Shared::kick`]s the progress thread. The I/O of a
+//! progress pass ([`KernelIo::pass`]) visits each connection with
+//! something to do (its socket reported ready, its QP touched by the
+//! application, its core timer due: `crate::slots`): it reads into a
+//! reused buffer and feeds the core, writes what the core transmits
+//! (keeping what the socket did not take) and turns QP events into
+//! connection-manager state; the engine then moves completions into the
+//! application's queues.
 //!
-//! Sleeping and edge-triggered readiness ([`Engine::readiness`]) are
+//! Sleeping and edge-triggered readiness ([`KernelIo::readiness`]) are
 //! described in `docs/design.md` ("Threading and progress").
 
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_queue::SegQueue;
-
-use iwarp::cq::{CqId, QpId};
+use iwarp::cq::QpId;
 use iwarp::mpa::handshake::{self, ConnectRequest, Handshake};
-use iwarp::srq::SrqId;
 use iwarp::time::Instant as CoreInstant;
-use iwarp::verbs::{Context, VerbsError};
+use iwarp::verbs::Context;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Registry, Token};
 
 use crate::cm::{CmError, CmEvent};
 use crate::log::conn_event;
-use crate::runtime::{
-    drain_events, lock, push_event, ConnShared, CqQueue, ListenShared, Released, Request, Sock,
-    SrqEvents,
-};
+use crate::runtime::{drain_events, push_event, ConnShared, ListenShared, Request, Sock};
 use crate::slots::{ConnSlots, Slotted};
-use crate::xdp::worker::XdpIo;
-
-/// An AF_XDP engine behind its own lock.
-pub(crate) type XdpRef = Arc<Mutex<XdpIo>>;
-
-/// The waker's token is 0, sockets count up from 1; the AF_XDP socket
-/// takes the last one.
-pub(crate) const XSK: Token = Token(usize::MAX);
 
 /// Size of the receive buffer and of each transmit batch.
 const IO_BUF: usize = 256 * 1024;
@@ -152,64 +137,32 @@ impl Draining {
     }
 }
 
-/// The state of one device. See the module documentation.
+/// The kernel-socket transport of a device: its sockets and the
+/// connections over them. See the module documentation.
 #[derive(Debug)]
-pub(crate) struct Engine {
-    pub(crate) ctx: Context,
-    pub(crate) epoch: std::time::Instant,
+pub(crate) struct KernelIo {
     registry: Registry,
     next_token: usize,
-    /// Kernel backend: the connections the core drives, the ones the next
-    /// pass visits (readiness, the application's posts, due timers), their
-    /// QPs' timers.
+    /// The connections the core drives, the ones the next pass visits
+    /// (readiness, the application's posts, due timers), their QPs'
+    /// timers.
     conns: ConnSlots<Conn>,
-    /// Kernel backend: slots of connections the application dropped.
+    /// Slots of connections the application dropped.
     orphans: Vec<usize>,
     pending: Vec<Pending>,
     listeners: Vec<Listening>,
     lingering: Vec<Lingering>,
     draining: Vec<Draining>,
-    cqs: Vec<(CqId, Arc<CqQueue>)>,
-    /// PDs and CQs the application released ([`Released`]).
-    pub(crate) released: Arc<SegQueue<Released>>,
-    /// Released PDs and CQs the core still refused, because QPs not yet
-    /// destroyed use them: tried again on every pass until freed.
-    dying: Vec<Released>,
-    /// Shared receive queues the application holds, with their event
-    /// queues.
-    srqs: Vec<(SrqId, Arc<SrqEvents>)>,
-    /// Shared receive queues the application dropped while core QPs
-    /// (closing connections) were still attached: destroyed once they
-    /// are gone.
-    dying_srqs: Vec<SrqId>,
     rx_buf: Vec<u8>,
     /// Where `poll_transmit` writes; what a socket does not take moves to
     /// its connection's `out`.
     tx_buf: Vec<u8>,
-    /// The AF_XDP backend's engines, one per receive queue; empty: kernel
-    /// sockets (also after an AF_XDP device shut down).
-    /// Each behind its own lock (taken after this engine's, never before
-    /// it): a multi-core device's progress threads run their engine's
-    /// I/O steps holding only that lock.
-    pub(crate) xdp: Vec<XdpRef>,
-    /// Round-robin start of the engine choice of outgoing connections.
-    next_dial: usize,
-    /// Passes run.
-    pub(crate) passes: u64,
-    /// AF_XDP: the engine that drives each QP of a connection.
-    homes: HashMap<QpId, usize>,
-    /// AF_XDP: per engine, the QPs the application changed since its
-    /// last pass ([`Self::touch_qp`]).
-    pub(crate) touched: Vec<Vec<QpId>>,
-    /// AF_XDP: QPs the engines destroyed in the current pass.
-    pub(crate) reaped: Vec<QpId>,
 }
 
-impl Engine {
-    pub(crate) fn new(seed: u64, registry: Registry) -> Self {
+impl KernelIo {
+    /// Sockets register with `registry` (the device's poller).
+    pub(crate) fn new(registry: Registry) -> Self {
         Self {
-            ctx: Context::new(seed),
-            epoch: std::time::Instant::now(),
             registry,
             next_token: 1,
             conns: ConnSlots::default(),
@@ -218,73 +171,15 @@ impl Engine {
             listeners: Vec::new(),
             lingering: Vec::new(),
             draining: Vec::new(),
-            cqs: Vec::new(),
-            released: Arc::new(SegQueue::new()),
-            dying: Vec::new(),
-            srqs: Vec::new(),
-            dying_srqs: Vec::new(),
             rx_buf: vec![0; IO_BUF],
             tx_buf: vec![0; IO_BUF],
-            xdp: Vec::new(),
-            next_dial: 0,
-            homes: HashMap::new(),
-            touched: Vec::new(),
-            reaped: Vec::new(),
-            passes: 0,
         }
-    }
-
-    /// The core's clock: time since the device was opened.
-    pub(crate) fn now(&self) -> CoreInstant {
-        let us = self.epoch.elapsed().as_micros();
-        CoreInstant::from_micros(u64::try_from(us).unwrap_or(u64::MAX))
     }
 
     fn token(&mut self) -> Token {
         let t = Token(self.next_token);
         self.next_token += 1;
         t
-    }
-
-    pub(crate) fn add_cq(&mut self, id: CqId, q: Arc<CqQueue>) {
-        self.cqs.push((id, q));
-    }
-
-    pub(crate) fn add_srq(&mut self, id: SrqId, ev: Arc<SrqEvents>) {
-        self.srqs.push((id, ev));
-    }
-
-    /// The application dropped its last handle of `srq` (and every QP
-    /// handle on it): destroy it now, or once the core QPs of the
-    /// connections still closing are destroyed.
-    pub(crate) fn drop_srq(&mut self, srq: SrqId) {
-        self.srqs.retain(|(id, _)| *id != srq);
-        if self.ctx.destroy_srq(srq) == Err(VerbsError::Busy) {
-            self.dying_srqs.push(srq);
-        }
-    }
-
-    /// Move the core's SRQ events to the application's queues; destroy
-    /// dropped SRQs whose QPs are gone.
-    fn move_srq_events(&mut self) -> usize {
-        let mut work = 0;
-        for (id, ev) in &self.srqs {
-            let mut moved = false;
-            while let Some(e) = self.ctx.poll_srq_event(*id) {
-                lock(&ev.m).push_back(e);
-                moved = true;
-                work += 1;
-            }
-            if moved {
-                ev.cv.notify_all();
-            }
-        }
-        if !self.dying_srqs.is_empty() {
-            let ctx = &mut self.ctx;
-            self.dying_srqs
-                .retain(|&id| ctx.destroy_srq(id) == Err(VerbsError::Busy));
-        }
-        work
     }
 
     pub(crate) fn add_listener(&mut self, mut sock: TcpListener) -> io::Result<Arc<ListenShared>> {
@@ -302,16 +197,6 @@ impl Engine {
     /// Stop listening: close the socket and every connection whose request
     /// has not reached the application yet.
     pub(crate) fn remove_listener(&mut self, shared: &Arc<ListenShared>) {
-        if !self.xdp.is_empty() {
-            for x in &self.xdp {
-                lock(x).remove_listener(shared);
-            }
-            let queued = shared.drain();
-            for r in queued {
-                self.drop_sock(r.sock);
-            }
-            return;
-        }
         let registry = &self.registry;
         self.listeners.retain_mut(|l| {
             let keep = !Arc::ptr_eq(&l.shared, shared);
@@ -333,22 +218,10 @@ impl Engine {
     pub(crate) fn add_conn(
         &mut self,
         qp: QpId,
-        sock: Sock,
+        mut sock: TcpStream,
         input: Vec<u8>,
         shared: Arc<ConnShared>,
     ) -> io::Result<()> {
-        let mut sock = match sock {
-            Sock::Kernel(s) if self.xdp.is_empty() => s,
-            Sock::Xdp(k, c) => match self.xdp.get(k) {
-                Some(x) => {
-                    lock(x).add_conn(qp, c, shared);
-                    self.homes.insert(qp, k);
-                    return Ok(());
-                }
-                None => return Err(io::ErrorKind::NotConnected.into()),
-            },
-            Sock::Kernel(_) => return Err(io::ErrorKind::NotConnected.into()),
-        };
         let token = self.token();
         self.registry
             .register(&mut sock, token, Interest::READABLE | Interest::WRITABLE)?;
@@ -368,20 +241,13 @@ impl Engine {
         Ok(())
     }
 
-    /// The application dropped its handle of `qp`: close gracefully and
-    /// destroy the core QP once the socket is closed.
-    pub(crate) fn release_qp(&mut self, qp: QpId) {
-        self.ctx.disconnect(qp);
-        let now = self.now();
-        if !self.xdp.is_empty() {
-            if !self.xdp.iter().any(|x| lock(x).release_qp(qp, now)) {
-                let _ = self.ctx.destroy_qp(qp);
-            }
-            return;
-        }
+    /// The application dropped its handle of `qp` (already disconnected
+    /// in the core): destroy the core QP once the socket is closed.
+    /// Returns false if no connection drives `qp` (the caller destroys
+    /// it).
+    pub(crate) fn release_qp(&mut self, qp: QpId) -> bool {
         let Some(i) = self.conns.of_qp(qp) else {
-            let _ = self.ctx.destroy_qp(qp);
-            return;
+            return false;
         };
         if let Some(c) = self.conns.get_mut(i) {
             if !c.orphan {
@@ -390,32 +256,18 @@ impl Engine {
             }
         }
         self.conns.mark(i);
+        true
     }
 
     /// Turn pending QP events of `qp` into connection-manager state now.
-    pub(crate) fn pass_events(&mut self, qp: QpId) {
-        if !self.xdp.is_empty() {
-            for x in &self.xdp {
-                lock(x).pass_events(&mut self.ctx, qp);
-            }
-            return;
-        }
+    pub(crate) fn pass_events(&mut self, ctx: &mut Context, qp: QpId) {
         if let Some(c) = self.conns.of_qp(qp).and_then(|i| self.conns.get(i)) {
-            drain_events(&mut self.ctx, qp, &c.shared);
+            drain_events(ctx, qp, &c.shared);
         }
     }
 
     /// Send `bytes`, then close `sock`.
-    pub(crate) fn linger(&mut self, sock: Sock, bytes: Vec<u8>) {
-        let mut sock = match sock {
-            Sock::Kernel(s) => s,
-            Sock::Xdp(k, c) => {
-                if let Some(x) = self.xdp.get(k) {
-                    lock(x).linger(Sock::Xdp(k, c), bytes);
-                }
-                return;
-            }
-        };
+    pub(crate) fn linger(&mut self, mut sock: TcpStream, bytes: Vec<u8>) {
         let token = self.token();
         if self
             .registry
@@ -431,112 +283,54 @@ impl Engine {
     }
 
     /// Close every socket (the device is going away).
-    pub(crate) fn shutdown(&mut self) {
-        if !self.xdp.is_empty() {
-            let engines = std::mem::take(&mut self.xdp);
-            let now = self.now();
-            for x in &engines {
-                lock(x).shutdown(&mut self.ctx, now);
-            }
-            // The program leaves the interface before the sockets and the
-            // UMEMs close (the progress threads holding the engines are
-            // joined: these are the last references).
-            if let Some(x) = engines.first() {
-                lock(x).steer().detach();
-            }
-            drop(engines);
-            self.move_completions();
-            return;
-        }
+    pub(crate) fn shutdown(&mut self, ctx: &mut Context) {
         for c in self.conns.iter_mut() {
             if let Some(mut s) = c.sock.take() {
                 let _ = self.registry.deregister(&mut s);
                 let _ = s.shutdown(Shutdown::Both);
             }
-            self.ctx.handle_eof(c.qp);
+            ctx.handle_eof(c.qp);
         }
         self.listeners.clear();
         self.pending.clear();
         // A reject reply still queued goes out before its socket closes.
         self.pump_lingering();
         self.lingering.clear();
-        self.move_completions();
         for c in self.conns.iter() {
-            drain_events(&mut self.ctx, c.qp, &c.shared);
+            drain_events(ctx, c.qp, &c.shared);
         }
     }
 
-    /// When the next timer is due, if any (of AF_XDP engine `which`
-    /// only, if given).
-    pub(crate) fn next_deadline(&mut self, which: Option<usize>) -> Option<CoreInstant> {
-        let now = self.now();
-        if !self.xdp.is_empty() {
-            return self
-                .xdp
-                .iter()
-                .enumerate()
-                .filter(|(k, _)| which.is_none_or(|w| w == *k))
-                .filter_map(|(_, x)| lock(x).next_deadline(now))
-                .min();
-        }
+    /// When the next timer is due, if any.
+    pub(crate) fn next_deadline(&mut self, now: CoreInstant) -> Option<CoreInstant> {
         let conns = self.conns.next_timer();
         let hot = self.conns.any_hot().then_some(now);
         let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
         pending.chain(conns).chain(hot).min()
     }
 
-    /// The time until the next timer, capped at `cap`.
-    fn sleep_for(&mut self, which: Option<usize>, cap: Option<Duration>) -> Option<Duration> {
-        let timer = self
-            .next_deadline(which)
-            .map(|d| d.saturating_duration_since(self.now()));
-        match (timer, cap) {
-            (Some(t), Some(c)) => Some(t.min(c)),
-            (t, c) => t.or(c),
-        }
-    }
-
-    /// One progress pass. Returns a measure of the work done (0: nothing
-    /// happened, the caller may sleep).
-    /// With the AF_XDP backend: every engine, all steps under the device
-    /// lock (manual progress; the progress threads use
-    /// [`Shared::pass_engine`]).
-    pub(crate) fn pass(&mut self) -> usize {
-        let now = self.now();
-        self.passes += 1;
-        let mut work = 0;
-        if !self.xdp.is_empty() {
-            for k in 0..self.xdp.len() {
-                let touched = self.touched.get_mut(k).map(std::mem::take);
-                let touched = touched.unwrap_or_default();
-                let x = &self.xdp[k];
-                work += lock(x).run_once(&mut self.ctx, now, &touched, &mut self.reaped);
-                self.give_back(k, touched);
-            }
-            self.forget_reaped();
-            work += self.move_completions();
-            return work;
-        }
-        work += self.accept_new();
+    /// The I/O of one progress pass at `now`: accept, read MPA requests,
+    /// visit the connections with something to do, write lingering
+    /// replies, drain closed sockets. The caller then moves completions
+    /// and [`Self::reap`]s. Returns a measure of the work done.
+    pub(crate) fn pass(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
+        let mut work = self.accept_new(now);
         work += self.pump_pending(now);
         self.conns.fire(now);
         let hot = self.conns.take_hot();
         for &i in &hot {
-            work += self.pump_conn(i, now);
-            let timer = self.conns.get(i).and_then(|c| self.ctx.poll_timeout(c.qp));
+            work += self.pump_conn(ctx, i, now);
+            let timer = self.conns.get(i).and_then(|c| ctx.poll_timeout(c.qp));
             self.conns.schedule(i, timer);
         }
         self.conns.give_back(hot);
         work += self.pump_lingering();
         self.pump_draining();
-        work += self.move_completions();
-        work += self.reap();
         work
     }
 
-    fn accept_new(&mut self) -> usize {
+    fn accept_new(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
-        let now = self.now();
         for li in 0..self.listeners.len() {
             loop {
                 let (mut sock, peer) = match self.listeners[li].sock.accept() {
@@ -637,26 +431,26 @@ impl Engine {
         work
     }
 
-    fn pump_conn(&mut self, i: usize, now: CoreInstant) -> usize {
+    fn pump_conn(&mut self, ctx: &mut Context, i: usize, now: CoreInstant) -> usize {
         let mut work = 0;
         let Some(qp) = self.conns.get(i).map(|c| c.qp) else {
             return 0;
         };
         // Timers first: a handshake past its deadline fails before more
         // input is looked at.
-        if self.ctx.poll_timeout(qp).is_some_and(|d| d <= now) {
-            self.ctx.handle_timeout(qp, now);
+        if ctx.poll_timeout(qp).is_some_and(|d| d <= now) {
+            ctx.handle_timeout(qp, now);
             work += 1;
         }
         let Some(c) = self.conns.get_mut(i) else {
             return work;
         };
         let Some(sock) = c.sock.as_ref() else {
-            return work + drain_events(&mut self.ctx, qp, &c.shared);
+            return work + drain_events(ctx, qp, &c.shared);
         };
         // Input.
         if !c.input.is_empty() {
-            let used = self.ctx.handle_input(qp, &c.input, now);
+            let used = ctx.handle_input(qp, &c.input, now);
             c.input.drain(..used.min(c.input.len()));
             work += used;
         }
@@ -672,14 +466,14 @@ impl Engine {
                 match s.read(&mut self.rx_buf) {
                     Ok(0) => {
                         c.eof = true;
-                        self.ctx.handle_eof(qp);
+                        ctx.handle_eof(qp);
                         work += 1;
                         again = false;
                         break;
                     }
                     Ok(n) => {
                         work += n;
-                        let used = self.ctx.handle_input(qp, &self.rx_buf[..n], now);
+                        let used = ctx.handle_input(qp, &self.rx_buf[..n], now);
                         if used < n {
                             c.input.extend_from_slice(&self.rx_buf[used..n]);
                             again = used > 0;
@@ -730,7 +524,7 @@ impl Engine {
                         c.out = Vec::new();
                     }
                 }
-                let n = self.ctx.poll_transmit(qp, &mut self.tx_buf);
+                let n = ctx.poll_transmit(qp, &mut self.tx_buf);
                 if n == 0 {
                     drained = true;
                     break;
@@ -757,21 +551,21 @@ impl Engine {
         }
         if let Some(kind) = broken {
             // A reset or a write to a closed connection: the stream ended.
-            conn_event!(self.ctx, qp, WARN, error = ?kind, "connection dropped: I/O error");
+            conn_event!(ctx, qp, WARN, error = ?kind, "connection dropped: I/O error");
             c.eof = true;
             c.out = Vec::new();
             c.out_pos = 0;
-            self.ctx.handle_eof(qp);
+            ctx.handle_eof(qp);
             push_event(&c.shared, CmEvent::Error(CmError::Io(kind)));
             work += 1;
         }
-        work += drain_events(&mut self.ctx, qp, &c.shared);
+        work += drain_events(ctx, qp, &c.shared);
         // Close once the core asks and everything it sent left.
         let flushed = broken.is_some() || (drained && c.out_pos >= c.out.len());
-        if flushed && self.ctx.wants_close(qp) {
+        if flushed && ctx.wants_close(qp) {
             if let Some(mut s) = c.sock.take() {
                 conn_event!(
-                    self.ctx,
+                    ctx,
                     qp,
                     DEBUG,
                     reset = broken.is_some(),
@@ -851,70 +645,8 @@ impl Engine {
         work
     }
 
-    /// Free in the core the PDs and CQs the application released; those
-    /// QPs still use wait in `dying` (a QP lingers after its handle is
-    /// dropped, until its connection closes). Returns how many were freed.
-    fn free_released(&mut self) -> usize {
-        if self.dying.is_empty() && self.released.is_empty() {
-            return 0;
-        }
-        let mut todo = std::mem::take(&mut self.dying);
-        while let Some(r) = self.released.pop() {
-            todo.push(r);
-        }
-        let mut freed = 0;
-        for r in todo {
-            let result = match r {
-                Released::Pd(pd) => self.ctx.dealloc_pd(pd),
-                Released::Cq(cq) => self.ctx.destroy_cq(cq).inspect(|()| {
-                    self.cqs.retain(|(id, _)| *id != cq);
-                }),
-            };
-            match result {
-                Ok(()) => freed += 1,
-                Err(VerbsError::Busy) => self.dying.push(r),
-                Err(_) => {}
-            }
-        }
-        freed
-    }
-
-    /// Move completions from the core's CQs into the application's queues
-    /// (and SRQ events into theirs). A queue holding `capacity` entries takes no more: the core's CQ
-    /// fills and eventually overruns, as a verbs CQ would. Then free what
-    /// the application released.
-    pub(crate) fn move_completions(&mut self) -> usize {
-        let mut work = self.free_released();
-        work += self.move_srq_events();
-        for (id, q) in &self.cqs {
-            let Some(core) = self.ctx.cq(*id) else {
-                continue;
-            };
-            if core.is_empty() {
-                continue;
-            }
-            if Arc::strong_count(q) == 1 {
-                // Nobody holds the queue any more: discard.
-                while core.poll_one().is_some() {}
-                continue;
-            }
-            let mut n = 0;
-            while !q.q.is_full() {
-                let Some(wc) = core.poll_one() else { break };
-                // Only this thread pushes: there is room.
-                let _ = q.q.push(wc);
-                n += 1;
-            }
-            if n > 0 {
-                work += n;
-                q.wake();
-            }
-        }
-        work
-    }
-
     /// Destroy the core QPs of closed connections the application dropped.
-    fn reap(&mut self) -> usize {
+    pub(crate) fn reap(&mut self, ctx: &mut Context) -> usize {
         let mut n = 0;
         let mut k = 0;
         while k < self.orphans.len() {
@@ -931,8 +663,8 @@ impl Engine {
                 continue;
             }
             if let Some(c) = self.conns.remove(i) {
-                drain_events(&mut self.ctx, c.qp, &c.shared);
-                let _ = self.ctx.destroy_qp(c.qp);
+                drain_events(ctx, c.qp, &c.shared);
+                let _ = ctx.destroy_qp(c.qp);
                 n += 1;
             }
             self.orphans.swap_remove(k);
@@ -940,130 +672,28 @@ impl Engine {
         n
     }
 
-    /// Connections driven by the core (either backend).
+    /// Connections driven by the core.
     pub(crate) fn conn_count(&self) -> usize {
-        self.conns.len() + self.xdp.iter().map(|x| lock(x).conn_count()).sum::<usize>()
+        self.conns.len()
     }
 
-    /// Close a connection nobody will use.
-    pub(crate) fn drop_sock(&mut self, sock: Sock) {
-        if let Sock::Xdp(k, _) = sock {
-            if let Some(x) = self.xdp.get(k) {
-                lock(x).drop_sock(sock);
-            }
-        }
-    }
-
-    /// Use the AF_XDP backend's engines. Their sockets join the epoll set
-    /// only while a thread sleeps in it ([`sleep_armed`]).
-    pub(crate) fn set_xdp(&mut self, engines: Vec<XdpRef>) {
-        self.touched = vec![Vec::new(); engines.len()];
-        self.xdp = engines;
-    }
-
-    /// The application changed `qp` (posted to it, disconnected it): the
-    /// engine that drives it visits it at its next pass.
+    /// The application changed `qp` (posted to it, disconnected it): its
+    /// connection is visited at the next pass.
     pub(crate) fn touch_qp(&mut self, qp: QpId) {
-        if let Some(&k) = self.homes.get(&qp) {
-            if let Some(t) = self.touched.get_mut(k) {
-                t.push(qp);
-            }
-        } else if let Some(i) = self.conns.of_qp(qp) {
+        if let Some(i) = self.conns.of_qp(qp) {
             self.conns.mark(i);
         }
     }
 
-    /// Kernel backend: sockets the poller reported ready; their
-    /// connections are visited at the next pass (the other sockets'
-    /// lists are walked every pass anyway).
+    /// Sockets the poller reported ready; their connections are visited
+    /// at the next pass (the other sockets' lists are walked every pass
+    /// anyway).
     pub(crate) fn readiness(&mut self, events: &Events) {
         for ev in events {
             if let Some(i) = self.conns.of_key(ev.token()) {
                 self.conns.mark(i);
             }
         }
-    }
-
-    /// The touched list of engine `k` was handled: keep its allocation
-    /// (entries added meanwhile stay).
-    pub(crate) fn give_back(&mut self, k: usize, mut list: Vec<QpId>) {
-        if let Some(t) = self.touched.get_mut(k) {
-            if t.is_empty() {
-                list.clear();
-                *t = list;
-            }
-        }
-    }
-
-    /// The AF_XDP engines destroyed these QPs: they have no home any more.
-    pub(crate) fn forget_reaped(&mut self) {
-        for qp in self.reaped.drain(..) {
-            self.homes.remove(&qp);
-        }
-    }
-
-    /// What a thread about to sleep for AF_XDP engine `which` (every
-    /// engine: `None`) waits for: the earliest timer ([`Self::sleep_for`]
-    /// with `cap`) and the engines' sockets with their tokens, for
-    /// [`sleep_armed`].
-    pub(crate) fn sleep_plan(
-        &mut self,
-        which: Option<usize>,
-        cap: Option<Duration>,
-    ) -> (Option<Duration>, Vec<(Token, i32)>) {
-        let fds = self
-            .xdp
-            .iter()
-            .enumerate()
-            .filter(|&(k, _)| which.is_none_or(|w| w == k))
-            .map(|(k, x)| (Token(XSK.0 - k), lock(x).fd()))
-            .collect();
-        (self.sleep_for(which, cap), fds)
-    }
-
-    /// Listen on every AF_XDP engine (one queue of requests).
-    pub(crate) fn listen_xdp(
-        &mut self,
-        addr: SocketAddr,
-    ) -> Result<(Arc<ListenShared>, SocketAddr), CmError> {
-        let first = self.xdp.first().ok_or(CmError::Closed)?;
-        let port = lock(first).listen_port(addr)?;
-        let shared = Arc::new(ListenShared::default());
-        let mut bound = None;
-        for k in 0..self.xdp.len() {
-            let r = lock(&self.xdp[k]).listen(port, &shared);
-            match r {
-                Ok(a) => bound = Some(a),
-                Err(e) => {
-                    for x in &self.xdp[..k] {
-                        lock(x).remove_listener(&shared);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        Ok((shared, bound.ok_or(CmError::Closed)?))
-    }
-
-    /// Start an outgoing connection on the least-loaded AF_XDP engine
-    /// (ties: round robin).
-    pub(crate) fn dial_xdp(
-        &mut self,
-        addr: SocketAddr,
-        conn: Arc<ConnShared>,
-    ) -> Result<(Sock, SocketAddr), CmError> {
-        let n = self.xdp.len();
-        if n == 0 {
-            return Err(CmError::Closed);
-        }
-        let start = self.next_dial % n;
-        self.next_dial = self.next_dial.wrapping_add(1);
-        let k = (0..n)
-            .map(|i| (start + i) % n)
-            .min_by_key(|&k| lock(&self.xdp[k]).load())
-            .unwrap_or(0);
-        let (cid, local) = lock(&self.xdp[k]).dial(addr, conn)?;
-        Ok((Sock::Xdp(k, cid), local))
     }
 }
 

@@ -26,13 +26,20 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::cm::{CmError, CmEvent};
-use crate::kernel::{Engine, XdpRef};
 use crate::post::WorkQueues;
+use crate::xdp::set::XdpRef;
+
+mod engine;
+
+pub(crate) use engine::{Engine, Transport};
 
 /// Listed QPs whose work requests one pass moves into the core at most.
 const POSTED_PER_PASS: usize = 4096;
 /// The waker's token; sockets get tokens from 1 on.
 const WAKER: Token = Token(0);
+/// The AF_XDP sockets' tokens count down from here (the waker's token is
+/// 0, kernel sockets count up from 1).
+pub(crate) const XSK: Token = Token(usize::MAX);
 /// Upper bound of one sleep of a thread that drives a manual device.
 const MANUAL_SLICE: Duration = Duration::from_millis(10);
 
@@ -398,15 +405,10 @@ impl Shared {
             t2 = std::time::Instant::now();
             work += self.drain_posted(&mut e);
             e.passes += 1;
-            let mut g = lock(x);
-            let k = g.index();
-            let touched = e.touched.get_mut(k).map(std::mem::take);
-            let touched = touched.unwrap_or_default();
             let e = &mut *e;
-            work += g.drive(&mut e.ctx, now, &touched, &mut e.reaped);
-            drop(g);
-            e.give_back(k, touched);
-            e.forget_reaped();
+            if let Transport::Xdp(set) = &mut e.io {
+                work += set.drive(&mut e.ctx, x, now);
+            }
             work += e.move_completions();
         }
         let t3 = std::time::Instant::now();
@@ -460,7 +462,7 @@ impl Shared {
         // Manual progress of the kernel backend: the sockets that became
         // ready (a thread asleep in the poller hands over what it saw
         // when it wakes).
-        let kernel = e.xdp.is_empty();
+        let kernel = matches!(e.io, Transport::Kernel(_));
         if let Some(mut g) = self.poll.try_lock().ok().filter(|_| kernel) {
             if let Some((poll, events)) = g.as_mut() {
                 let _ = poll.poll(events, Some(Duration::ZERO));
@@ -518,7 +520,7 @@ impl Shared {
         let Some((mut poll, mut events)) = lock(&self.poll).take() else {
             return;
         };
-        let kernel = x.is_none() && self.engine().xdp.is_empty();
+        let kernel = x.is_none() && matches!(self.engine().io, Transport::Kernel(_));
         while !self.stop.load(Ordering::SeqCst) {
             self.dirty.store(false, Ordering::SeqCst);
             // `x`: engine 0 of a multi-core AF_XDP device; otherwise the
@@ -626,7 +628,6 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::XSK;
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixDatagram;
     use std::time::Instant;

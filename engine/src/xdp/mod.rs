@@ -18,6 +18,7 @@
 
 pub(crate) mod device;
 mod raw;
+pub(crate) mod set;
 pub(crate) mod umem;
 pub(crate) mod worker;
 
