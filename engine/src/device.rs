@@ -53,6 +53,12 @@ pub struct Stats {
     pub passes: u64,
     /// Connections driven by the protocol core.
     pub connections: usize,
+    /// Visits so far of connections outside the protocol core's hands:
+    /// accepted ones whose MPA request is still arriving, outgoing TCP
+    /// connects (AF_XDP), sockets closing after a reject reply or a
+    /// Terminate. A pass visits only those with something to do (ready,
+    /// or past a deadline), so idle ones add nothing.
+    pub lifecycle_visits: u64,
     /// The user-space TCP's counters (AF_XDP backend).
     pub tcp: Option<iwarp_tcp::Counters>,
     /// Rings, steering program and kernel socket counters (AF_XDP
@@ -267,6 +273,7 @@ impl Device {
         let mut s = Stats {
             passes: e.passes,
             connections: e.conn_count(),
+            lifecycle_visits: e.lifecycle_visits(),
             live: e.ctx.live(),
             slots: e.ctx.slots(),
             ..Stats::default()

@@ -23,11 +23,10 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use iwarp::cq::QpId;
 use iwarp::mpa::handshake::{self, ConnectRequest, Handshake};
-use iwarp::time::Instant as CoreInstant;
+use iwarp::time::{Duration as CoreDuration, Instant as CoreInstant};
 use iwarp::verbs::Context;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Registry, Token};
@@ -72,8 +71,8 @@ impl Slotted for Conn {
     fn key(&self) -> Token {
         self.token
     }
-    fn qp(&self) -> QpId {
-        self.qp
+    fn qp(&self) -> Option<QpId> {
+        Some(self.qp)
     }
     fn hot(&mut self) -> &mut bool {
         &mut self.hot
@@ -83,7 +82,9 @@ impl Slotted for Conn {
     }
 }
 
-/// An accepted TCP connection whose MPA request is still arriving.
+/// An accepted TCP connection whose MPA request is still arriving:
+/// visited when its socket becomes readable or its handshake deadline
+/// passes.
 #[derive(Debug)]
 struct Pending {
     sock: TcpStream,
@@ -91,6 +92,9 @@ struct Pending {
     hs: Handshake,
     frame: Vec<u8>,
     listener: Arc<ListenShared>,
+    token: Token,
+    hot: bool,
+    timer: Option<CoreInstant>,
 }
 
 #[derive(Debug)]
@@ -100,42 +104,60 @@ struct Listening {
 }
 
 /// A socket that only has bytes left to send before it is closed (an MPA
-/// reply rejecting a request).
+/// reply rejecting a request): visited when it becomes writable.
 #[derive(Debug)]
 struct Lingering {
     sock: TcpStream,
     out: Vec<u8>,
     pos: usize,
+    token: Token,
+    hot: bool,
+    timer: Option<CoreInstant>,
 }
 
 /// A closed connection whose FIN is queued behind its last bytes (a
 /// Terminate, or an MPA reply rejecting a request): its input is read and
 /// discarded until the peer closes or `until` passes. Closing a socket
 /// with unread input makes Linux send a RST, which can overtake what was
-/// still queued.
+/// still queued. Visited when the socket becomes readable or `until`
+/// passes.
 #[derive(Debug)]
 struct Draining {
     sock: TcpStream,
-    until: std::time::Instant,
+    until: CoreInstant,
+    token: Token,
+    hot: bool,
+    timer: Option<CoreInstant>,
 }
 
 /// How long a closed connection's input is drained at most.
-const DRAIN: Duration = Duration::from_secs(2);
+const DRAIN: CoreDuration = CoreDuration::from_secs(2);
 
-impl Draining {
-    /// Send our FIN after what is queued and drain from now on; a socket
-    /// that cannot take the FIN is shut down at once (`None`).
-    fn start(sock: TcpStream) -> Option<Self> {
-        if sock.shutdown(Shutdown::Write).is_err() {
-            let _ = sock.shutdown(Shutdown::Both);
-            return None;
+/// A socket of the connection lifecycle outside the core (accepted,
+/// lingering, draining), in [`ConnSlots`] by its poll token.
+macro_rules! slotted_by_token {
+    ($t:ty) => {
+        impl Slotted for $t {
+            type Key = Token;
+            fn key(&self) -> Token {
+                self.token
+            }
+            fn qp(&self) -> Option<QpId> {
+                None
+            }
+            fn hot(&mut self) -> &mut bool {
+                &mut self.hot
+            }
+            fn timer(&mut self) -> &mut Option<CoreInstant> {
+                &mut self.timer
+            }
         }
-        Some(Self {
-            sock,
-            until: std::time::Instant::now() + DRAIN,
-        })
-    }
+    };
 }
+
+slotted_by_token!(Pending);
+slotted_by_token!(Lingering);
+slotted_by_token!(Draining);
 
 /// The kernel-socket transport of a device: its sockets and the
 /// connections over them. See the module documentation.
@@ -149,10 +171,15 @@ pub(crate) struct KernelIo {
     conns: ConnSlots<Conn>,
     /// Slots of connections the application dropped.
     orphans: Vec<usize>,
-    pending: Vec<Pending>,
+    /// Accepted connections whose MPA request is arriving, lingering
+    /// replies and draining sockets; a pass visits those whose socket
+    /// became ready or whose deadline passed.
+    pending: ConnSlots<Pending>,
     listeners: Vec<Listening>,
-    lingering: Vec<Lingering>,
-    draining: Vec<Draining>,
+    lingering: ConnSlots<Lingering>,
+    draining: ConnSlots<Draining>,
+    /// Visits of `pending`, `lingering` and `draining` entries.
+    pub(crate) lifecycle_visits: u64,
     rx_buf: Vec<u8>,
     /// Where `poll_transmit` writes; what a socket does not take moves to
     /// its connection's `out`.
@@ -167,10 +194,11 @@ impl KernelIo {
             next_token: 1,
             conns: ConnSlots::default(),
             orphans: Vec::new(),
-            pending: Vec::new(),
+            pending: ConnSlots::default(),
             listeners: Vec::new(),
-            lingering: Vec::new(),
-            draining: Vec::new(),
+            lingering: ConnSlots::default(),
+            draining: ConnSlots::default(),
+            lifecycle_visits: 0,
             rx_buf: vec![0; IO_BUF],
             tx_buf: vec![0; IO_BUF],
         }
@@ -205,7 +233,7 @@ impl KernelIo {
             }
             keep
         });
-        self.pending.retain_mut(|p| {
+        self.pending.retain(|p| {
             let keep = !Arc::ptr_eq(&p.listener, shared);
             if !keep {
                 let _ = registry.deregister(&mut p.sock);
@@ -274,16 +302,19 @@ impl KernelIo {
             .register(&mut sock, token, Interest::WRITABLE)
             .is_ok()
         {
-            self.lingering.push(Lingering {
+            self.lingering.insert(Lingering {
                 sock,
                 out: bytes,
                 pos: 0,
+                token,
+                hot: false,
+                timer: None,
             });
         }
     }
 
     /// Close every socket (the device is going away).
-    pub(crate) fn shutdown(&mut self, ctx: &mut Context) {
+    pub(crate) fn shutdown(&mut self, ctx: &mut Context, now: CoreInstant) {
         for c in self.conns.iter_mut() {
             if let Some(mut s) = c.sock.take() {
                 let _ = self.registry.deregister(&mut s);
@@ -294,7 +325,8 @@ impl KernelIo {
         self.listeners.clear();
         self.pending.clear();
         // A reject reply still queued goes out before its socket closes.
-        self.pump_lingering();
+        self.lingering.mark_all();
+        self.pump_lingering(now);
         self.lingering.clear();
         for c in self.conns.iter() {
             drain_events(ctx, c.qp, &c.shared);
@@ -303,10 +335,20 @@ impl KernelIo {
 
     /// When the next timer is due, if any.
     pub(crate) fn next_deadline(&mut self, now: CoreInstant) -> Option<CoreInstant> {
-        let conns = self.conns.next_timer();
-        let hot = self.conns.any_hot().then_some(now);
-        let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
-        pending.chain(conns).chain(hot).min()
+        let hot = (self.conns.any_hot()
+            || self.pending.any_hot()
+            || self.lingering.any_hot()
+            || self.draining.any_hot())
+        .then_some(now);
+        [
+            self.conns.next_timer(),
+            self.pending.next_timer(),
+            self.draining.next_timer(),
+            hot,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The I/O of one progress pass at `now`: accept, read MPA requests,
@@ -324,8 +366,8 @@ impl KernelIo {
             self.conns.schedule(i, timer);
         }
         self.conns.give_back(hot);
-        work += self.pump_lingering();
-        self.pump_draining();
+        work += self.pump_lingering(now);
+        self.pump_draining(now);
         work
     }
 
@@ -358,75 +400,94 @@ impl KernelIo {
                     rtr: handshake::RtrSet::ALL,
                     ..handshake::Config::default()
                 };
-                self.pending.push(Pending {
+                let hs = Handshake::responder(config, now);
+                let deadline = hs.poll_timeout();
+                let i = self.pending.insert(Pending {
                     sock,
                     peer,
-                    hs: Handshake::responder(config, now),
+                    hs,
                     frame: Vec::new(),
                     listener: self.listeners[li].shared.clone(),
+                    token,
+                    hot: false,
+                    timer: None,
                 });
+                self.pending.schedule(i, deadline);
             }
         }
         work
     }
 
-    /// Read MPA requests of accepted connections; hand complete ones to
-    /// their listener.
+    /// Read MPA requests of the accepted connections whose socket became
+    /// readable or whose deadline passed; hand complete ones to their
+    /// listener.
     fn pump_pending(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
-        let mut i = 0;
-        while i < self.pending.len() {
-            let p = &mut self.pending[i];
-            let mut outcome = None;
-            if p.hs.poll_timeout().is_some_and(|d| now >= d) {
-                outcome = Some(Err("timed out waiting for the MPA request".to_string()));
-            }
-            while outcome.is_none() {
-                // Small reads: what follows the request stays in the socket
-                // until the QP exists.
-                let mut s: &TcpStream = &p.sock;
-                match s.read(&mut self.rx_buf[..4096]) {
-                    Ok(0) => outcome = Some(Err("closed by the peer".to_string())),
-                    Ok(n) => {
-                        work += n;
-                        let chunk = &self.rx_buf[..n];
-                        match p.hs.handle_input(chunk, now) {
-                            Ok(used) => {
-                                p.frame.extend_from_slice(&chunk[..used]);
-                                if let Some(handshake::Event::ConnectRequest(req)) =
-                                    p.hs.poll_event()
-                                {
-                                    outcome = Some(Ok((req, chunk[used..].to_vec())));
-                                }
+        self.pending.fire(now);
+        let hot = self.pending.take_hot();
+        for &i in &hot {
+            work += self.pump_one_pending(i, now);
+        }
+        self.pending.give_back(hot);
+        work
+    }
+
+    fn pump_one_pending(&mut self, i: usize, now: CoreInstant) -> usize {
+        let mut work = 0;
+        let Some(p) = self.pending.get_mut(i) else {
+            return 0;
+        };
+        self.lifecycle_visits += 1;
+        let mut outcome = None;
+        if p.hs.poll_timeout().is_some_and(|d| now >= d) {
+            outcome = Some(Err("timed out waiting for the MPA request".to_string()));
+        }
+        while outcome.is_none() {
+            // Small reads: what follows the request stays in the socket
+            // until the QP exists.
+            let mut s: &TcpStream = &p.sock;
+            match s.read(&mut self.rx_buf[..4096]) {
+                Ok(0) => outcome = Some(Err("closed by the peer".to_string())),
+                Ok(n) => {
+                    work += n;
+                    let chunk = &self.rx_buf[..n];
+                    match p.hs.handle_input(chunk, now) {
+                        Ok(used) => {
+                            p.frame.extend_from_slice(&chunk[..used]);
+                            if let Some(handshake::Event::ConnectRequest(req)) = p.hs.poll_event() {
+                                outcome = Some(Ok((req, chunk[used..].to_vec())));
                             }
-                            Err(e) => outcome = Some(Err(e.to_string())),
                         }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => outcome = Some(Err(e.to_string())),
-                }
-            }
-            match outcome {
-                None => i += 1,
-                Some(r) => {
-                    // swap_remove moves another entry to `i`.
-                    let mut p = self.pending.swap_remove(i);
-                    let _ = self.registry.deregister(&mut p.sock);
-                    work += 1;
-                    match r {
-                        Ok((request, rest)) => {
-                            tracing::debug!(peer = %p.peer, "MPA request queued for the listener");
-                            hand_over(p, request, rest);
-                        }
-                        Err(reason) => tracing::warn!(
-                            peer = %p.peer,
-                            %reason,
-                            "connection dropped before its MPA request"
-                        ),
+                        Err(e) => outcome = Some(Err(e.to_string())),
                     }
                 }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => outcome = Some(Err(e.to_string())),
             }
+        }
+        let Some(r) = outcome else {
+            // Readiness is edge-triggered and the socket is read dry: the
+            // next visit comes with new bytes or the deadline.
+            let deadline = p.hs.poll_timeout();
+            self.pending.schedule(i, deadline);
+            return work;
+        };
+        let Some(mut p) = self.pending.remove(i) else {
+            return work;
+        };
+        let _ = self.registry.deregister(&mut p.sock);
+        work += 1;
+        match r {
+            Ok((request, rest)) => {
+                tracing::debug!(peer = %p.peer, "MPA request queued for the listener");
+                hand_over(p, request, rest);
+            }
+            Err(reason) => tracing::warn!(
+                peer = %p.peer,
+                %reason,
+                "connection dropped before its MPA request"
+            ),
         }
         work
     }
@@ -562,6 +623,7 @@ impl KernelIo {
         work += drain_events(ctx, qp, &c.shared);
         // Close once the core asks and everything it sent left.
         let flushed = broken.is_some() || (drained && c.out_pos >= c.out.len());
+        let mut closed = None;
         if flushed && ctx.wants_close(qp) {
             if let Some(mut s) = c.sock.take() {
                 conn_event!(
@@ -575,7 +637,7 @@ impl KernelIo {
                 if broken.is_some() {
                     let _ = s.shutdown(Shutdown::Both);
                 } else {
-                    self.draining.extend(Draining::start(s));
+                    closed = Some(s);
                 }
             }
             c.out = Vec::new();
@@ -587,35 +649,85 @@ impl KernelIo {
         if again && c.sock.is_some() {
             self.conns.mark(i);
         }
+        if let Some(s) = closed {
+            self.start_draining(s, now);
+        }
         work
     }
 
-    /// Read and discard the input of closed connections until the peer's
-    /// FIN, an error or the deadline; then drop them.
-    fn pump_draining(&mut self) {
-        if self.draining.is_empty() {
+    /// Send our FIN after what is queued and drain `sock` from `now` on
+    /// (see [`Draining`]); a socket that cannot take the FIN, or cannot be
+    /// registered, is shut down at once.
+    fn start_draining(&mut self, mut sock: TcpStream, now: CoreInstant) {
+        if sock.shutdown(Shutdown::Write).is_err() {
+            let _ = sock.shutdown(Shutdown::Both);
             return;
         }
-        let now = std::time::Instant::now();
-        let mut buf = [0u8; 4096];
-        self.draining.retain_mut(|d| loop {
-            match (&mut &d.sock).read(&mut buf) {
-                Ok(0) => return false,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return now < d.until,
-                Err(_) => return false,
-            }
+        let token = self.token();
+        if self
+            .registry
+            .register(&mut sock, token, Interest::READABLE)
+            .is_err()
+        {
+            let _ = sock.shutdown(Shutdown::Both);
+            return;
+        }
+        let until = now + DRAIN;
+        let i = self.draining.insert(Draining {
+            sock,
+            until,
+            token,
+            hot: false,
+            timer: None,
         });
+        self.draining.schedule(i, Some(until));
     }
 
-    /// Write what lingering sockets have left; a socket whose bytes all
-    /// left gets its FIN and drains its input (see [`Draining`]).
-    fn pump_lingering(&mut self) -> usize {
+    /// Read and discard the input of the closed connections whose socket
+    /// became readable or whose deadline passed, until the peer's FIN, an
+    /// error or the deadline; then drop them.
+    fn pump_draining(&mut self, now: CoreInstant) {
+        self.draining.fire(now);
+        if !self.draining.any_hot() {
+            return;
+        }
+        let mut buf = [0u8; 4096];
+        let hot = self.draining.take_hot();
+        for &i in &hot {
+            let Some(d) = self.draining.get_mut(i) else {
+                continue;
+            };
+            self.lifecycle_visits += 1;
+            let keep = loop {
+                match (&mut &d.sock).read(&mut buf) {
+                    Ok(0) => break false,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break now < d.until,
+                    Err(_) => break false,
+                }
+            };
+            if keep {
+                let until = d.until;
+                self.draining.schedule(i, Some(until));
+            } else if let Some(mut d) = self.draining.remove(i) {
+                let _ = self.registry.deregister(&mut d.sock);
+            }
+        }
+        self.draining.give_back(hot);
+    }
+
+    /// Write what the lingering sockets that became writable have left; a
+    /// socket whose bytes all left gets its FIN and drains its input (see
+    /// [`Draining`]).
+    fn pump_lingering(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
-        let mut i = 0;
-        while i < self.lingering.len() {
-            let l = &mut self.lingering[i];
+        let hot = self.lingering.take_hot();
+        for &i in &hot {
+            let Some(l) = self.lingering.get_mut(i) else {
+                continue;
+            };
+            self.lifecycle_visits += 1;
             // Some(true): all written; Some(false): the socket failed.
             let done = loop {
                 if l.pos >= l.out.len() {
@@ -630,18 +742,19 @@ impl KernelIo {
                     Err(_) => break Some(false),
                 }
             };
-            match done {
-                None => i += 1,
-                Some(written) => {
-                    let mut l = self.lingering.swap_remove(i);
-                    let _ = self.registry.deregister(&mut l.sock);
-                    if written {
-                        self.draining.extend(Draining::start(l.sock));
-                    }
-                    work += 1;
+            let Some(written) = done else {
+                // The socket's writable edge brings it back.
+                continue;
+            };
+            if let Some(mut l) = self.lingering.remove(i) {
+                let _ = self.registry.deregister(&mut l.sock);
+                if written {
+                    self.start_draining(l.sock, now);
                 }
+                work += 1;
             }
         }
+        self.lingering.give_back(hot);
         work
     }
 
@@ -685,13 +798,19 @@ impl KernelIo {
         }
     }
 
-    /// Sockets the poller reported ready; their connections are visited
-    /// at the next pass (the other sockets' lists are walked every pass
-    /// anyway).
+    /// Sockets the poller reported ready: their connections (accepted,
+    /// driven, lingering or draining) are visited at the next pass.
     pub(crate) fn readiness(&mut self, events: &Events) {
         for ev in events {
-            if let Some(i) = self.conns.of_key(ev.token()) {
+            let t = ev.token();
+            if let Some(i) = self.conns.of_key(t) {
                 self.conns.mark(i);
+            } else if let Some(i) = self.pending.of_key(t) {
+                self.pending.mark(i);
+            } else if let Some(i) = self.lingering.of_key(t) {
+                self.lingering.mark(i);
+            } else if let Some(i) = self.draining.of_key(t) {
+                self.draining.mark(i);
             }
         }
     }

@@ -1,8 +1,11 @@
-//! [`ConnSlots`]: the connections a backend drives, in slots that stay
+//! [`ConnSlots`]: the connections a transport holds, in slots that stay
 //! put, found in constant time by their transport handle (a kernel
-//! socket's poll token, a user-space TCP connection) and by their QP; the
-//! list of slots the next pass visits; and a heap of the QPs' core timers
-//! that puts a slot on that list when its timer is due.
+//! socket's poll token, a user-space TCP connection) and, once the core
+//! drives them, by their QP; the list of slots the next pass visits; and
+//! a heap of deadlines (a QP's core timer, a handshake's or a closing
+//! socket's deadline) that puts a slot on that list when it is due. A
+//! pass visits the slots on the list only, so its cost follows the
+//! connections with something to do, not the connections held.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -16,7 +19,8 @@ pub(crate) trait Slotted {
     /// The transport's handle of the connection.
     type Key: Copy + Eq + Hash;
     fn key(&self) -> Self::Key;
-    fn qp(&self) -> QpId;
+    /// The QP the core drives over the connection, if any.
+    fn qp(&self) -> Option<QpId>;
     /// The flag that says the slot is on the visit list.
     fn hot(&mut self) -> &mut bool;
     /// The deadline of the slot's entry in the timer heap.
@@ -32,8 +36,11 @@ pub(crate) struct ConnSlots<C: Slotted> {
     by_qp: HashMap<QpId, usize>,
     /// Slots the next pass visits.
     hot: Vec<usize>,
-    /// (deadline, slot, QP): entries whose slot moved its deadline or
-    /// changed hands are skipped when met.
+    /// Per slot, how many times it was filled: the heap's entries of an
+    /// earlier occupant are stale.
+    gens: Vec<u32>,
+    /// (deadline, slot, generation): entries whose slot moved its
+    /// deadline or changed hands are skipped when met.
     timers: BinaryHeap<Reverse<(Instant, usize, u32)>>,
 }
 
@@ -45,6 +52,7 @@ impl<C: Slotted> Default for ConnSlots<C> {
             by_key: HashMap::new(),
             by_qp: HashMap::new(),
             hot: Vec::new(),
+            gens: Vec::new(),
             timers: BinaryHeap::new(),
         }
     }
@@ -57,11 +65,15 @@ impl<C: Slotted> ConnSlots<C> {
             Some(i) => i,
             None => {
                 self.slots.push(None);
+                self.gens.push(0);
                 self.slots.len() - 1
             }
         };
+        self.gens[i] = self.gens[i].wrapping_add(1);
         self.by_key.insert(c.key(), i);
-        self.by_qp.insert(c.qp(), i);
+        if let Some(qp) = c.qp() {
+            self.by_qp.insert(qp, i);
+        }
         self.slots[i] = Some(c);
         self.mark(i);
         i
@@ -71,13 +83,33 @@ impl<C: Slotted> ConnSlots<C> {
     pub(crate) fn remove(&mut self, i: usize) -> Option<C> {
         let c = self.slots.get_mut(i)?.take()?;
         self.by_key.remove(&c.key());
-        self.by_qp.remove(&c.qp());
+        if let Some(qp) = c.qp() {
+            self.by_qp.remove(&qp);
+        }
         self.free.push(i);
         // A crowd that left gives its memory back.
         if self.by_key.is_empty() && self.slots.len() > 64 {
             *self = Self::default();
         }
         Some(c)
+    }
+
+    /// Take out every connection `keep` says no to.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut C) -> bool) {
+        let mut i = 0;
+        while i < self.slots.len() {
+            if let Some(c) = self.slots[i].as_mut() {
+                if !keep(c) {
+                    self.remove(i);
+                }
+            }
+            i += 1;
+        }
+    }
+
+    /// Take out every connection.
+    pub(crate) fn clear(&mut self) {
+        *self = Self::default();
     }
 
     pub(crate) fn get(&self, i: usize) -> Option<&C> {
@@ -122,6 +154,13 @@ impl<C: Slotted> ConnSlots<C> {
         }
     }
 
+    /// Visit every slot at the next pass.
+    pub(crate) fn mark_all(&mut self) {
+        for i in 0..self.slots.len() {
+            self.mark(i);
+        }
+    }
+
     /// Whether a slot waits for a visit.
     pub(crate) fn any_hot(&self) -> bool {
         !self.hot.is_empty()
@@ -147,37 +186,38 @@ impl<C: Slotted> ConnSlots<C> {
         }
     }
 
-    /// The core timer of slot `i`'s QP is `t` now.
+    /// Slot `i`'s deadline (its QP's core timer, ...) is `t` now.
     pub(crate) fn schedule(&mut self, i: usize, t: Option<Instant>) {
         let Some(c) = self.slots.get_mut(i).and_then(Option::as_mut) else {
             return;
         };
-        let qp = c.qp().raw();
         let timer = c.timer();
         if *timer != t {
             *timer = t;
             if let Some(t) = t {
-                self.timers.push(Reverse((t, i, qp)));
+                self.timers.push(Reverse((t, i, self.gens[i])));
             }
         }
     }
 
-    /// Whether the heap's entry stands for the slot's present timer.
-    fn live(&mut self, t: Instant, i: usize, qp: u32) -> bool {
-        self.slots
-            .get_mut(i)
-            .and_then(Option::as_mut)
-            .is_some_and(|c| c.qp().raw() == qp && *c.timer() == Some(t))
+    /// Whether the heap's entry stands for the slot's present deadline.
+    fn live(&mut self, t: Instant, i: usize, gen: u32) -> bool {
+        self.gens.get(i) == Some(&gen)
+            && self
+                .slots
+                .get_mut(i)
+                .and_then(Option::as_mut)
+                .is_some_and(|c| *c.timer() == Some(t))
     }
 
     /// Put the slots whose timer is due at `now` on the visit list.
     pub(crate) fn fire(&mut self, now: Instant) {
-        while let Some(&Reverse((t, i, qp))) = self.timers.peek() {
+        while let Some(&Reverse((t, i, gen))) = self.timers.peek() {
             if t > now {
                 break;
             }
             self.timers.pop();
-            if self.live(t, i, qp) {
+            if self.live(t, i, gen) {
                 if let Some(c) = self.slots.get_mut(i).and_then(Option::as_mut) {
                     *c.timer() = None;
                 }
@@ -188,15 +228,15 @@ impl<C: Slotted> ConnSlots<C> {
         // (amortised over the pushes).
         if self.timers.len() > 2 * self.len() + 64 {
             let mut heap = std::mem::take(&mut self.timers).into_vec();
-            heap.retain(|&Reverse((t, i, qp))| self.live(t, i, qp));
+            heap.retain(|&Reverse((t, i, gen))| self.live(t, i, gen));
             self.timers = heap.into();
         }
     }
 
     /// The earliest timer, if any (stale entries dropped on the way).
     pub(crate) fn next_timer(&mut self) -> Option<Instant> {
-        while let Some(&Reverse((t, i, qp))) = self.timers.peek() {
-            if self.live(t, i, qp) {
+        while let Some(&Reverse((t, i, gen))) = self.timers.peek() {
+            if self.live(t, i, gen) {
                 return Some(t);
             }
             self.timers.pop();
@@ -212,7 +252,7 @@ mod tests {
     #[derive(Debug)]
     struct C {
         key: u32,
-        qp: QpId,
+        qp: Option<QpId>,
         hot: bool,
         timer: Option<Instant>,
     }
@@ -222,7 +262,7 @@ mod tests {
         fn key(&self) -> u32 {
             self.key
         }
-        fn qp(&self) -> QpId {
+        fn qp(&self) -> Option<QpId> {
             self.qp
         }
         fn hot(&mut self) -> &mut bool {
@@ -236,7 +276,7 @@ mod tests {
     fn c(key: u32) -> C {
         C {
             key,
-            qp: QpId::from_raw(key + 1000),
+            qp: Some(QpId::from_raw(key + 1000)),
             hot: false,
             timer: None,
         }
@@ -284,6 +324,27 @@ mod tests {
         let d = s.insert(c(3));
         assert_eq!(d, a, "the slot is reused");
         assert_eq!(s.len(), 2);
+    }
+
+    /// Connections the core does not drive yet (an accepted one waiting
+    /// for its MPA request) or any more (a closing socket) have no QP:
+    /// found by key only, visited when marked or due, not otherwise.
+    #[test]
+    fn entries_without_a_qp_wait_for_a_mark_or_their_deadline() {
+        let mut s = ConnSlots::default();
+        let at = |ms: u64| Instant::from_micros(ms * 1000);
+        let a = s.insert(C { qp: None, ..c(1) });
+        let b = s.insert(C { qp: None, ..c(2) });
+        assert_eq!(s.of_key(1), Some(a));
+        assert_eq!(s.of_qp(QpId::from_raw(1001)), None);
+        assert_eq!(s.take_hot(), vec![a, b], "visited on arrival");
+        s.schedule(a, Some(at(10)));
+        s.fire(at(5));
+        assert!(!s.any_hot(), "nothing to do before the deadline");
+        s.mark(b);
+        s.fire(at(10));
+        assert_eq!(s.take_hot(), vec![b, a]);
+        assert_eq!(s.next_timer(), None);
     }
 
     #[test]

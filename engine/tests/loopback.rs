@@ -1601,3 +1601,82 @@ fn many_connections_thread_mode() {
 fn many_connections_manual_mode() {
     many_connections(Mode::Manual);
 }
+
+/// Connections outside the core's hands that have nothing to do cost the
+/// passes nothing: accepted connections whose MPA request does not come,
+/// and rejected ones whose reply went out while their peer stays silent
+/// (their sockets drain until the peer's FIN), are visited when they
+/// arrive or their socket becomes ready, not by every pass
+/// (`Stats::lifecycle_visits`). A deadline passing during the idle
+/// passes (a machine stalled for seconds) accounts for one visit per
+/// connection at most, so the bound allows that and no more.
+#[test]
+fn idle_handshakes_and_draining_sockets_are_not_visited_per_pass() {
+    use std::io::Write;
+    const N: usize = 32;
+    const PASSES: usize = 200;
+    let dev = open(true);
+    let listener = dev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    let visits = || dev.stats().lifecycle_visits;
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let end = Instant::now() + WAIT;
+        while !done() {
+            assert!(Instant::now() < end, "{what}");
+            dev.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let idle_passes = || {
+        let before = visits();
+        for _ in 0..PASSES {
+            dev.progress();
+        }
+        visits() - before
+    };
+
+    // Silent clients: each is accepted and visited once, on arrival.
+    let silent: Vec<std::net::TcpStream> = (0..N)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    until("every silent client accepted", &|| visits() >= N as u64);
+    let added = idle_passes();
+    assert!(
+        added <= N as u64,
+        "{N} idle handshakes: {added} visits in {PASSES} passes"
+    );
+
+    // Rejected clients that neither read nor close.
+    let mut request = b"MPA ID Req Frame".to_vec();
+    request.extend([0x40, 1, 0, 0]);
+    let rejected: Vec<std::net::TcpStream> = (0..N)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(&request).unwrap();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    for _ in 0..N {
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        req.reject(b"no").unwrap();
+    }
+    // A reply that reached its client left the server's lingering list
+    // for its draining list in the same visit.
+    until("every reject reply delivered", &|| {
+        let mut buf = [0u8; 64];
+        rejected
+            .iter()
+            .all(|s| s.peek(&mut buf).is_ok_and(|n| n >= 20))
+    });
+    // The passes that follow insertion visit each draining socket once.
+    for _ in 0..4 {
+        dev.progress();
+    }
+    let added = idle_passes();
+    assert!(
+        added <= 2 * N as u64,
+        "{N} idle handshakes and {N} draining sockets: {added} visits in {PASSES} passes"
+    );
+    drop(silent);
+}

@@ -653,3 +653,121 @@ fn kernel_client_xdp_server_generic_mode() {
     };
     pair(Kind::Xdp, Kind::Kernel, o);
 }
+
+/// The AF_XDP engine's connections outside the core's hands that have
+/// nothing to do cost its passes nothing: kernel clients whose MPA
+/// request does not come, and rejected ones that neither read on nor
+/// close (the engine lingers on them until the FIN exchange finishes or
+/// its deadline), are visited when the stack lists them active, not by
+/// every pass (`Stats::lifecycle_visits`). Frames still arriving during
+/// the idle passes (a peer's delayed ACK) or a deadline passing (a
+/// machine stalled for seconds) account for a few visits per connection
+/// at most; the bounds allow that and no more.
+#[test]
+fn xdp_idle_handshakes_and_lingering_are_not_visited_per_pass() {
+    if !is_root() {
+        return;
+    }
+    const N: usize = 16;
+    const PASSES: usize = 200;
+    let topo = Topo::up(1500, Some(IP_A), None, 1);
+    let (step_tx, step_rx) = mpsc::channel::<&'static str>();
+    let (done_tx, done_rx) = mpsc::channel::<&'static str>();
+    let srv = spawn_in(&topo.b, move || {
+        let o = Opts::new(1500);
+        let dev = Device::open(
+            backend(Kind::Xdp, "xb", IP_B, &o, None),
+            DeviceConfig {
+                progress: Progress::Manual,
+                seed: None,
+                busy_poll: false,
+            },
+        )
+        .expect("open device");
+        let l = dev
+            .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), PORT))
+            .expect("listen");
+        let visits = || dev.stats().lifecycle_visits;
+        // Drive the device until the client reports `what`.
+        let until = |what: &str| {
+            let end = Instant::now() + WAIT;
+            loop {
+                match step_rx.try_recv() {
+                    Ok(s) => {
+                        assert_eq!(s, what);
+                        return;
+                    }
+                    Err(mpsc::TryRecvError::Empty) => {}
+                    Err(e) => panic!("{what}: {e}"),
+                }
+                assert!(Instant::now() < end, "{what}");
+                if dev.progress() == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        };
+        // Let late frames (delayed ACKs) arrive and be handled.
+        let settle = || {
+            let end = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < end {
+                dev.progress();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let idle_passes = || {
+            let before = visits();
+            for _ in 0..PASSES {
+                dev.progress();
+            }
+            visits() - before
+        };
+        until("connected");
+        settle();
+        let added = idle_passes();
+        assert!(
+            added <= 2 * N as u64,
+            "{N} idle handshakes: {added} visits in {PASSES} passes"
+        );
+        done_tx.send("measured").unwrap();
+        for _ in 0..N {
+            let req = l.get_request(Some(WAIT)).expect("request");
+            req.reject(b"no").unwrap();
+        }
+        until("rejected");
+        settle();
+        let added = idle_passes();
+        assert!(
+            added <= 4 * N as u64,
+            "{N} idle handshakes and {N} lingering rejects: {added} visits in {PASSES} passes"
+        );
+        done_tx.send("measured").unwrap();
+    });
+    let cli = spawn_in(&topo.a, move || {
+        use std::io::{Read, Write};
+        let addr = SocketAddr::new(IP_B.into(), PORT);
+        let connect = || std::net::TcpStream::connect_timeout(&addr, WAIT).expect("connect");
+        let silent: Vec<_> = (0..N).map(|_| connect()).collect();
+        step_tx.send("connected").unwrap();
+        assert_eq!(done_rx.recv_timeout(WAIT), Ok("measured"));
+        let mut request = b"MPA ID Req Frame".to_vec();
+        request.extend([0x40, 1, 0, 0]);
+        let mut rejected: Vec<_> = (0..N)
+            .map(|_| {
+                let mut s = connect();
+                s.write_all(&request).unwrap();
+                s
+            })
+            .collect();
+        for s in &mut rejected {
+            s.set_read_timeout(Some(WAIT)).unwrap();
+            let mut reply = [0u8; 20];
+            s.read_exact(&mut reply).expect("reject reply");
+            assert_eq!(&reply[..16], b"MPA ID Rep Frame");
+        }
+        step_tx.send("rejected").unwrap();
+        assert_eq!(done_rx.recv_timeout(WAIT), Ok("measured"));
+        drop((silent, rejected));
+    });
+    cli.join().expect("client");
+    srv.join().expect("server");
+}

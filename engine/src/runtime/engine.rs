@@ -239,7 +239,7 @@ impl Engine {
     pub(crate) fn shutdown(&mut self) {
         let now = self.now();
         match &mut self.io {
-            Transport::Kernel(k) => k.shutdown(&mut self.ctx),
+            Transport::Kernel(k) => k.shutdown(&mut self.ctx, now),
             Transport::Xdp(x) => x.shutdown(&mut self.ctx, now),
         }
         self.move_completions();
@@ -382,6 +382,16 @@ impl Engine {
         match &mut self.io {
             Transport::Kernel(k) => k.touch_qp(qp),
             Transport::Xdp(x) => x.touch_qp(qp),
+        }
+    }
+
+    /// Visits of connections outside the core's hands so far: accepted
+    /// ones whose MPA request is arriving, outgoing TCP connects,
+    /// lingering and draining sockets.
+    pub(crate) fn lifecycle_visits(&self) -> u64 {
+        match &self.io {
+            Transport::Kernel(k) => k.lifecycle_visits,
+            Transport::Xdp(x) => x.lifecycle_visits(),
         }
     }
 

@@ -224,6 +224,11 @@ impl XdpSet {
         work
     }
 
+    /// Visits of the engines' connections outside the core's hands.
+    pub(crate) fn lifecycle_visits(&self) -> u64 {
+        self.engines.iter().map(|x| lock(x).lifecycle_visits).sum()
+    }
+
     /// Connections driven by the core.
     pub(crate) fn conn_count(&self) -> usize {
         self.engines.iter().map(|x| lock(x).conn_count()).sum()

@@ -49,20 +49,26 @@ struct Listening {
     shared: Arc<ListenShared>,
 }
 
-/// An accepted connection whose MPA request is still arriving.
+/// An accepted connection whose MPA request is still arriving: visited
+/// when the stack lists it active or its handshake deadline passes.
 #[derive(Debug)]
 struct Pending {
     conn: ConnId,
     hs: Handshake,
     frame: Vec<u8>,
     listener: Arc<ListenShared>,
+    hot: bool,
+    timer: Option<CoreInstant>,
 }
 
-/// An outgoing TCP connect in progress.
+/// An outgoing TCP connect in progress: visited when the stack lists it
+/// active.
 #[derive(Debug)]
 struct Dial {
     conn: ConnId,
     shared: Arc<ConnShared>,
+    hot: bool,
+    timer: Option<CoreInstant>,
 }
 
 /// A connection driven by the core.
@@ -88,8 +94,8 @@ impl Slotted for Conn {
     fn key(&self) -> ConnId {
         self.conn
     }
-    fn qp(&self) -> QpId {
-        self.qp
+    fn qp(&self) -> Option<QpId> {
+        Some(self.qp)
     }
     fn hot(&mut self) -> &mut bool {
         &mut self.hot
@@ -99,14 +105,44 @@ impl Slotted for Conn {
     }
 }
 
-/// A connection that only sends bytes and closes (a reject reply).
+/// A connection that only sends bytes and closes (a reject reply):
+/// visited when the stack lists it active or [`LINGER`] after its first
+/// visit.
 #[derive(Debug)]
 struct Lingering {
     conn: ConnId,
     out: Vec<u8>,
     pos: usize,
     since: Option<CoreInstant>,
+    hot: bool,
+    timer: Option<CoreInstant>,
 }
+
+/// A connection of the lifecycle outside the core (accepted, dialing,
+/// lingering), in [`ConnSlots`] by its TCP connection.
+macro_rules! slotted_by_conn {
+    ($t:ty) => {
+        impl Slotted for $t {
+            type Key = ConnId;
+            fn key(&self) -> ConnId {
+                self.conn
+            }
+            fn qp(&self) -> Option<QpId> {
+                None
+            }
+            fn hot(&mut self) -> &mut bool {
+                &mut self.hot
+            }
+            fn timer(&mut self) -> &mut Option<CoreInstant> {
+                &mut self.timer
+            }
+        }
+    };
+}
+
+slotted_by_conn!(Pending);
+slotted_by_conn!(Dial);
+slotted_by_conn!(Lingering);
 
 /// The steering program of a device, shared by its engines: each engine
 /// publishes the ports it needs steered, the program's configuration is
@@ -209,8 +245,11 @@ pub(crate) struct XdpIo {
     ephemeral: RangeInclusive<u16>,
     next_port: u16,
     listeners: Vec<Listening>,
-    pending: Vec<Pending>,
-    dials: Vec<Dial>,
+    /// Accepted connections whose MPA request is arriving, connects in
+    /// progress, lingering replies: a pass visits those the stack listed
+    /// active or whose deadline passed.
+    pending: ConnSlots<Pending>,
+    dials: ConnSlots<Dial>,
     /// The connections the core drives, the ones the next pass visits,
     /// their QPs' timers.
     conns: ConnSlots<Conn>,
@@ -221,7 +260,9 @@ pub(crate) struct XdpIo {
     /// Local ports of accepted connections (they stay steered after their
     /// listener is gone), with how many connections use each.
     local_ports: HashMap<u16, usize>,
-    lingering: Vec<Lingering>,
+    lingering: ConnSlots<Lingering>,
+    /// Visits of `pending`, `dials` and `lingering` entries.
+    pub(crate) lifecycle_visits: u64,
     /// A connection or listener went away: recompute the steered ports.
     steer_dirty: bool,
     /// Multi-core: the flow keys of accepted connections, forgotten in the
@@ -393,13 +434,14 @@ impl XdpIo {
                 ephemeral: part.clone(),
                 next_port: first_port,
                 listeners: Vec::new(),
-                pending: Vec::new(),
-                dials: Vec::new(),
+                pending: ConnSlots::default(),
+                dials: ConnSlots::default(),
                 conns: ConnSlots::default(),
                 orphans: Vec::new(),
                 active: Vec::new(),
                 local_ports: HashMap::new(),
-                lingering: Vec::new(),
+                lingering: ConnSlots::default(),
+                lifecycle_visits: 0,
                 steer_dirty: false,
                 passive: HashMap::new(),
                 opening: std::collections::HashSet::new(),
@@ -567,19 +609,18 @@ impl XdpIo {
         let l = self.listeners.swap_remove(i);
         self.stack.unlisten(l.port);
         let stack = &mut self.stack;
+        let mut gone = Vec::new();
         self.pending.retain(|p| {
             let keep = !Arc::ptr_eq(&p.listener, shared);
             if !keep {
                 let _ = stack.abort(p.conn);
-                self.lingering.push(Lingering {
-                    conn: p.conn,
-                    out: Vec::new(),
-                    pos: 0,
-                    since: None,
-                });
+                gone.push(p.conn);
             }
             keep
         });
+        for conn in gone {
+            self.add_lingering(conn, Vec::new());
+        }
         // The device resets the requests queued in `shared` (they may
         // belong to other engines).
         self.update_steering();
@@ -590,13 +631,24 @@ impl XdpIo {
     pub(crate) fn drop_sock(&mut self, sock: Sock) {
         if let Sock::Xdp(_, c) = sock {
             let _ = self.stack.abort(c);
-            self.dials.retain(|d| d.conn != c);
+            if let Some(i) = self.dials.of_key(c) {
+                self.dials.remove(i);
+            }
             self.opening.remove(&c);
-            self.lingering.push(Lingering {
-                conn: c,
-                out: Vec::new(),
+            self.add_lingering(c, Vec::new());
+        }
+    }
+
+    /// Send `out` on `conn`, then close it (once per connection).
+    fn add_lingering(&mut self, conn: ConnId, out: Vec<u8>) {
+        if self.lingering.of_key(conn).is_none() {
+            self.lingering.insert(Lingering {
+                conn,
+                out,
                 pos: 0,
                 since: None,
+                hot: false,
+                timer: None,
             });
         }
     }
@@ -616,7 +668,12 @@ impl XdpIo {
             .stack
             .connect((ip, addr.port()), port)
             .map_err(|_| CmError::Unreachable)?;
-        self.dials.push(Dial { conn, shared });
+        self.dials.insert(Dial {
+            conn,
+            shared,
+            hot: false,
+            timer: None,
+        });
         self.opening.insert(conn);
         // The reply may arrive on another queue: the other engines forward
         // this engine's ports here.
@@ -653,13 +710,20 @@ impl XdpIo {
     }
 
     /// Mark the connections with something to do: the stack's active
-    /// ones, the QPs the application touched, due core timers.
+    /// ones (driven, accepted, dialing or lingering), the QPs the
+    /// application touched, due core timers.
     fn gather(&mut self, touched: &[QpId], now: CoreInstant) {
         let mut active = std::mem::take(&mut self.active);
         self.stack.take_active(&mut active);
         for id in active.drain(..) {
             if let Some(i) = self.conns.of_key(id) {
                 self.mark(i);
+            } else if let Some(i) = self.pending.of_key(id) {
+                self.pending.mark(i);
+            } else if let Some(i) = self.dials.of_key(id) {
+                self.dials.mark(i);
+            } else if let Some(i) = self.lingering.of_key(id) {
+                self.lingering.mark(i);
             }
         }
         self.active = active;
@@ -672,12 +736,7 @@ impl XdpIo {
     /// Send `bytes` on `sock`, then close it.
     pub(crate) fn linger(&mut self, sock: Sock, bytes: Vec<u8>) {
         if let Sock::Xdp(_, conn) = sock {
-            self.lingering.push(Lingering {
-                conn,
-                out: bytes,
-                pos: 0,
-                since: None,
-            });
+            self.add_lingering(conn, bytes);
         }
     }
 
@@ -707,9 +766,17 @@ impl XdpIo {
     pub(crate) fn next_deadline(&mut self, now: CoreInstant) -> Option<CoreInstant> {
         let tcp = self.stack.poll_at(smol(now)).map(core);
         let qps = self.conns.next_timer();
-        let hot = self.conns.any_hot().then_some(now);
-        let pending = self.pending.iter().filter_map(|p| p.hs.poll_timeout());
-        pending.chain(qps).chain(tcp).chain(hot).min()
+        let hot = (self.conns.any_hot()
+            || self.pending.any_hot()
+            || self.dials.any_hot()
+            || self.lingering.any_hot())
+        .then_some(now);
+        let pending = self.pending.next_timer();
+        let lingering = self.lingering.next_timer();
+        [pending, lingering, qps, tcp, hot]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Reset every connection and send the resets (the device is closing).
@@ -719,10 +786,10 @@ impl XdpIo {
             ctx.handle_eof(c.qp);
             drain_events(ctx, c.qp, &c.shared);
         }
-        for p in &self.pending {
+        for p in self.pending.iter() {
             let _ = self.stack.abort(p.conn);
         }
-        for d in &self.dials {
+        for d in self.dials.iter() {
             let _ = self.stack.abort(d.conn);
             let mut i = lock(&d.shared.m);
             i.tcp.get_or_insert(Err(CmError::Closed));
@@ -730,6 +797,7 @@ impl XdpIo {
             d.shared.cv.notify_all();
         }
         // A reject reply still queued goes out with this last poll.
+        self.lingering.mark_all();
         self.pump_lingering(now);
         self.stack.poll(smol(now));
         let dev = self.stack.device_mut();
@@ -765,10 +833,10 @@ impl XdpIo {
         touched: &[QpId],
         reaped: &mut Vec<QpId>,
     ) -> usize {
+        self.gather(touched, now);
         let mut work = self.accept_new(now);
         work += self.pump_pending(now);
         work += self.pump_dials();
-        self.gather(touched, now);
         let hot = self.conns.take_hot();
         for &i in &hot {
             work += self.pump_conn(ctx, i, now);
@@ -824,136 +892,163 @@ impl XdpIo {
                     rtr: handshake::RtrSet::ALL,
                     ..handshake::Config::default()
                 };
-                self.pending.push(Pending {
+                let hs = Handshake::responder(config, now);
+                let deadline = hs.poll_timeout();
+                let i = self.pending.insert(Pending {
                     conn,
-                    hs: Handshake::responder(config, now),
+                    hs,
                     frame: Vec::new(),
                     listener: l.shared.clone(),
+                    hot: false,
+                    timer: None,
                 });
+                self.pending.schedule(i, deadline);
             }
         }
         work
     }
 
     /// Read MPA requests (exactly the request's bytes: what follows stays
-    /// in the socket until the QP exists); hand complete ones over.
+    /// in the socket until the QP exists) of the accepted connections
+    /// the stack listed active or whose deadline passed; hand complete
+    /// ones over.
     fn pump_pending(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
-        let mut i = 0;
-        while i < self.pending.len() {
-            let p = &mut self.pending[i];
-            let mut failed = p.hs.poll_timeout().is_some_and(|d| now >= d);
-            let mut reason = if failed {
-                Some("timed out waiting for the MPA request".to_string())
-            } else {
-                None
-            };
-            let mut request = None;
-            if !failed {
-                let (hs, frame) = (&mut p.hs, &mut p.frame);
-                let r = self.stack.recv(p.conn, |b| {
-                    if request.is_some() || failed {
-                        return 0;
-                    }
-                    match hs.handle_input(b, now) {
-                        Ok(used) => {
-                            frame.extend_from_slice(&b[..used]);
-                            if let Some(handshake::Event::ConnectRequest(req)) = hs.poll_event() {
-                                request = Some(req);
-                            }
-                            used
-                        }
-                        Err(e) => {
-                            failed = true;
-                            reason = Some(e.to_string());
-                            0
-                        }
-                    }
-                });
-                match r {
-                    Ok(n) => work += n,
-                    Err(e) => {
-                        failed = true;
-                        reason.get_or_insert_with(|| format!("{e:?}"));
-                    }
-                }
-                if self.stack.is_reset(p.conn) {
-                    failed = true;
-                    reason.get_or_insert_with(|| "reset by the peer".to_string());
-                }
-            }
-            if failed {
-                let p = self.pending.swap_remove(i);
-                let peer = self
-                    .stack
-                    .endpoints(p.conn)
-                    .map(|(_, r)| to_std(r.addr, r.port));
-                tracing::warn!(
-                    peer = ?peer,
-                    reason = reason.as_deref().unwrap_or("unknown"),
-                    "connection dropped before its MPA request"
-                );
-                self.drop_sock(Sock::Xdp(self.index, p.conn));
-                work += 1;
-                continue;
-            }
-            let Some(request) = request else {
-                i += 1;
-                continue;
-            };
-            let p = self.pending.swap_remove(i);
-            work += 1;
-            let (local, peer) = match self.stack.endpoints(p.conn) {
-                Some((l, r)) => (to_std(l.addr, l.port), to_std(r.addr, r.port)),
-                None => {
-                    self.drop_sock(Sock::Xdp(self.index, p.conn));
-                    continue;
-                }
-            };
-            let emss = self
-                .stack
-                .emss(p.conn)
-                .unwrap_or_else(|| self.stack.local_mss());
-            tracing::debug!(%peer, "MPA request queued for the listener");
-            let req = Request {
-                sock: Sock::Xdp(self.index, p.conn),
-                peer,
-                local,
-                emss,
-                hs: p.hs,
-                request,
-                frame: p.frame,
-                rest: Vec::new(),
-            };
-            p.listener.push(req);
+        self.pending.fire(now);
+        let hot = self.pending.take_hot();
+        for &i in &hot {
+            work += self.pump_one_pending(i, now);
         }
+        self.pending.give_back(hot);
         work
     }
 
-    fn pump_dials(&mut self) -> usize {
+    fn pump_one_pending(&mut self, i: usize, now: CoreInstant) -> usize {
         let mut work = 0;
-        let (stack, opening) = (&mut self.stack, &mut self.opening);
-        self.dials.retain(|d| {
-            let outcome = if stack.is_established(d.conn) {
-                Some(Ok(stack.emss(d.conn).unwrap_or_else(|| stack.local_mss())))
-            } else if stack.is_reset(d.conn) || stack.is_closed(d.conn) {
-                opening.remove(&d.conn);
-                let _ = stack.release(d.conn);
-                tracing::debug!("connect failed: TCP connection refused or reset");
-                Some(Err(CmError::ConnectionRefused))
-            } else {
-                None
-            };
-            match outcome {
-                None => true,
-                Some(r) => {
-                    work += 1;
-                    lock(&d.shared.m).tcp = Some(r);
-                    d.shared.cv.notify_all();
-                    false
+        let Some(p) = self.pending.get_mut(i) else {
+            return 0;
+        };
+        self.lifecycle_visits += 1;
+        let mut failed = p.hs.poll_timeout().is_some_and(|d| now >= d);
+        let mut reason = if failed {
+            Some("timed out waiting for the MPA request".to_string())
+        } else {
+            None
+        };
+        let mut request = None;
+        if !failed {
+            let (hs, frame) = (&mut p.hs, &mut p.frame);
+            let r = self.stack.recv(p.conn, |b| {
+                if request.is_some() || failed {
+                    return 0;
+                }
+                match hs.handle_input(b, now) {
+                    Ok(used) => {
+                        frame.extend_from_slice(&b[..used]);
+                        if let Some(handshake::Event::ConnectRequest(req)) = hs.poll_event() {
+                            request = Some(req);
+                        }
+                        used
+                    }
+                    Err(e) => {
+                        failed = true;
+                        reason = Some(e.to_string());
+                        0
+                    }
+                }
+            });
+            match r {
+                Ok(n) => work += n,
+                Err(e) => {
+                    failed = true;
+                    reason.get_or_insert_with(|| format!("{e:?}"));
                 }
             }
-        });
+            if self.stack.is_reset(p.conn) {
+                failed = true;
+                reason.get_or_insert_with(|| "reset by the peer".to_string());
+            }
+        }
+        if failed {
+            let Some(p) = self.pending.remove(i) else {
+                return work;
+            };
+            let peer = self
+                .stack
+                .endpoints(p.conn)
+                .map(|(_, r)| to_std(r.addr, r.port));
+            tracing::warn!(
+                peer = ?peer,
+                reason = reason.as_deref().unwrap_or("unknown"),
+                "connection dropped before its MPA request"
+            );
+            self.drop_sock(Sock::Xdp(self.index, p.conn));
+            return work + 1;
+        }
+        let Some(request) = request else {
+            // The next visit comes with new bytes (the stack lists the
+            // connection active) or the deadline.
+            let deadline = p.hs.poll_timeout();
+            self.pending.schedule(i, deadline);
+            return work;
+        };
+        let Some(p) = self.pending.remove(i) else {
+            return work;
+        };
+        work += 1;
+        let (local, peer) = match self.stack.endpoints(p.conn) {
+            Some((l, r)) => (to_std(l.addr, l.port), to_std(r.addr, r.port)),
+            None => {
+                self.drop_sock(Sock::Xdp(self.index, p.conn));
+                return work;
+            }
+        };
+        let emss = self
+            .stack
+            .emss(p.conn)
+            .unwrap_or_else(|| self.stack.local_mss());
+        tracing::debug!(%peer, "MPA request queued for the listener");
+        let req = Request {
+            sock: Sock::Xdp(self.index, p.conn),
+            peer,
+            local,
+            emss,
+            hs: p.hs,
+            request,
+            frame: p.frame,
+            rest: Vec::new(),
+        };
+        p.listener.push(req);
+        work
+    }
+
+    /// Report the outcome of the connects the stack listed active.
+    fn pump_dials(&mut self) -> usize {
+        let mut work = 0;
+        let hot = self.dials.take_hot();
+        for &i in &hot {
+            let Some(d) = self.dials.get(i) else {
+                continue;
+            };
+            self.lifecycle_visits += 1;
+            let stack = &mut self.stack;
+            let outcome = if stack.is_established(d.conn) {
+                Ok(stack.emss(d.conn).unwrap_or_else(|| stack.local_mss()))
+            } else if stack.is_reset(d.conn) || stack.is_closed(d.conn) {
+                self.opening.remove(&d.conn);
+                let _ = stack.release(d.conn);
+                tracing::debug!("connect failed: TCP connection refused or reset");
+                Err(CmError::ConnectionRefused)
+            } else {
+                continue;
+            };
+            if let Some(d) = self.dials.remove(i) {
+                work += 1;
+                lock(&d.shared.m).tcp = Some(outcome);
+                d.shared.cv.notify_all();
+            }
+        }
+        self.dials.give_back(hot);
         work
     }
 
@@ -1076,12 +1171,20 @@ impl XdpIo {
         work
     }
 
+    /// Send what the lingering connections the stack listed active (or
+    /// whose deadline passed) have left; close them once sent; forget
+    /// them once closed, reset, or [`LINGER`] after their first visit.
     fn pump_lingering(&mut self, now: CoreInstant) -> usize {
         let mut work = 0;
-        let before = self.lingering.len();
-        let (stack, passive, local_ports) =
-            (&mut self.stack, &mut self.passive, &mut self.local_ports);
-        self.lingering.retain_mut(|l| {
+        let mut released = false;
+        self.lingering.fire(now);
+        let hot = self.lingering.take_hot();
+        for &i in &hot {
+            let Some(l) = self.lingering.get_mut(i) else {
+                continue;
+            };
+            self.lifecycle_visits += 1;
+            let stack = &mut self.stack;
             let since = *l.since.get_or_insert(now);
             if l.pos < l.out.len() {
                 let (out, pos) = (&l.out, &mut l.pos);
@@ -1100,15 +1203,20 @@ impl XdpIo {
             let done = stack.is_closed(l.conn)
                 || stack.is_reset(l.conn)
                 || stack.state(l.conn).is_none()
-                || now.saturating_duration_since(since) > LINGER;
-            if done {
-                let _ = stack.abort(l.conn);
-                release(stack, passive, local_ports, l.conn);
-                work += 1;
+                || now.saturating_duration_since(since) >= LINGER;
+            if !done {
+                self.lingering.schedule(i, Some(since + LINGER));
+                continue;
             }
-            !done
-        });
-        if self.lingering.len() < before {
+            let conn = l.conn;
+            let _ = stack.abort(conn);
+            release(stack, &mut self.passive, &mut self.local_ports, conn);
+            self.lingering.remove(i);
+            released = true;
+            work += 1;
+        }
+        self.lingering.give_back(hot);
+        if released {
             self.steer_dirty = true;
         }
         work
