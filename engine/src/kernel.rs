@@ -25,7 +25,6 @@ use std::net::{Shutdown, SocketAddr};
 use std::sync::Arc;
 
 use iwarp::cq::QpId;
-use iwarp::mpa::handshake::{self, ConnectRequest, Handshake};
 use iwarp::time::{Duration as CoreDuration, Instant as CoreInstant};
 use iwarp::verbs::Context;
 use mio::net::{TcpListener, TcpStream};
@@ -33,7 +32,8 @@ use mio::{Events, Interest, Registry, Token};
 
 use crate::cm::{CmError, CmEvent};
 use crate::log::conn_event;
-use crate::runtime::{drain_events, push_event, ConnShared, ListenShared, Request, Sock};
+use crate::runtime::lifecycle::{self, Accepting, Fed};
+use crate::runtime::{drain_events, push_event, ConnShared, ListenShared, Sock};
 use crate::slots::{ConnSlots, Slotted};
 
 /// Size of the receive buffer and of each transmit batch.
@@ -89,9 +89,7 @@ impl Slotted for Conn {
 struct Pending {
     sock: TcpStream,
     peer: SocketAddr,
-    hs: Handshake,
-    frame: Vec<u8>,
-    listener: Arc<ListenShared>,
+    acc: Accepting,
     token: Token,
     hot: bool,
     timer: Option<CoreInstant>,
@@ -234,7 +232,7 @@ impl KernelIo {
             keep
         });
         self.pending.retain(|p| {
-            let keep = !Arc::ptr_eq(&p.listener, shared);
+            let keep = !Arc::ptr_eq(p.acc.listener(), shared);
             if !keep {
                 let _ = registry.deregister(&mut p.sock);
             }
@@ -391,23 +389,12 @@ impl KernelIo {
                 {
                     continue;
                 }
-                // Parse the request with a responder that accepts any
-                // offer: the application's parameters decide at accept
-                // time, when the core QP replays the same bytes.
-                let config = handshake::Config {
-                    ird: iwarp::wire::mpa::IrdOrd::MAX,
-                    ord: iwarp::wire::mpa::IrdOrd::MAX,
-                    rtr: handshake::RtrSet::ALL,
-                    ..handshake::Config::default()
-                };
-                let hs = Handshake::responder(config, now);
-                let deadline = hs.poll_timeout();
+                let acc = Accepting::new(self.listeners[li].shared.clone(), now);
+                let deadline = acc.deadline();
                 let i = self.pending.insert(Pending {
                     sock,
                     peer,
-                    hs,
-                    frame: Vec::new(),
-                    listener: self.listeners[li].shared.clone(),
+                    acc,
                     token,
                     hot: false,
                     timer: None,
@@ -439,7 +426,7 @@ impl KernelIo {
         };
         self.lifecycle_visits += 1;
         let mut outcome = None;
-        if p.hs.poll_timeout().is_some_and(|d| now >= d) {
+        if p.acc.expired(now) {
             outcome = Some(Err("timed out waiting for the MPA request".to_string()));
         }
         while outcome.is_none() {
@@ -451,14 +438,12 @@ impl KernelIo {
                 Ok(n) => {
                     work += n;
                     let chunk = &self.rx_buf[..n];
-                    match p.hs.handle_input(chunk, now) {
-                        Ok(used) => {
-                            p.frame.extend_from_slice(&chunk[..used]);
-                            if let Some(handshake::Event::ConnectRequest(req)) = p.hs.poll_event() {
-                                outcome = Some(Ok((req, chunk[used..].to_vec())));
-                            }
+                    match p.acc.feed(chunk, now) {
+                        (_, Fed::More) => {}
+                        (used, Fed::Request(req)) => {
+                            outcome = Some(Ok((req, chunk[used..].to_vec())));
                         }
-                        Err(e) => outcome = Some(Err(e.to_string())),
+                        (_, Fed::Failed(reason)) => outcome = Some(Err(reason)),
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -469,7 +454,7 @@ impl KernelIo {
         let Some(r) = outcome else {
             // Readiness is edge-triggered and the socket is read dry: the
             // next visit comes with new bytes or the deadline.
-            let deadline = p.hs.poll_timeout();
+            let deadline = p.acc.deadline();
             self.pending.schedule(i, deadline);
             return work;
         };
@@ -480,14 +465,12 @@ impl KernelIo {
         work += 1;
         match r {
             Ok((request, rest)) => {
-                tracing::debug!(peer = %p.peer, "MPA request queued for the listener");
-                hand_over(p, request, rest);
+                let local = p.sock.local_addr().unwrap_or(p.peer);
+                let emss = emss_of(&p.sock);
+                p.acc
+                    .hand_over(request, Sock::Kernel(p.sock), p.peer, local, emss, rest);
             }
-            Err(reason) => tracing::warn!(
-                peer = %p.peer,
-                %reason,
-                "connection dropped before its MPA request"
-            ),
+            Err(reason) => lifecycle::dropped(Some(p.peer), &reason),
         }
         work
     }
@@ -814,23 +797,6 @@ impl KernelIo {
             }
         }
     }
-}
-
-/// Queue the request of a pending connection for the application.
-fn hand_over(p: Pending, request: ConnectRequest, rest: Vec<u8>) {
-    let local = p.sock.local_addr().unwrap_or(p.peer);
-    let emss = emss_of(&p.sock);
-    let req = Request {
-        sock: Sock::Kernel(p.sock),
-        peer: p.peer,
-        local,
-        emss,
-        hs: p.hs,
-        request,
-        frame: p.frame,
-        rest,
-    };
-    p.listener.push(req);
 }
 
 /// The largest FPDU we send on `sock`: the TCP MSS (`TCP_MAXSEG`), at

@@ -30,6 +30,7 @@ use crate::post::WorkQueues;
 use crate::xdp::set::XdpRef;
 
 mod engine;
+pub(crate) mod lifecycle;
 
 pub(crate) use engine::{Engine, Transport};
 

@@ -10,7 +10,6 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use iwarp::cq::QpId;
-use iwarp::mpa::handshake::{self, Handshake};
 use iwarp::time::{Duration as CoreDuration, Instant as CoreInstant};
 use iwarp::verbs::Context;
 use iwarp_bpf::{SteerConfig, Steering};
@@ -23,7 +22,8 @@ use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
 use crate::cm::{CmError, CmEvent};
 use crate::log::conn_event;
-use crate::runtime::{drain_events, lock, push_event, ConnShared, ListenShared, Request, Sock};
+use crate::runtime::lifecycle::{self, Accepting, Fed};
+use crate::runtime::{drain_events, lock, push_event, ConnShared, ListenShared, Sock};
 use crate::slots::{ConnSlots, Slotted};
 
 /// How long a dropped connection may take to finish its close before it is
@@ -54,9 +54,7 @@ struct Listening {
 #[derive(Debug)]
 struct Pending {
     conn: ConnId,
-    hs: Handshake,
-    frame: Vec<u8>,
-    listener: Arc<ListenShared>,
+    acc: Accepting,
     hot: bool,
     timer: Option<CoreInstant>,
 }
@@ -611,7 +609,7 @@ impl XdpIo {
         let stack = &mut self.stack;
         let mut gone = Vec::new();
         self.pending.retain(|p| {
-            let keep = !Arc::ptr_eq(&p.listener, shared);
+            let keep = !Arc::ptr_eq(p.acc.listener(), shared);
             if !keep {
                 let _ = stack.abort(p.conn);
                 gone.push(p.conn);
@@ -886,19 +884,11 @@ impl XdpIo {
                     self.passive.insert(conn, key);
                     *self.local_ports.entry(local.port).or_default() += 1;
                 }
-                let config = handshake::Config {
-                    ird: iwarp::wire::mpa::IrdOrd::MAX,
-                    ord: iwarp::wire::mpa::IrdOrd::MAX,
-                    rtr: handshake::RtrSet::ALL,
-                    ..handshake::Config::default()
-                };
-                let hs = Handshake::responder(config, now);
-                let deadline = hs.poll_timeout();
+                let acc = Accepting::new(l.shared.clone(), now);
+                let deadline = acc.deadline();
                 let i = self.pending.insert(Pending {
                     conn,
-                    hs,
-                    frame: Vec::new(),
-                    listener: l.shared.clone(),
+                    acc,
                     hot: false,
                     timer: None,
                 });
@@ -929,7 +919,7 @@ impl XdpIo {
             return 0;
         };
         self.lifecycle_visits += 1;
-        let mut failed = p.hs.poll_timeout().is_some_and(|d| now >= d);
+        let mut failed = p.acc.expired(now);
         let mut reason = if failed {
             Some("timed out waiting for the MPA request".to_string())
         } else {
@@ -937,25 +927,21 @@ impl XdpIo {
         };
         let mut request = None;
         if !failed {
-            let (hs, frame) = (&mut p.hs, &mut p.frame);
+            let acc = &mut p.acc;
             let r = self.stack.recv(p.conn, |b| {
                 if request.is_some() || failed {
                     return 0;
                 }
-                match hs.handle_input(b, now) {
-                    Ok(used) => {
-                        frame.extend_from_slice(&b[..used]);
-                        if let Some(handshake::Event::ConnectRequest(req)) = hs.poll_event() {
-                            request = Some(req);
-                        }
-                        used
-                    }
-                    Err(e) => {
+                let (used, fed) = acc.feed(b, now);
+                match fed {
+                    Fed::More => {}
+                    Fed::Request(req) => request = Some(req),
+                    Fed::Failed(e) => {
                         failed = true;
-                        reason = Some(e.to_string());
-                        0
+                        reason = Some(e);
                     }
                 }
+                used
             });
             match r {
                 Ok(n) => work += n,
@@ -977,18 +963,14 @@ impl XdpIo {
                 .stack
                 .endpoints(p.conn)
                 .map(|(_, r)| to_std(r.addr, r.port));
-            tracing::warn!(
-                peer = ?peer,
-                reason = reason.as_deref().unwrap_or("unknown"),
-                "connection dropped before its MPA request"
-            );
+            lifecycle::dropped(peer, reason.as_deref().unwrap_or("unknown"));
             self.drop_sock(Sock::Xdp(self.index, p.conn));
             return work + 1;
         }
         let Some(request) = request else {
             // The next visit comes with new bytes (the stack lists the
             // connection active) or the deadline.
-            let deadline = p.hs.poll_timeout();
+            let deadline = p.acc.deadline();
             self.pending.schedule(i, deadline);
             return work;
         };
@@ -1007,18 +989,9 @@ impl XdpIo {
             .stack
             .emss(p.conn)
             .unwrap_or_else(|| self.stack.local_mss());
-        tracing::debug!(%peer, "MPA request queued for the listener");
-        let req = Request {
-            sock: Sock::Xdp(self.index, p.conn),
-            peer,
-            local,
-            emss,
-            hs: p.hs,
-            request,
-            frame: p.frame,
-            rest: Vec::new(),
-        };
-        p.listener.push(req);
+        let sock = Sock::Xdp(self.index, p.conn);
+        p.acc
+            .hand_over(request, sock, peer, local, emss, Vec::new());
         work
     }
 
