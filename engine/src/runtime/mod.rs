@@ -1,10 +1,13 @@
 //! The backend-neutral runtime of a device: what the application and the
 //! progress threads share ([`Shared`]), the progress loop and its
-//! sleeping, and the queues between the engine and the application —
-//! completions ([`CqQueue`]), connection requests ([`ListenShared`]),
-//! connection-manager state ([`ConnShared`]) and shared-receive-queue
-//! events ([`SrqEvents`]). The I/O of each backend lives in
-//! [`crate::kernel`] (kernel sockets) and [`crate::xdp`] (AF_XDP).
+//! sleeping, the device state behind the lock with its transport
+//! ([`Engine`], [`Transport`]), the first stage of an accepted
+//! connection ([`lifecycle`]), and the queues between the engine and the
+//! application — completions ([`CqQueue`]), connection requests
+//! ([`ListenShared`]), connection-manager state ([`ConnShared`]) and
+//! shared-receive-queue events ([`SrqEvents`]). The I/O of each backend
+//! lives in [`crate::kernel`] (kernel sockets) and [`crate::xdp`]
+//! (AF_XDP).
 
 use std::collections::VecDeque;
 use std::io;

@@ -9,8 +9,10 @@
 //!   (transport ceiling for benchmarks).
 //! * `worker`: `XdpIo`, the state one engine pass works on
 //!   (`XdpIo::run_once`), and the connection manager's side of it.
+//! * `set`: `XdpSet`, the device's engines as one transport of the
+//!   runtime (`crate::runtime::Transport`).
 //!
-//! Threading, locking and sleeping are shared with the kernel backend;
+//! Threading, locking and sleeping live in the runtime (`crate::runtime`);
 //! one pass, UMEM frames, the engine's address and ARP, and one engine per
 //! receive queue ([`XdpConfig::queues`]) are described in `docs/design.md`
 //! of the repository. [`Stats::engines`](crate::Stats::engines) has one
