@@ -71,7 +71,9 @@ pub struct ScaleResult {
     pub rss_setup: u64,
     /// Process RSS (KiB) after the traffic.
     pub rss_traffic: u64,
-    /// Side b's smoltcp receive + transmit buffer per connection (KiB).
+    /// Side b's configured smoltcp receive + transmit buffer per
+    /// connection (KiB): the most one gets (a receive buffer is cut to
+    /// the connection's part of the shared frames).
     pub tcp_buffers: f64,
     /// Frames side b's AF_XDP socket dropped (rx ring full or fill ring
     /// empty) over the run.

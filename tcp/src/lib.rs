@@ -69,7 +69,7 @@ mod port;
 pub mod sim;
 mod stack;
 
-pub use config::{Config, MAX_BUFFER, MIN_BUFFER};
+pub use config::{Config, MAX_BUFFER, MIN_BUFFER, SHARED_BUFFER_MIN};
 pub use smoltcp;
 pub use smoltcp::socket::tcp::{CongestionControl, State};
 pub use stack::{ConnId, Counters, Error, Stack};

@@ -49,7 +49,7 @@ use smoltcp::wire::{
     Ipv4Cidr, Ipv4Packet, TcpPacket,
 };
 
-use crate::config::Config;
+use crate::config::{Config, SHARED_BUFFER_MIN};
 use crate::flow::FlowTable;
 use crate::port::{tcp_mss, Flow, Port, WindowShare};
 
@@ -74,6 +74,10 @@ const MIN_SEGMENT_LIMIT: usize = 128;
 
 /// Length of an Ethernet header.
 const ETH_HEADER: usize = 14;
+
+/// Receive buffers cut to a connection's part of the shared frames
+/// ([`Config::window_frames`]) are whole pages of this size.
+const PAGE: usize = 4096;
 
 /// A connection of a [`Stack`]: its slot and the slot's generation. A
 /// released connection's id names nothing, also after the slot was reused.
@@ -700,14 +704,37 @@ impl Core {
     }
 
     /// The receive buffer of a new connection: [`Config::rx_buffer`], cut
-    /// to what the others leave of [`Config::rx_budget`].
+    /// to its part of the shared receive frames (see
+    /// [`Config::window_frames`]) and to what the others leave of
+    /// [`Config::rx_budget`].
     fn rx_size(&self) -> usize {
-        let want = self.config.rx_buffer.min(crate::MAX_BUFFER);
+        let mut want = self.config.rx_buffer.min(crate::MAX_BUFFER);
+        if let Some(part) = self.shared_part() {
+            want = want.min(part);
+        }
         let Some(budget) = self.config.rx_budget else {
             return want;
         };
         want.min(budget.saturating_sub(self.rx_held))
             .max(crate::MIN_BUFFER)
+    }
+
+    /// With [`Config::window_frames`]: the receive buffer a new connection
+    /// needs for the window it can be offered while the connections open
+    /// now all receive, the frames' bytes over their number with this
+    /// one, rounded up to whole pages, at least [`SHARED_BUFFER_MIN`].
+    /// smoltcp's receive ring moves through the whole buffer whatever the
+    /// window, so every page of a larger one would be written (faulted in
+    /// and cleared) without ever holding more than the window.
+    fn shared_part(&self) -> Option<usize> {
+        let frames = self.config.window_frames.filter(|&f| f > 0)?;
+        let mss = tcp_mss(self.eth_caps.max_transmission_unit).max(1);
+        let part = frames.saturating_mul(mss) / (self.live + 1);
+        Some(
+            part.div_ceil(PAGE)
+                .saturating_mul(PAGE)
+                .max(SHARED_BUFFER_MIN),
+        )
     }
 
     /// A connection for `flow` with a fresh socket (which `setup` listens

@@ -566,6 +566,49 @@ fn rx_budget_bounds_the_sum_of_receive_buffers() {
     );
 }
 
+/// With `window_frames`, a new connection's receive buffer is its part
+/// of the frames' bytes while the connections open then all receive
+/// (whole pages, at least `SHARED_BUFFER_MIN`, at most `rx_buffer`): the
+/// first ones get the whole buffer, later ones less, down to the floor;
+/// a connection at the floor still moves data; without `window_frames`
+/// nothing is cut.
+#[test]
+fn shared_frames_size_new_receive_buffers() {
+    const FRAMES: usize = 200;
+    let b_cfg = Config {
+        window_frames: Some(FRAMES),
+        ..Config::default()
+    };
+    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let mss = sim.b.local_mss();
+    let conns: Vec<_> = (0..8)
+        .map(|i| connect(&mut sim, 40030 + i, Duration::from_secs(5)))
+        .collect();
+    let caps: Vec<usize> = conns
+        .iter()
+        .map(|&(_, b)| sim.b.rx_capacity(b).unwrap())
+        .collect();
+    assert_eq!(caps[0], b_cfg.rx_buffer, "{caps:?}");
+    assert!(caps.windows(2).all(|w| w[1] <= w[0]), "{caps:?}");
+    for (i, &cap) in caps.iter().enumerate() {
+        assert_eq!(cap % 4096, 0, "{caps:?}");
+        let part = (FRAMES * mss / (i + 1)).div_ceil(4096) * 4096;
+        let want = part.clamp(iwarp_tcp::SHARED_BUFFER_MIN, b_cfg.rx_buffer);
+        assert_eq!(cap, want, "connection {i}: {caps:?}");
+    }
+    assert_eq!(caps[7], iwarp_tcp::SHARED_BUFFER_MIN, "{caps:?}");
+    let (a, b) = conns[7];
+    assert_eq!(one_way_on(&mut sim, a, b, 300_000), data(300_000, 9));
+    let mut free = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let opened: Vec<_> = (0..8)
+        .map(|i| connect(&mut free, 40040 + i, Duration::from_secs(5)))
+        .collect();
+    let sizes: Vec<_> = opened.iter().map(|&(_, b)| free.b.rx_capacity(b)).collect();
+    assert!(sizes
+        .iter()
+        .all(|&c| c == Some(Config::default().rx_buffer)));
+}
+
 /// `send_segment` queues whole segments: full ones back to back (smoltcp
 /// cuts exactly between them) as far as the congestion window goes, none
 /// after a shorter one until it has left, and what `unsent` reports

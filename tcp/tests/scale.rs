@@ -350,7 +350,6 @@ fn streaming_connections_share_the_receive_frames() {
         window_frames: Some(FRAMES),
         ..Config::default()
     };
-    let shift = b_cfg.window_shift();
     let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
     let pairs = open_many(&mut sim, N);
     let capture = Shared::default();
@@ -386,6 +385,17 @@ fn streaming_connections_share_the_receive_frames() {
     // the bytes it holds open; their sum at every segment.
     let pcap = capture.0.borrow();
     let mut edges: std::collections::HashMap<u16, (u32, usize)> = Default::default();
+    // Each connection's window scale (A's port → the shift smoltcp
+    // derives from B's receive buffer, which is its part of the frames).
+    let shifts: std::collections::HashMap<u16, u32> = pairs
+        .iter()
+        .map(|&(a, b)| {
+            let port = sim.a.endpoints(a).unwrap().0.port;
+            let cap = sim.b.rx_capacity(b).unwrap();
+            let bits = usize::BITS - cap.leading_zeros();
+            (port, bits.saturating_sub(16))
+        })
+        .collect();
     let (mut open, mut most) = (0usize, 0usize);
     for frame in pcap_frames(&pcap) {
         let eth = EthernetFrame::new_checked(frame).unwrap();
@@ -398,7 +408,7 @@ fn streaming_connections_share_the_receive_frames() {
             continue;
         }
         let ack = tcp.ack_number().0 as u32;
-        let window = usize::from(tcp.window_len()) << shift;
+        let window = usize::from(tcp.window_len()) << shifts[&tcp.dst_port()];
         let edge = ack.wrapping_add(window as u32);
         if let Some(&(before, held)) = edges.get(&tcp.dst_port()) {
             assert!(

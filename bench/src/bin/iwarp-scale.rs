@@ -187,7 +187,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; tcp bufs = side b's smoltcp receive + transmit buffers per connection, allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received)");
+    println!("(RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received)");
     let agg = |n: usize| {
         recs.iter()
             .find(|r| r.metric == "aggregate_bw" && r.qps == Some(n) && r.config == name)
