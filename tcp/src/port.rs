@@ -164,6 +164,12 @@ impl Sent {
     pub(crate) fn congestion_window(&self) -> Option<usize> {
         self.reno.map(|r| r.window())
     }
+
+    /// Bytes the peer may send beyond what we acknowledged, as we last
+    /// advertised it; `None` before we acknowledged anything.
+    pub(crate) fn rx_window(&self) -> Option<usize> {
+        self.rx_edge.map(|_| self.rx_open)
+    }
 }
 
 /// How long a connection counts as receiving after its last data
@@ -234,6 +240,11 @@ impl WindowShare {
             *period = cur;
             self.now_count.set(self.now_count.get() + 1);
         }
+    }
+
+    /// Whether windows are cut at all.
+    pub(crate) fn cuts(&self) -> bool {
+        self.frames > 0
     }
 
     /// Bytes one receiving connection may be offered: its fair part.

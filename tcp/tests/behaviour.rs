@@ -609,6 +609,54 @@ fn shared_frames_size_new_receive_buffers() {
         .all(|&c| c == Some(Config::default().rx_buffer)));
 }
 
+/// A window cut to less than two segments (`window_frames`) is
+/// acknowledged segment by segment: the peer cannot send the second
+/// segment that would end smoltcp's delayed acknowledgement, so a stream
+/// through a one-segment window takes about one round trip per segment on
+/// the simulated link's clock, not one delay each. With the full window
+/// the delay stands: a lone segment is acknowledged only after it.
+#[test]
+fn narrow_windows_are_acknowledged_at_once() {
+    const SEGMENTS: usize = 100;
+    let narrow = Config {
+        window_frames: Some(1),
+        ..Config::default()
+    };
+    let delay = narrow.ack_delay.unwrap();
+    let mut sim = Sim::new(Config::default(), narrow, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40050, Duration::from_secs(5));
+    let len = SEGMENTS * sim.b.local_mss();
+    let start = sim.now;
+    assert_eq!(one_way_on(&mut sim, a, b, len), data(len, 9));
+    let took = sim.now - start;
+    assert!(sim.b.counters().windows_cut > 0);
+    assert!(
+        took.total_micros() * 2 < delay.total_micros() * SEGMENTS as u64,
+        "{SEGMENTS} segments through a one-segment window took {took} (delay {delay})"
+    );
+    // The full window keeps the delay for a lone segment.
+    let mut wide = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let (a, b) = connect(&mut wide, 40051, Duration::from_secs(5));
+    wide.a.send_slice(a, b"lone").unwrap();
+    let start = wide.now;
+    let limit = wide.now + Duration::from_secs(1);
+    let mut got = 0;
+    wide.run(limit, |s| {
+        got += s.b.recv(b, |buf| buf.len()).unwrap();
+        if got == 4 && s.a.send_queue(a) == 0 {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert!(
+        wide.now - start >= delay,
+        "acknowledged after {}",
+        wide.now - start
+    );
+}
+
 /// `send_segment` queues whole segments: full ones back to back (smoltcp
 /// cuts exactly between them) as far as the congestion window goes, none
 /// after a shorter one until it has left, and what `unsent` reports
