@@ -30,7 +30,10 @@ pub const SHARED_BUFFER_MIN: usize = 64 * 1024;
 ///   ACK; 1 ms saves those pure ACKs (each one costs a copy-mode AF_XDP
 ///   transmit, ~1.5 µs of the sender's core) while staying far below the
 ///   1 s minimum RTO and the smoltcp default of 10 ms, which would hold a
-///   sender's buffer space for a long time when nobody answers.
+///   sender's buffer space for a long time when nobody answers. A
+///   connection whose window is cut below two segments
+///   ([`window_frames`](Config::window_frames)) acknowledges each
+///   segment at once: its peer cannot send the second one.
 /// * **Reno congestion control, set on every socket.** On a LAN with an
 ///   RTT of tens of µs Reno reaches the window in a few round trips;
 ///   CUBIC's cubic growth pays off on long fat paths, and smoltcp makes
