@@ -257,12 +257,16 @@ impl WindowShare {
     }
 
     /// Bytes a connection whose window holds `mine` open may be offered:
-    /// its fair part, within what the others leave, at least one MSS.
+    /// its fair part, within what the others leave, in whole segments, at
+    /// least one. A part of a segment would only make the peer send a
+    /// short segment to fill it (a frame for half the bytes), which is
+    /// the small window increment RFC 9293 §3.8.6.2.2 has the receiver
+    /// avoid.
     fn offer(&self, mine: usize) -> Option<usize> {
         let fair = self.bytes()?;
         let others = self.open.get().saturating_sub(mine);
         let left = (self.frames * self.mss).saturating_sub(others);
-        Some(fair.min(left).max(self.mss))
+        Some((fair.min(left) / self.mss * self.mss).max(self.mss))
     }
 
     /// A connection's open window went from `old` to `new` bytes.
@@ -1011,6 +1015,17 @@ mod tests {
         // A connection gone gives its part back.
         share.reopen(8000, 0);
         assert_eq!(share.offer(0), Some(8000));
+        // Whole segments: of 2500 left, two.
+        share.reopen(2000, 7500);
+        assert_eq!(share.offer(0), Some(2000));
+        // A fair part of one and a half segments: one.
+        let share = WindowShare::new(3, 1000);
+        let mut periods = [u64::MAX; 2];
+        for p in &mut periods {
+            share.receiving(p);
+        }
+        assert_eq!(share.bytes(), Some(1500));
+        assert_eq!(share.offer(0), Some(1000));
     }
 
     #[test]
