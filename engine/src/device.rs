@@ -381,7 +381,7 @@ impl Device {
                 shared: self.shared().clone(),
                 _pd: pd.life.clone(),
                 ptr,
-                layout,
+                owned: Some(layout),
                 info,
             }),
             Err(_) => {
@@ -389,6 +389,86 @@ impl Device {
                 unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
                 Err(io::Error::other("the memory table is full"))
             }
+        }
+    }
+
+    /// Register `len` bytes of the application's memory at `addr`, whose
+    /// tagged offsets start at `iova` (as `ibv_reg_mr_iova2`; pass the
+    /// address as `iova` for `ibv_reg_mr`): byte `k` is tagged offset
+    /// `iova + k`, in local SGEs ([`Mr::sge`]) and in the peer's RDMA
+    /// Writes and Reads. The returned [`Mr`] does not own the memory:
+    /// dropping it deregisters the region (under the engine lock; the
+    /// stack never touches the memory afterwards) and frees nothing.
+    /// [`Mr::read`] and [`Mr::write`] work on it as on a region of
+    /// [`Self::reg_mr`].
+    ///
+    /// What the application may rely on when it reads memory the peer
+    /// writes: the bytes of a message are in place once its completion
+    /// (or a later completion of the same QP) has been polled, as with
+    /// RDMA hardware; before that they may be partly placed. See
+    /// `docs/design.md` ("Application memory and event descriptors").
+    ///
+    /// Errors: `InvalidInput` when `pd` belongs to another device or `addr`
+    /// is null with a non-zero `len`; `Other` when the memory table is
+    /// full.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must be valid for reads and writes, and stay
+    /// so, until the returned [`Mr`] is dropped. While it is registered
+    /// the stack reads and writes those bytes from its own thread at any
+    /// time (placing what the peer sends, reading what the peer or a
+    /// local work request fetches), always holding the device's engine
+    /// lock: the application must not hold Rust references (`&`/`&mut`)
+    /// to that memory while the region is registered, and it reaches the
+    /// bytes only through raw pointers at moments the stack cannot touch
+    /// them (no work request and no peer access outstanding on them, e.g.
+    /// after the completion that ends such an access), or through
+    /// [`Mr::read`] and [`Mr::write`].
+    pub unsafe fn reg_user_mr(
+        &self,
+        pd: &Pd,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> io::Result<Mr> {
+        if !Arc::ptr_eq(&pd.shared, self.shared()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the PD belongs to another device",
+            ));
+        }
+        // A zero-length region still needs a non-null base for `Mr`; it
+        // is never dereferenced.
+        let ptr = match NonNull::new(addr) {
+            Some(p) => p,
+            None if len == 0 => NonNull::dangling(),
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a null address with a non-zero length",
+                ))
+            }
+        };
+        // SAFETY: the caller promises `[addr, addr + len)` stays valid for
+        // reads and writes until the `Mr` is dropped, whose `Drop`
+        // deregisters it under the engine lock, and holds no references to
+        // it; the core touches the bytes only under that same lock.
+        let info = unsafe {
+            self.shared()
+                .engine()
+                .ctx
+                .reg_mr_iova(pd.id, ptr.as_ptr(), len, iova, access)
+        };
+        match info {
+            Ok(info) => Ok(Mr {
+                shared: self.shared().clone(),
+                _pd: pd.life.clone(),
+                ptr,
+                owned: None,
+                info,
+            }),
+            Err(_) => Err(io::Error::other("the memory table is full")),
         }
     }
 
@@ -722,10 +802,12 @@ impl Cq {
     }
 }
 
-/// A registered memory region owning a zeroed, page-aligned buffer.
+/// A registered memory region: a zeroed, page-aligned buffer it owns
+/// ([`Device::reg_mr`]), or application memory it does not own
+/// ([`Device::reg_user_mr`]).
 ///
-/// The buffer's bytes are reached with [`Self::write`] and [`Self::read`],
-/// which take the device's engine lock: the stack only touches registered
+/// The bytes are reached with [`Self::write`] and [`Self::read`], which
+/// take the device's engine lock: the stack only touches registered
 /// memory while holding that lock, so these copies never race with data
 /// the peer places. Out-of-range offsets are the application's bug: they
 /// panic.
@@ -735,13 +817,16 @@ pub struct Mr {
     /// The region keeps its PD alive.
     _pd: Arc<Life>,
     ptr: NonNull<u8>,
-    layout: Layout,
+    /// The layout of the buffer the region owns; `None`: the
+    /// application's memory ([`Device::reg_user_mr`]).
+    owned: Option<Layout>,
     info: MrInfo,
 }
 
-// SAFETY: `Mr` owns its allocation (like a `Box<[u8]>`); every access to
-// the bytes goes through the engine's mutex, except `read_byte_volatile`,
-// a single-byte volatile read documented as racing with placement.
+// SAFETY: the bytes are either an allocation `Mr` owns (like a
+// `Box<[u8]>`) or memory the application promised valid and free of Rust
+// references for the region's life (`Device::reg_user_mr`); every access
+// to them, the stack's and `Mr`'s, holds the engine's mutex.
 unsafe impl Send for Mr {}
 // SAFETY: see `Send`; `&Mr` methods only copy under the engine lock.
 unsafe impl Sync for Mr {}
@@ -758,7 +843,9 @@ impl Mr {
         self.info.rkey
     }
 
-    /// The tagged offset of byte 0: the buffer's address, as `ibv_reg_mr`.
+    /// The tagged offset of byte 0: the buffer's address for
+    /// [`Device::reg_mr`] (as `ibv_reg_mr`), the `iova` given to
+    /// [`Device::reg_user_mr`].
     pub fn addr(&self) -> u64 {
         self.info.iova
     }
@@ -797,10 +884,12 @@ impl Mr {
     pub fn write(&self, offset: usize, src: &[u8]) {
         self.check(offset, src.len());
         let _engine = self.shared.engine();
-        // SAFETY: in bounds (checked above) of an allocation this `Mr`
-        // owns; the engine lock is held, so the stack does not access the
-        // region concurrently; `src` is a distinct Rust borrow and cannot
-        // overlap memory that is never handed out as a reference.
+        // SAFETY: in bounds (checked above) of memory valid for the
+        // region's life (an allocation this `Mr` owns, or the promise made
+        // to `reg_user_mr`); the engine lock is held, so the stack does not
+        // access the region concurrently; `src` is a distinct Rust borrow
+        // and cannot overlap memory that is never handed out as a
+        // reference.
         unsafe {
             core::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len())
         };
@@ -838,9 +927,11 @@ impl Drop for Mr {
         // Deregister first, under the lock: afterwards the stack cannot
         // reach the memory.
         let _ = self.shared.engine().ctx.dereg_mr(self.info.lkey);
-        // SAFETY: allocated in `Device::reg_mr` with `self.layout`, and no
-        // longer registered.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        if let Some(layout) = self.owned {
+            // SAFETY: allocated in `Device::reg_mr` with `layout`, and no
+            // longer registered.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 

@@ -249,8 +249,30 @@ impl Context {
     ) -> Result<MrInfo, VerbsError> {
         self.check_pd(pd)?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.mem.register(pd, addr, len, addr as u64, access) }
-            .ok_or(VerbsError::NoResources)
+        unsafe { self.reg_mr_iova(pd, addr, len, addr as u64, access) }
+    }
+
+    /// Register `len` bytes at `addr` whose tagged offsets start at `iova`
+    /// (as `ibv_reg_mr_iova2`): byte `k` of the region is tagged offset
+    /// `iova + k`, for local SGEs and for the peer's tagged messages.
+    ///
+    /// Errors: [`VerbsError::InvalidHandle`] for an unknown `pd`;
+    /// [`VerbsError::NoResources`] when the memory table is full.
+    ///
+    /// # Safety
+    /// As [`Context::reg_mr`] (see [`MemTable::register`]).
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_mr_iova(
+        &mut self,
+        pd: PdId,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        self.check_pd(pd)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.mem.register(pd, addr, len, iova, access) }.ok_or(VerbsError::NoResources)
     }
 
     /// Deregister a region; returns the buffer of an owned one. Its slot
