@@ -333,23 +333,17 @@ impl Side {
     }
 
     /// Spin until the byte at `off` of our buffer is `v`, driving the
-    /// engine.
+    /// engine (a manual device: `Mr::wait_byte` runs its passes).
     fn spin_byte(&self, off: usize, v: u8) -> io::Result<()> {
-        let mut spins = 0u32;
-        let start = Instant::now();
-        while self.buf.read_byte_volatile(off) != v {
-            self.dev.progress();
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(4096) && start.elapsed() > WAIT {
-                self.check_cq()?;
-                return Err(err(format!(
-                    "byte {off} never became {v} (state {:?}, {:?})",
-                    self.qp.state(),
-                    self.dev.stats()
-                )));
-            }
+        if self.buf.wait_byte(off, v, Some(WAIT)) {
+            return Ok(());
         }
-        Ok(())
+        self.check_cq()?;
+        Err(err(format!(
+            "byte {off} never became {v} (state {:?}, {:?})",
+            self.qp.state(),
+            self.dev.stats()
+        )))
     }
 
     /// Fails on a completion with an error status; returns successes.

@@ -8,7 +8,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::SocketAddr;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -383,6 +383,7 @@ impl Device {
                 ptr,
                 owned: Some(layout),
                 info,
+                placed: self.shared().engine().ctx.mem().placements(),
             }),
             Err(_) => {
                 // SAFETY: allocated above with `layout`, never registered.
@@ -467,6 +468,7 @@ impl Device {
                 ptr,
                 owned: None,
                 info,
+                placed: self.shared().engine().ctx.mem().placements(),
             }),
             Err(_) => Err(io::Error::other("the memory table is full")),
         }
@@ -821,6 +823,8 @@ pub struct Mr {
     /// application's memory ([`Device::reg_user_mr`]).
     owned: Option<Layout>,
     info: MrInfo,
+    /// The device's placement counter ([`Mr::placements`]).
+    placed: Arc<AtomicU64>,
 }
 
 // SAFETY: the bytes are either an allocation `Mr` owns (like a
@@ -910,15 +914,72 @@ impl Mr {
         };
     }
 
-    /// A volatile read of the byte at `offset` without taking the engine
-    /// lock, for polling the last byte of an incoming RDMA Write (latency
-    /// benchmarks). It may observe the byte before or after a concurrent
-    /// placement. Panics if out of range.
-    pub fn read_byte_volatile(&self, offset: usize) -> u8 {
+    /// The byte at `offset`, read under the engine lock (as
+    /// [`Self::read`]). Panics if out of range.
+    pub fn read_byte(&self, offset: usize) -> u8 {
+        let mut b = [0];
+        self.read(offset, &mut b);
+        b[0]
+    }
+
+    /// The device's placement counter: it advances after the stack
+    /// writes into any region of the device (placed payload, RDMA Read
+    /// Response data, atomic results). Reading it takes no lock (an
+    /// `Acquire` load); an unchanged value means nothing was placed in
+    /// between, so a byte read before is still current.
+    pub fn placements(&self) -> u64 {
+        self.placed.load(Ordering::Acquire)
+    }
+
+    /// Wait until the byte at `offset` is `value` (true) or `timeout`
+    /// passes (false; `None`: no limit), for polling the last byte of an
+    /// incoming RDMA Write (latency benchmarks). Spins: it reads the byte
+    /// (under the engine lock, never racing with placement) at the start
+    /// and each time [`Self::placements`] moves, and otherwise only
+    /// watches the counter. With [`Progress::Manual`] it drives the engine
+    /// while it spins. Panics if out of range.
+    pub fn wait_byte(&self, offset: usize, value: u8, timeout: Option<Duration>) -> bool {
         self.check(offset, 1);
-        // SAFETY: in bounds of the live allocation; a `u8` read has no
-        // alignment requirement and every bit pattern is valid.
-        unsafe { self.ptr.as_ptr().add(offset).read_volatile() }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut seen = None;
+        let mut spins = 0u32;
+        loop {
+            if !self.shared.threaded {
+                self.shared.progress();
+            }
+            let now = self.placements();
+            if seen != Some(now) {
+                seen = Some(now);
+                if self.read_byte_spinning(offset) == value {
+                    return true;
+                }
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 256 == 0 {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return false;
+                }
+                if self.shared.threaded {
+                    std::thread::yield_now();
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// [`Self::read_byte`] that spins for the engine lock rather than
+    /// sleeping on it: the progress thread holds it only for the rest of
+    /// its pass, shorter than a sleep and a wake-up.
+    fn read_byte_spinning(&self, offset: usize) -> u8 {
+        for _ in 0..10_000 {
+            if let Ok(_engine) = self.shared.engine.try_lock() {
+                // SAFETY: as in `read` (in bounds, checked by the caller;
+                // the engine lock is held).
+                return unsafe { self.ptr.as_ptr().add(offset).read() };
+            }
+            std::hint::spin_loop();
+        }
+        self.read_byte(offset)
     }
 }
 
@@ -1376,7 +1437,9 @@ mod tests {
         mr.read(0, &mut buf);
         assert!(buf.iter().all(|&b| b == 0));
         mr.write(9_998, &[5, 6]);
-        assert_eq!(mr.read_byte_volatile(9_999), 6);
+        assert_eq!(mr.read_byte(9_999), 6);
+        assert!(mr.wait_byte(9_998, 5, None));
+        assert!(!mr.wait_byte(9_998, 6, Some(Duration::from_millis(1))));
         let sge = mr.sge(10, 20);
         assert_eq!(
             (sge.addr, sge.len, sge.lkey),

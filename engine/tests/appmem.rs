@@ -4,6 +4,8 @@
 //! Every wait is bounded by a generous timeout; nothing asserts timing.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use iwarp_engine::iwarp::error::{codes, TermCode};
@@ -18,11 +20,11 @@ fn all() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
 }
 
-fn open() -> Device {
+fn open(progress: Progress) -> Device {
     Device::open(
         Backend::Kernel,
         DeviceConfig {
-            progress: Progress::Thread { cpu: None },
+            progress,
             seed: Some(11),
             busy_poll: false,
         },
@@ -57,23 +59,41 @@ impl Side {
     }
 }
 
-/// A client and a server device, connected.
+/// A client and a server device with progress threads, connected.
 fn pair() -> (Side, Side) {
-    let (cdev, sdev) = (open(), open());
+    pair_with(THREAD, THREAD)
+}
+
+const THREAD: Progress = Progress::Thread { cpu: None };
+
+/// A client and a server device, connected (a manual server is driven
+/// by the thread that accepts).
+fn pair_with(client: Progress, server: Progress) -> (Side, Side) {
+    let (cdev, sdev) = (open(client), open(server));
     let l = sdev
         .listen("127.0.0.1:0".parse::<SocketAddr>().unwrap())
         .unwrap();
     let addr = l.local_addr();
     let (spd, scq) = (sdev.alloc_pd(), sdev.create_cq(64));
     let sinit = QpInit::new(&spd, &scq, 16);
+    let connected = Arc::new(AtomicBool::new(false));
+    let (done, sdev2) = (connected.clone(), sdev.clone());
     let server = std::thread::spawn(move || {
         let req = l.get_request(Some(WAIT)).unwrap();
-        req.accept(sinit, ConnParams::default()).unwrap()
+        let qp = req.accept(sinit, ConnParams::default()).unwrap();
+        // A manual server sends its reply when driven.
+        while !done.load(Ordering::Acquire) {
+            if sdev2.progress() == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        qp
     });
     let (cpd, ccq) = (cdev.alloc_pd(), cdev.create_cq(64));
     let cqp = cdev
         .connect(addr, QpInit::new(&cpd, &ccq, 16), ConnParams::default())
         .unwrap();
+    connected.store(true, Ordering::Release);
     let sqp = server.join().unwrap();
     (
         Side {
@@ -253,4 +273,37 @@ fn dropping_a_user_region_deregisters_it() {
     assert_eq!(terminate(&s.qp), (false, codes::DDP_T_INVALID_STAG));
     drop(cmr);
     assert!(buf.iter().all(|&b| b == 0), "nothing placed after dereg");
+}
+
+/// `Mr::wait_byte` sees the last byte of an RDMA Write land, with a
+/// progress thread and with manual progress (which it drives itself).
+#[test]
+fn wait_byte_sees_an_incoming_write() {
+    for server in [THREAD, Progress::Manual] {
+        let (c, s) = pair_with(THREAD, server);
+        let len = 5000;
+        let mut sbuf = vec![0u8; len];
+        let smr = s.reg(&mut sbuf, 0x9000);
+        let mut cbuf: Vec<u8> = (0..len).map(|i| (i % 200) as u8 + 1).collect();
+        let cmr = c.reg(&mut cbuf, 0);
+        assert!(!smr.wait_byte(len - 1, 0xee, Some(Duration::from_millis(1))));
+        for round in 0..3u8 {
+            let last = 0xf0 + round;
+            cmr.write(len - 1, &[last]);
+            let sgl = [cmr.sge(0, len)];
+            c.qp.post_send(&write_wr(u64::from(round), &sgl, 0x9000, smr.rkey()))
+                .unwrap();
+            assert!(smr.wait_byte(len - 1, last, Some(WAIT)), "round {round}");
+            // In order: everything before the last byte is there.
+            let mut got = vec![0u8; len];
+            smr.read(0, &mut got);
+            let mut want: Vec<u8> = (0..len).map(|i| (i % 200) as u8 + 1).collect();
+            want[len - 1] = last;
+            assert!(got == want, "round {round}");
+            assert_eq!(c.wait_one().status, WcStatus::Success);
+        }
+        drop((smr, cmr));
+        drop((c, s));
+        assert_eq!(sbuf[len - 1], 0xf2);
+    }
 }

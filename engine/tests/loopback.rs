@@ -299,7 +299,8 @@ fn transfers(c: &Conn) {
         let mut got = vec![0; len];
         smr.read(0, &mut got);
         assert!(got == data, "write of {len} bytes");
-        assert_eq!(smr.read_byte_volatile(len - 1), data[len - 1]);
+        assert_eq!(smr.read_byte(len - 1), data[len - 1]);
+        assert!(smr.wait_byte(len - 1, data[len - 1], Some(WAIT)));
 
         // RDMA Read of the server's buffer into the client's.
         let data = pattern(len, seed.wrapping_add(200));

@@ -17,6 +17,8 @@
 #![allow(unsafe_code)]
 
 use core::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Access rights of a memory region, a bit set combined with `|`. Local
 /// reads (gather for Send, Write and Read Response) are always allowed;
@@ -186,6 +188,8 @@ pub struct MemTable {
     last_key: Vec<u8>,
     free: Vec<u32>,
     rng: u64,
+    /// Advanced after every write into a region ([`MemTable::placements`]).
+    placed: Arc<AtomicU64>,
 }
 
 // SAFETY: the raw pointers in the table point either into buffers the table
@@ -205,7 +209,19 @@ impl MemTable {
             last_key: vec![0],
             free: Vec::new(),
             rng: seed | 1,
+            placed: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The table's placement counter: advanced, with `Release` ordering,
+    /// after every write into a region ([`MemTable::write`]: placed
+    /// payload, RDMA Read Response data, atomic results). Another thread
+    /// that sees it change knows that something was placed since it last
+    /// looked, without touching the table. It carries no data: reading the
+    /// bytes still needs whatever keeps the table's writes out (the lock
+    /// the table lives behind).
+    pub fn placements(&self) -> Arc<AtomicU64> {
+        self.placed.clone()
     }
 
     fn next_key(&mut self) -> u8 {
@@ -401,6 +417,9 @@ impl MemTable {
         // while the table is borrowed exclusively, and registered memory is
         // never handed out as a Rust reference while `&mut self` exists.
         unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), r.base.add(span.offset), n) };
+        // Only `&mut self` writes the counter: no read-modify-write needed.
+        let next = self.placed.load(Ordering::Relaxed).wrapping_add(1);
+        self.placed.store(next, Ordering::Release);
         n
     }
 
@@ -504,6 +523,24 @@ mod tests {
             t.check(mr.rkey, PD, u64::MAX, 2, Access::REMOTE_WRITE),
             Err(MemError::ToWrap)
         );
+    }
+
+    #[test]
+    fn writes_advance_the_placement_counter() {
+        let (mut t, mr) = table_with(16, Access::REMOTE_WRITE);
+        let placed = t.placements();
+        assert_eq!(placed.load(Ordering::Acquire), 0);
+        let span = t
+            .check(mr.rkey, PD, mr.iova, 4, Access::REMOTE_WRITE)
+            .unwrap();
+        t.write(span, b"abcd");
+        t.write(span, b"ef");
+        assert_eq!(placed.load(Ordering::Acquire), 2);
+        // A span of a region deregistered since writes nothing and
+        // advances nothing.
+        t.deregister(mr.lkey).unwrap();
+        assert_eq!(t.write(span, b"gh"), 0);
+        assert_eq!(placed.load(Ordering::Acquire), 2);
     }
 
     #[test]

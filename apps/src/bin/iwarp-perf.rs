@@ -36,6 +36,9 @@ type Res<T> = Result<T, String>;
 const MAX_ALL_SIZE: u64 = 1 << 23;
 /// How long a wait for the peer may take before the test fails.
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// write_lat: how long one wait for the peer's byte spins before the run's
+/// end and [`PEER_TIMEOUT`] are checked.
+const POLL_SLICE: Duration = Duration::from_millis(1);
 /// Client: how long refused connects are retried (perftest's server
 /// listens for the data connections only after answering the first sync).
 const CONNECT_RETRY: Duration = Duration::from_secs(10);
@@ -1809,24 +1812,20 @@ fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<Outcome> {
             rcnt += 1;
             let want = pt::write_lat_marker(rcnt);
             let deadline = Instant::now() + PEER_TIMEOUT;
-            let mut spins = 0u32;
-            while d.mr.read_byte_volatile(poll_off) != want {
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(256) {
-                    let now = Instant::now();
-                    if clock.is_some_and(|c| c.ended(now)) {
-                        break 'run;
-                    }
-                    if now > deadline {
-                        let mut b = vec![0u8; len];
-                        d.mr.read(d.region(0), &mut b);
-                        return Err(format!(
-                            "write_lat: no write {rcnt} from the peer (region {b:?})"
-                        ));
-                    }
-                    std::thread::yield_now();
+            // Spins in slices, between which the run's end and the peer's
+            // silence are checked.
+            while !d.mr.wait_byte(poll_off, want, Some(POLL_SLICE)) {
+                let now = Instant::now();
+                if clock.is_some_and(|c| c.ended(now)) {
+                    break 'run;
                 }
-                std::hint::spin_loop();
+                if now > deadline {
+                    let mut b = vec![0u8; len];
+                    d.mr.read(d.region(0), &mut b);
+                    return Err(format!(
+                        "write_lat: no write {rcnt} from the peer (region {b:?})"
+                    ));
+                }
             }
         }
         if scnt < n {
