@@ -21,6 +21,7 @@
 use core::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ use iwarp::qp::RecvWr;
 use iwarp::verbs::VerbsError;
 
 use crate::device::{Qp, QpInit};
-use crate::runtime::{ListenShared, Request, Shared, Sock};
+use crate::runtime::{lock, ListenShared, Request, Shared, Sock};
 
 /// Connection parameters: what we offer (initiator) or accept with
 /// (responder).
@@ -220,13 +221,30 @@ impl Listener {
         self.ls.sleepers.fetch_add(1, Ordering::SeqCst);
         let req = self
             .shared
-            .wait_for(&self.ls.sleep, &self.ls.cv, deadline, |_| self.ls.q.pop());
+            .wait_for(&self.ls.sleep, &self.ls.cv, deadline, |_| self.ls.pop());
         self.ls.sleepers.fetch_sub(1, Ordering::SeqCst);
         req.map(|req| ConnRequest {
             shared: self.shared.clone(),
             req: Some(req),
         })
         .ok_or(CmError::Timeout)
+    }
+
+    /// A descriptor readable while a connection request waits for
+    /// [`Self::get_request`], for poll(2) or epoll: a semaphore eventfd
+    /// (`EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC`) holding one count per
+    /// queued request, taken by `get_request` with the request. The
+    /// application must not read it itself. Created on the first call.
+    ///
+    /// Panics if the eventfd cannot be created (the process is out of file
+    /// descriptors).
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        let _g = lock(&self.ls.sleep);
+        self.ls
+            .event
+            .get_or_create(|| self.ls.q.len())
+            .expect("an eventfd for the listener")
+            .as_fd()
     }
 }
 

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,7 @@ use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
 use crate::kernel::emss_of;
+use crate::event::{poll_until, EventFd};
 use crate::log::{conn_event, conn_span, device_span};
 use crate::post::WorkQueues;
 use crate::runtime::{
@@ -797,6 +799,70 @@ impl Cq {
         r
     }
 
+    /// Arm the completion notification, as `ibv_req_notify_cq`: the next
+    /// completion the engine adds to the queue (with `solicited_only`: the
+    /// next receive of a Send with the Solicited Event flag, or the next
+    /// unsuccessful completion, RFC 5040 §5.3 and `IBV_SEND_SOLICITED`)
+    /// raises one notification on [`Self::event_fd`] and disarms.
+    /// Completions already in the queue raise nothing; arming again
+    /// before it fires changes nothing but `solicited_only`. The
+    /// notification is raised by the engine thread that moves the
+    /// completion (with [`Progress::Manual`]: within [`Device::progress`]).
+    ///
+    /// Errors: the eventfd cannot be created.
+    pub fn req_notify(&self, solicited_only: bool) -> io::Result<()> {
+        self.channel()?;
+        let mut e = self.shared.engine();
+        if let Some(core) = e.ctx.cq(self.id) {
+            core.req_notify(solicited_only);
+        }
+        Ok(())
+    }
+
+    /// The completion channel: an eventfd (`EFD_SEMAPHORE | EFD_NONBLOCK |
+    /// EFD_CLOEXEC`) holding one count per notification raised (see
+    /// [`Self::req_notify`]), for poll(2) or epoll; [`Self::get_event`]
+    /// takes one. Created on the first call (or by `req_notify`).
+    ///
+    /// Panics if the eventfd cannot be created (the process is out of file
+    /// descriptors).
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.channel()
+            .expect("an eventfd for the completion channel")
+            .as_fd()
+    }
+
+    fn channel(&self) -> io::Result<&EventFd> {
+        // Before any notification can be raised: the count starts at 0.
+        self.q.event.get_or_create(|| 0)
+    }
+
+    /// Take one notification if one was raised (as `ibv_get_cq_event`,
+    /// without blocking): true if there was one. Never blocks, and does
+    /// not run a manual device's engine.
+    pub fn get_event(&self) -> bool {
+        self.q.event.get().is_some_and(EventFd::take)
+    }
+
+    /// Wait up to `timeout` (`None`: no limit) for a notification and take
+    /// it: true if one came. With a progress thread it sleeps in poll(2)
+    /// on [`Self::event_fd`]; with [`Progress::Manual`] the waiting thread
+    /// drives the engine.
+    pub fn wait_event(&self, timeout: Option<Duration>) -> bool {
+        let Ok(fd) = self.channel() else {
+            return false;
+        };
+        if self.shared.threaded {
+            return poll_until(fd, timeout, || fd.take().then_some(())).is_some();
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.shared
+            .wait_for(&self.q.sleep, &self.q.cv, deadline, |_| {
+                fd.take().then_some(())
+            })
+            .is_some()
+    }
+
     /// This object's handle in the protocol core's
     /// [`iwarp::verbs::Context`].
     pub fn id(&self) -> CqId {
@@ -1236,7 +1302,7 @@ impl Qp {
 
     /// The next connection event, if any.
     pub fn poll_event(&self) -> Option<CmEvent> {
-        lock(&self.conn.m).events.pop_front()
+        self.conn.pop(&mut lock(&self.conn.m))
     }
 
     /// Wait up to `timeout` for the next connection event.
@@ -1244,8 +1310,27 @@ impl Qp {
         let deadline = Instant::now() + timeout;
         self.shared
             .wait_for(&self.conn.m, &self.conn.cv, Some(deadline), |i| {
-                i.events.pop_front()
+                self.conn.pop(i)
             })
+    }
+
+    /// A descriptor readable while a connection event waits for
+    /// [`Self::poll_event`], for poll(2) or epoll: a semaphore eventfd
+    /// (`EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC`) holding one count per
+    /// queued event, taken by `poll_event` and `wait_event` with the event.
+    /// The application must not read it itself. Created on the first call.
+    /// With [`Progress::Manual`], events arrive with [`Device::progress`].
+    ///
+    /// Panics if the eventfd cannot be created (the process is out of file
+    /// descriptors).
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        let i = lock(&self.conn.m);
+        let fd = self
+            .conn
+            .event
+            .get_or_create(|| i.events.len())
+            .expect("an eventfd for the QP");
+        fd.as_fd()
     }
 
     /// This object's handle in the protocol core's

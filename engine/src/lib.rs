@@ -69,6 +69,7 @@
 
 mod cm;
 mod device;
+mod event;
 mod kernel;
 mod log;
 mod post;

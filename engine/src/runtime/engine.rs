@@ -348,6 +348,11 @@ impl Engine {
             if core.is_empty() {
                 continue;
             }
+            // A notification armed by `Cq::req_notify` fired on a
+            // completion pushed since the last pass.
+            if core.take_event() {
+                q.notify();
+            }
             if Arc::strong_count(q) == 1 {
                 // Nobody holds the queue any more: discard.
                 while core.poll_one().is_some() {}

@@ -29,6 +29,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::cm::{CmError, CmEvent};
+use crate::event::LazyEventFd;
 use crate::post::WorkQueues;
 use crate::xdp::set::XdpRef;
 
@@ -66,6 +67,10 @@ pub(crate) struct CqQueue {
     pub(crate) sleep: Mutex<()>,
     pub(crate) cv: Condvar,
     pub(crate) sleepers: AtomicUsize,
+    /// The completion channel: one count per notification raised
+    /// ([`CqQueue::notify`]); created by the first `Cq::event_fd` or
+    /// `Cq::req_notify`.
+    pub(crate) event: LazyEventFd,
 }
 
 impl CqQueue {
@@ -75,7 +80,14 @@ impl CqQueue {
             sleep: Mutex::new(()),
             cv: Condvar::new(),
             sleepers: AtomicUsize::new(0),
+            event: LazyEventFd::default(),
         }
+    }
+
+    /// The core CQ raised a notification (armed by `Cq::req_notify`, which
+    /// created the eventfd): count it.
+    pub(crate) fn notify(&self) {
+        self.event.add();
     }
 
     /// Pop up to `out.len()` completions into `out`, oldest first.
@@ -115,10 +127,32 @@ pub(crate) struct SrqEvents {
 }
 
 /// Connection-manager state of one QP, shared with the application's `Qp`.
+///
+/// `event` counts the events queued in `m` (`Qp::event_fd`), and `setup`
+/// becomes readable once the connect's outcome is known
+/// (`Connecting::event_fd`); both change only under `m`.
 #[derive(Debug, Default)]
 pub(crate) struct ConnShared {
     pub(crate) m: Mutex<ConnInfo>,
     pub(crate) cv: Condvar,
+    pub(crate) event: LazyEventFd,
+}
+
+impl ConnShared {
+    /// Queue `ev` (the caller holds `m`, as `info`) and count it.
+    pub(crate) fn push(&self, info: &mut ConnInfo, ev: CmEvent) {
+        info.events.push_back(ev);
+        self.event.add();
+    }
+
+    /// Take the oldest event and its count (the caller holds `m`).
+    pub(crate) fn pop(&self, info: &mut ConnInfo) -> Option<CmEvent> {
+        let ev = info.events.pop_front();
+        if ev.is_some() {
+            self.event.take();
+        }
+        ev
+    }
 }
 
 /// See [`ConnShared`].
@@ -165,22 +199,39 @@ pub(crate) struct Request {
 /// application: an unbounded lock-free queue (crossbeam's `SegQueue`);
 /// the mutex and condition variable only serve blocking waits, with the
 /// sleeper count of [`CqQueue`].
+///
+/// `event` counts the queued requests (`Listener::event_fd`): it is
+/// created, added to and taken from under `sleep`, as requests are
+/// pushed ([`ListenShared::push`]) and popped ([`ListenShared::pop`]).
 #[derive(Debug, Default)]
 pub(crate) struct ListenShared {
     pub(crate) q: SegQueue<Request>,
     pub(crate) sleep: Mutex<()>,
     pub(crate) cv: Condvar,
     pub(crate) sleepers: AtomicUsize,
+    pub(crate) event: LazyEventFd,
 }
 
 impl ListenShared {
-    /// Queue a request and wake a blocked `get_request`, if any.
+    /// Queue a request, count it on the eventfd and wake a blocked
+    /// `get_request`, if any.
     pub(crate) fn push(&self, req: Request) {
+        let _g = lock(&self.sleep);
         self.q.push(req);
+        self.event.add();
         if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = lock(&self.sleep);
             self.cv.notify_all();
         }
+    }
+
+    /// Take the oldest request, and its count on the eventfd; the caller
+    /// holds `sleep`.
+    pub(crate) fn pop(&self) -> Option<Request> {
+        let r = self.q.pop();
+        if r.is_some() {
+            self.event.take();
+        }
+        r
     }
 
     /// Take every queued request.
@@ -190,7 +241,7 @@ impl ListenShared {
 }
 
 pub(crate) fn push_event(shared: &ConnShared, ev: CmEvent) {
-    lock(&shared.m).events.push_back(ev);
+    shared.push(&mut lock(&shared.m), ev);
     shared.cv.notify_all();
 }
 
@@ -223,12 +274,12 @@ pub(crate) fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> 
                 if info.setup.is_none() {
                     info.setup = Some(Err(CmError::Closed));
                 } else {
-                    info.events.push_back(CmEvent::Disconnected);
+                    shared.push(&mut info, CmEvent::Disconnected);
                 }
             }
-            QpEvent::LocalTerminate(t) => info.events.push_back(CmEvent::LocalTerminate(t)),
-            QpEvent::RemoteTerminate(t) => info.events.push_back(CmEvent::RemoteTerminate(t)),
-            QpEvent::CqOverrun => info.events.push_back(CmEvent::CqOverrun),
+            QpEvent::LocalTerminate(t) => shared.push(&mut info, CmEvent::LocalTerminate(t)),
+            QpEvent::RemoteTerminate(t) => shared.push(&mut info, CmEvent::RemoteTerminate(t)),
+            QpEvent::CqOverrun => shared.push(&mut info, CmEvent::CqOverrun),
         }
         drop(info);
         shared.cv.notify_all();
