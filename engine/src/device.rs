@@ -23,8 +23,8 @@ use iwarp::verbs::{Context, HandleCounts, VerbsError};
 use mio::net::{TcpListener, TcpStream};
 
 use crate::cm::{CmError, CmEvent, ConnParams, Listener};
+use crate::event::{poll_until, wait_for as wait_fd, Epoll, EventFd};
 use crate::kernel::emss_of;
-use crate::event::{poll_until, EventFd};
 use crate::log::{conn_event, conn_span, device_span};
 use crate::post::WorkQueues;
 use crate::runtime::{
@@ -523,7 +523,8 @@ impl Device {
 
     /// [`Self::connect`] with `recvs` posted on the new QP before the MPA
     /// exchange starts, as verbs applications post receives before
-    /// `rdma_connect`: the peer's first Send always finds a buffer.
+    /// `rdma_connect`: the peer's first Send always finds a buffer. It is
+    /// [`Self::connect_start`] followed by a wait for the outcome.
     pub fn connect_with_recvs(
         &self,
         addr: SocketAddr,
@@ -531,103 +532,351 @@ impl Device {
         params: ConnParams,
         recvs: &[RecvWr<'_>],
     ) -> Result<Qp, CmError> {
-        let start = Instant::now();
+        self.connect_start(addr, qp, params, recvs)?.wait()
+    }
+
+    /// Start connecting to `addr` without blocking: the TCP connect, then
+    /// the MPA exchange as initiator with `recvs` posted on the new QP
+    /// first (see [`Self::connect_with_recvs`]); `params.timeout` bounds
+    /// both steps together. [`Connecting::poll`] moves the connect on and
+    /// yields the outcome once; [`Connecting::event_fd`] is readable
+    /// whenever `poll` has something to do.
+    ///
+    /// Errors found at once: `qp` of another device, a QP the core cannot
+    /// create, a TCP connect refused on the spot.
+    pub fn connect_start(
+        &self,
+        addr: SocketAddr,
+        qp: QpInit,
+        params: ConnParams,
+        recvs: &[RecvWr<'_>],
+    ) -> Result<Connecting, CmError> {
+        let deadline = Instant::now() + params.timeout;
         check_init(self.shared(), &qp)?;
         tracing::debug!(parent: &self.shared().span, peer = %addr, "connect started");
-        let (sq_depth, rq_depth) = (qp.sq_depth, qp.rq_depth_in_engine());
-        let srq = qp.srq.clone();
         let conn = Arc::new(ConnShared::default());
         let xdp = self.shared().engine().xdp().is_some();
-        let (sock, local, emss) = if xdp {
-            self.dial_xdp(addr, &conn, start + params.timeout)?
+        let phase = if xdp {
+            let (sock, local) = self.shared().engine().dial_xdp(addr, conn.clone())?;
+            self.shared().kick();
+            Phase::XdpTcp { sock, local }
         } else {
-            let std = std::net::TcpStream::connect_timeout(&addr, params.timeout).map_err(|e| {
+            let sock = TcpStream::connect(addr).map_err(|e| {
                 tracing::debug!(peer = %addr, error = %e, "connect failed: TCP");
                 CmError::from(e)
             })?;
-            std.set_nodelay(true).map_err(|e| CmError::Io(e.kind()))?;
-            std.set_nonblocking(true)
-                .map_err(|e| CmError::Io(e.kind()))?;
-            let local = std.local_addr().map_err(|e| CmError::Io(e.kind()))?;
-            let sock = TcpStream::from_std(std);
-            let emss = emss_of(&sock);
-            (Sock::Kernel(sock), local, emss)
+            Phase::KernelTcp(sock)
         };
-        let left = params.timeout.saturating_sub(start.elapsed());
-        let shared = self.shared();
-        let id = {
-            let mut e = shared.engine();
-            let now = e.now();
-            let id = match qp.create_in(&mut e.ctx, emss) {
-                Ok(id) => id,
-                Err(err) => {
-                    tracing::debug!(peer = %addr, error = %err, "connect failed: no QP");
-                    e.drop_sock(sock);
-                    return Err(err.into());
-                }
-            };
-            let _ = e
-                .ctx
-                .set_qp_span(id, conn_span(&shared.span, id, local, addr));
-            if let Err(err) = post_recvs(&mut e.ctx, id, recvs).and_then(|()| {
-                e.ctx
-                    .connect(id, params.mpa_config(left), &params.private_data, now)
-            }) {
-                let _ = e.ctx.destroy_qp(id);
-                e.drop_sock(sock);
-                return Err(err.into());
-            }
-            if let Err(err) = e.add_conn(id, sock, Vec::new(), conn.clone()) {
-                e.release_qp(id);
-                return Err(CmError::Io(err.kind()));
-            }
-            id
-        };
-        shared.kick();
-        // The core's handshake deadline fires first (MpaTimeout); ours is
-        // a backstop.
-        let deadline = Instant::now() + left + Duration::from_secs(1);
-        let setup = shared.wait_for(&conn.m, &conn.cv, Some(deadline), |i| i.setup.clone());
-        let result = setup.unwrap_or(Err(CmError::Timeout));
-        if let Err(err) = &result {
-            conn_event!(shared.engine().ctx, id, DEBUG, error = %err, "connect failed");
-        }
-        let qp = Qp {
-            shared: shared.clone(),
-            id,
-            wq: Arc::new(WorkQueues::new(id, sq_depth, rq_depth, recvs.len())),
+        Ok(Connecting {
+            shared: self.shared().clone(),
+            addr,
+            init: qp,
+            params,
+            recvs: recvs.iter().map(|wr| (wr.wr_id, wr.sgl.to_vec())).collect(),
             conn,
-            local,
-            peer: addr,
-            srq,
-        };
-        result.map(|()| qp)
+            deadline,
+            epoll: std::sync::OnceLock::new(),
+            phase,
+        })
     }
 }
 
-impl Device {
-    /// The user-space TCP connect of [`Device::connect`]: returns the
-    /// connection, our address and the effective MSS.
-    fn dial_xdp(
-        &self,
-        addr: SocketAddr,
-        conn: &Arc<ConnShared>,
-        deadline: Instant,
-    ) -> Result<(Sock, SocketAddr, usize), CmError> {
-        let shared = self.shared();
-        let (sock, local) = shared.engine().dial_xdp(addr, conn.clone())?;
-        shared.kick();
-        let r = shared.wait_for(&conn.m, &conn.cv, Some(deadline), |i| i.tcp.take());
-        match r {
-            Some(Ok(emss)) => Ok((sock, local, emss.clamp(512, 16384))),
-            Some(Err(e)) => Err(e),
-            None => {
-                shared.engine().drop_sock(sock);
-                shared.kick();
-                Err(CmError::Timeout)
+/// Where a [`Connecting`] stands.
+#[derive(Debug)]
+enum Phase {
+    /// The kernel backend's non-blocking TCP connect is under way.
+    KernelTcp(TcpStream),
+    /// The AF_XDP engine's TCP connect is under way (the engine reports
+    /// its outcome in the connection's shared state).
+    XdpTcp { sock: Sock, local: SocketAddr },
+    /// The core QP runs the MPA exchange over the connection.
+    Mpa { id: QpId, local: SocketAddr },
+    /// The outcome was handed out.
+    Done,
+}
+
+/// A connect under way ([`Device::connect_start`]). Dropping it before
+/// the outcome abandons the connect (the connection is closed).
+#[derive(Debug)]
+pub struct Connecting {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    init: QpInit,
+    params: ConnParams,
+    /// The receives to post before the MPA exchange (wr_id, SGEs).
+    recvs: Vec<(u64, Vec<Sge>)>,
+    conn: Arc<ConnShared>,
+    /// When the connect fails with [`CmError::Timeout`] if the TCP
+    /// connect has not finished (the MPA exchange has the core's timer).
+    deadline: Instant,
+    /// The descriptor of [`Connecting::event_fd`], made on first use.
+    epoll: std::sync::OnceLock<Epoll>,
+    phase: Phase,
+}
+
+impl Connecting {
+    /// A descriptor readable whenever [`Self::poll`] has something to do,
+    /// for poll(2) or epoll: while the kernel backend's TCP connect runs,
+    /// once it has finished (connected or failed); then once the outcome
+    /// of the AF_XDP TCP connect or of the MPA exchange is known. Call
+    /// `poll` when it is readable: a readable descriptor with `poll`
+    /// returning `None` means the connect moved to its next step. With
+    /// [`Progress::Manual`] the engine runs only in [`Device::progress`]
+    /// (the timeout of `params` is checked by `poll`). It is an epoll
+    /// instance; the application must not change its set. Made on the
+    /// first call.
+    ///
+    /// Panics if the descriptors cannot be created (the process is out of
+    /// file descriptors).
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        if self.epoll.get().is_none() {
+            let ep = Epoll::new().expect("an epoll instance for the connect");
+            let i = lock(&self.conn.m);
+            // The outcomes reported and not yet taken by `poll`.
+            let ready = match self.phase {
+                Phase::XdpTcp { .. } => usize::from(i.tcp.is_some()),
+                Phase::Mpa { .. } => usize::from(i.setup.is_some()),
+                Phase::KernelTcp(_) | Phase::Done => 0,
+            };
+            let fd = self
+                .conn
+                .setup
+                .get_or_create(|| ready)
+                .expect("an eventfd for the connect");
+            drop(i);
+            ep.add(fd.as_fd(), libc::EPOLLIN)
+                .expect("an eventfd added to epoll");
+            if let Phase::KernelTcp(sock) = &self.phase {
+                ep.add(borrow_sock(sock), libc::EPOLLOUT)
+                    .expect("a socket added to epoll");
+            }
+            let _ = self.epoll.set(ep);
+        }
+        self.epoll.get().expect("set above").as_fd()
+    }
+
+    /// Move the connect on; the outcome once it is known (afterwards
+    /// `None` again). Never blocks; with [`Progress::Manual`] it does not
+    /// run the engine either.
+    pub fn poll(&mut self) -> Option<Result<Qp, CmError>> {
+        let r = self.step();
+        if r.is_some() {
+            self.phase = Phase::Done;
+        }
+        r
+    }
+
+    /// Block until the outcome is known.
+    fn wait(mut self) -> Result<Qp, CmError> {
+        loop {
+            if let Some(r) = self.poll() {
+                return r;
+            }
+            match &self.phase {
+                Phase::KernelTcp(sock) => {
+                    // The kernel connects without the engine.
+                    wait_fd(borrow_sock(sock), libc::POLLOUT, Some(self.deadline));
+                }
+                Phase::XdpTcp { .. } => {
+                    let _ = self.shared.wait_for(
+                        &self.conn.m,
+                        &self.conn.cv,
+                        Some(self.deadline),
+                        |i| i.tcp.is_some().then_some(()),
+                    );
+                }
+                Phase::Mpa { .. } => {
+                    // The core's handshake deadline fires first
+                    // (MpaTimeout); ours is a backstop.
+                    let backstop = self.deadline + Duration::from_secs(1);
+                    let r =
+                        self.shared
+                            .wait_for(&self.conn.m, &self.conn.cv, Some(backstop), |i| {
+                                i.setup.is_some().then_some(())
+                            });
+                    if r.is_none() {
+                        self.phase = Phase::Done;
+                        return Err(CmError::Timeout);
+                    }
+                }
+                Phase::Done => return Err(CmError::Closed),
             }
         }
     }
+
+    fn step(&mut self) -> Option<Result<Qp, CmError>> {
+        match &self.phase {
+            Phase::KernelTcp(sock) => {
+                let connected = match sock.take_error() {
+                    Ok(Some(e)) | Err(e) => Err(e),
+                    Ok(None) => match sock.peer_addr() {
+                        Ok(_) => Ok(true),
+                        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+                        Err(e) => Err(e),
+                    },
+                };
+                match connected {
+                    Err(e) => {
+                        tracing::debug!(peer = %self.addr, error = %e, "connect failed: TCP");
+                        Some(Err(CmError::from(e)))
+                    }
+                    Ok(false) if Instant::now() >= self.deadline => {
+                        tracing::debug!(peer = %self.addr, "connect failed: TCP timeout");
+                        Some(Err(CmError::Timeout))
+                    }
+                    Ok(false) => None,
+                    Ok(true) => {
+                        let Phase::KernelTcp(sock) =
+                            std::mem::replace(&mut self.phase, Phase::Done)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        if let Some(ep) = self.epoll.get() {
+                            ep.remove(borrow_sock(&sock));
+                        }
+                        if let Err(e) = sock.set_nodelay(true) {
+                            return Some(Err(CmError::Io(e.kind())));
+                        }
+                        let local = match sock.local_addr() {
+                            Ok(a) => a,
+                            Err(e) => return Some(Err(CmError::Io(e.kind()))),
+                        };
+                        let emss = emss_of(&sock);
+                        self.start_mpa(Sock::Kernel(sock), local, emss)
+                    }
+                }
+            }
+            Phase::XdpTcp { .. } => {
+                let tcp = {
+                    let mut i = lock(&self.conn.m);
+                    let t = i.tcp.take();
+                    if t.is_some() {
+                        self.conn.setup.take();
+                    }
+                    t
+                };
+                match tcp {
+                    Some(Ok(emss)) => {
+                        let Phase::XdpTcp { sock, local } =
+                            std::mem::replace(&mut self.phase, Phase::Done)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        self.start_mpa(sock, local, emss.clamp(512, 16384))
+                    }
+                    Some(Err(e)) => Some(Err(e)),
+                    None if Instant::now() >= self.deadline => {
+                        let Phase::XdpTcp { sock, .. } =
+                            std::mem::replace(&mut self.phase, Phase::Done)
+                        else {
+                            unreachable!("matched above")
+                        };
+                        self.shared.engine().drop_sock(sock);
+                        self.shared.kick();
+                        Some(Err(CmError::Timeout))
+                    }
+                    None => None,
+                }
+            }
+            Phase::Mpa { id, local } => {
+                let (id, local) = (*id, *local);
+                let setup = {
+                    let i = lock(&self.conn.m);
+                    let s = i.setup.clone();
+                    if s.is_some() {
+                        self.conn.setup.take();
+                    }
+                    s
+                }?;
+                if let Err(err) = &setup {
+                    conn_event!(self.shared.engine().ctx, id, DEBUG, error = %err, "connect failed");
+                }
+                let qp = Qp {
+                    shared: self.shared.clone(),
+                    id,
+                    wq: Arc::new(WorkQueues::new(
+                        id,
+                        self.init.sq_depth,
+                        self.init.rq_depth_in_engine(),
+                        self.recvs.len(),
+                    )),
+                    conn: self.conn.clone(),
+                    local,
+                    peer: self.addr,
+                    srq: self.init.srq.clone(),
+                };
+                Some(setup.map(|()| qp))
+            }
+            Phase::Done => None,
+        }
+    }
+
+    /// The TCP connection is up: create the core QP, post the receives,
+    /// start the MPA exchange and hand the connection to the engine.
+    fn start_mpa(
+        &mut self,
+        sock: Sock,
+        local: SocketAddr,
+        emss: usize,
+    ) -> Option<Result<Qp, CmError>> {
+        let shared = self.shared.clone();
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let mut e = shared.engine();
+        let now = e.now();
+        let id = match self.init.create_in(&mut e.ctx, emss) {
+            Ok(id) => id,
+            Err(err) => {
+                tracing::debug!(peer = %self.addr, error = %err, "connect failed: no QP");
+                e.drop_sock(sock);
+                return Some(Err(err.into()));
+            }
+        };
+        let _ = e
+            .ctx
+            .set_qp_span(id, conn_span(&shared.span, id, local, self.addr));
+        let recvs: Vec<RecvWr<'_>> = self
+            .recvs
+            .iter()
+            .map(|(wr_id, sgl)| RecvWr { wr_id: *wr_id, sgl })
+            .collect();
+        let p = &self.params;
+        if let Err(err) = post_recvs(&mut e.ctx, id, &recvs)
+            .and_then(|()| e.ctx.connect(id, p.mpa_config(left), &p.private_data, now))
+        {
+            let _ = e.ctx.destroy_qp(id);
+            e.drop_sock(sock);
+            return Some(Err(err.into()));
+        }
+        if let Err(err) = e.add_conn(id, sock, Vec::new(), self.conn.clone()) {
+            e.release_qp(id);
+            return Some(Err(CmError::Io(err.kind())));
+        }
+        drop(e);
+        shared.kick();
+        self.phase = Phase::Mpa { id, local };
+        None
+    }
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::XdpTcp { sock, .. } => {
+                self.shared.engine().drop_sock(sock);
+                self.shared.kick();
+            }
+            Phase::Mpa { id, .. } => {
+                self.shared.engine().release_qp(id);
+                self.shared.kick();
+            }
+            Phase::KernelTcp(_) | Phase::Done => {}
+        }
+    }
+}
+
+/// The descriptor of a kernel socket.
+fn borrow_sock(sock: &TcpStream) -> BorrowedFd<'_> {
+    std::os::fd::AsFd::as_fd(sock)
 }
 
 /// Pin the current thread to core `cpu` (best effort).

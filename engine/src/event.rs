@@ -66,33 +66,99 @@ impl EventFd {
     /// Wait in poll(2) until the descriptor is readable or `deadline`
     /// passes (`None`: no limit); true when readable. Takes nothing.
     pub(crate) fn wait_readable(&self, deadline: Option<Instant>) -> bool {
-        loop {
-            let ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    // Rounded up: a wait never ends before the deadline.
-                    let ms = left.as_nanos().div_ceil(1_000_000);
-                    i32::try_from(ms).unwrap_or(i32::MAX)
-                }
-            };
-            let mut p = libc::pollfd {
-                fd: self.0.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid `pollfd`, the count passed is 1.
-            let r = unsafe { libc::poll(&mut p, 1, ms) };
-            if r > 0 {
-                return true;
+        wait_for(self.0.as_fd(), libc::POLLIN, deadline)
+    }
+
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// Wait in poll(2) until `fd` reports one of `events` (or an error or
+/// hang-up) or `deadline` passes (`None`: no limit); true when it did.
+pub(crate) fn wait_for(
+    fd: BorrowedFd<'_>,
+    events: libc::c_short,
+    deadline: Option<Instant>,
+) -> bool {
+    loop {
+        let ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                // Rounded up: a wait never ends before the deadline.
+                let ms = left.as_nanos().div_ceil(1_000_000);
+                i32::try_from(ms).unwrap_or(i32::MAX)
             }
-            if r == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
-                return false;
-            }
-            if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                return false;
-            }
+        };
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events,
+            revents: 0,
+        };
+        // SAFETY: one valid `pollfd`, the count passed is 1.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r > 0 {
+            return true;
         }
+        if r == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            return false;
+        }
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+}
+
+/// An epoll instance (level-triggered, read interest): one descriptor
+/// readable while any of its members is.
+#[derive(Debug)]
+pub(crate) struct Epoll(OwnedFd);
+
+impl Epoll {
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: epoll_create1(2) takes no pointers.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Watch `fd` for `events` (`EPOLLIN`, `EPOLLOUT`).
+    pub(crate) fn add(&self, fd: BorrowedFd<'_>, events: libc::c_int) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: events as u32,
+            u64: 0,
+        };
+        // SAFETY: both descriptors are open; `ev` is a live local.
+        let r = unsafe {
+            libc::epoll_ctl(
+                self.0.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                fd.as_raw_fd(),
+                &mut ev,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Stop watching `fd`.
+    pub(crate) fn remove(&self, fd: BorrowedFd<'_>) {
+        // SAFETY: both descriptors are open; a null event is allowed for
+        // EPOLL_CTL_DEL.
+        let _ = unsafe {
+            libc::epoll_ctl(
+                self.0.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd.as_raw_fd(),
+                std::ptr::null_mut(),
+            )
+        };
     }
 
     pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {

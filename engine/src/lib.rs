@@ -78,7 +78,9 @@ mod slots;
 pub mod xdp;
 
 pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener};
-pub use device::{Backend, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, Srq, Stats};
+pub use device::{
+    Backend, Connecting, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, Srq, Stats,
+};
 /// The protocol core, for its types ([`iwarp::qp::SendWr`],
 /// [`iwarp::cq::WorkCompletion`], [`iwarp::mem::Access`], ...).
 pub use iwarp;

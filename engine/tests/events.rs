@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iwarp_engine::{
-    Access, Backend, CmEvent, ConnParams, Cq, Device, DeviceConfig, Listener, Mr, Pd, Progress, Qp,
-    QpInit, QpState, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
+    Access, Backend, CmError, CmEvent, ConnParams, ConnRequest, Connecting, Cq, Device,
+    DeviceConfig, Listener, Mr, Pd, Progress, Qp, QpInit, QpState, RecvWr, SendOp, SendWr,
+    WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -376,4 +377,139 @@ fn qp_fd_created_after_an_event_is_readable() {
     assert!(readable(s.qp.event_fd(), FOREVER));
     assert_eq!(s.qp.poll_event(), Some(CmEvent::Disconnected));
     assert!(!readable(s.qp.event_fd(), 0));
+}
+
+/// Drive `c` by its descriptor until the outcome (with `dev`'s engine
+/// run by this thread when it is manual).
+fn finish(c: &mut Connecting, dev: Option<&Device>) -> Result<Qp, CmError> {
+    let dl = std::time::Instant::now() + WAIT;
+    loop {
+        assert!(std::time::Instant::now() < dl, "no outcome");
+        let ms = match dev {
+            Some(d) => {
+                d.progress();
+                1
+            }
+            None => FOREVER,
+        };
+        if readable(c.event_fd(), ms) {
+            if let Some(r) = c.poll() {
+                assert!(c.poll().is_none(), "the outcome comes once");
+                return r;
+            }
+        }
+    }
+}
+
+/// A server device listening, and a thread that hands its first request
+/// and a `QpInit` of the server device to `f`.
+fn listen_and(
+    f: impl FnOnce(ConnRequest, QpInit, Device) -> Option<Qp> + Send + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<Option<Qp>>, Device) {
+    let sdev = open(THREAD);
+    let l = sdev
+        .listen("127.0.0.1:0".parse::<SocketAddr>().unwrap())
+        .unwrap();
+    let addr = l.local_addr();
+    let (pd, cq) = (sdev.alloc_pd(), sdev.create_cq(8));
+    let init = QpInit::new(&pd, &cq, 4);
+    let d = sdev.clone();
+    let t = std::thread::spawn(move || f(l.get_request(Some(WAIT)).unwrap(), init, d));
+    (addr, t, sdev)
+}
+
+#[test]
+fn connect_start_reports_through_its_descriptor() {
+    for manual in [false, true] {
+        // The server sends as soon as it may: the receive posted by
+        // `connect_start` must be there.
+        let (addr, t, _sdev) = listen_and(|req, init, dev| {
+            let mr = dev.reg_mr(&init.pd, 4, Access::LOCAL_WRITE).unwrap();
+            let cq = init.send_cq.clone();
+            let qp = req.accept(init, ConnParams::default()).unwrap();
+            qp.post_send(&SendWr {
+                wr_id: 1,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[mr.sge(0, 4)],
+                signaled: true,
+            })
+            .unwrap();
+            // The region stays registered until the Send is out.
+            let mut wc = [EMPTY_WC; 1];
+            assert_eq!(cq.wait(&mut wc, Some(WAIT)), 1);
+            assert_eq!(wc[0].status, WcStatus::Success);
+            Some(qp)
+        });
+        let cdev = open(if manual { Progress::Manual } else { THREAD });
+        let (pd, cq) = (cdev.alloc_pd(), cdev.create_cq(8));
+        let rbuf = cdev.reg_mr(&pd, 16, Access::LOCAL_WRITE).unwrap();
+        let sge = [rbuf.sge(0, 16)];
+        let recvs = [RecvWr {
+            wr_id: 42,
+            sgl: &sge,
+        }];
+        // Peer-to-peer mode (RFC 6581): the responder may send first once
+        // the initiator's RTR is in.
+        let params = ConnParams {
+            p2p: true,
+            ..ConnParams::default()
+        };
+        let mut c = cdev
+            .connect_start(addr, QpInit::new(&pd, &cq, 4), params, &recvs)
+            .unwrap();
+        let qp = finish(&mut c, manual.then_some(&cdev)).unwrap();
+        assert_eq!(qp.state(), QpState::Rts);
+        let sqp = t.join().unwrap().unwrap();
+        let mut wc = [EMPTY_WC; 1];
+        let dl = std::time::Instant::now() + WAIT;
+        while cq.poll(&mut wc) == 0 {
+            assert!(std::time::Instant::now() < dl, "no receive");
+            cdev.progress();
+        }
+        assert_eq!((wc[0].wr_id, wc[0].status), (42, WcStatus::Success));
+        drop((rbuf, qp, sqp));
+    }
+}
+
+#[test]
+fn connect_start_reports_failures() {
+    // Refused: a port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let cdev = open(THREAD);
+    let (pd, cq) = (cdev.alloc_pd(), cdev.create_cq(8));
+    match cdev.connect_start(port, QpInit::new(&pd, &cq, 4), ConnParams::default(), &[]) {
+        Ok(mut c) => assert_eq!(
+            finish(&mut c, None).unwrap_err(),
+            CmError::ConnectionRefused
+        ),
+        Err(e) => assert_eq!(e, CmError::ConnectionRefused),
+    }
+    // Rejected by the server, with its private data.
+    let (addr, t, _sdev) = listen_and(|req, _, _| {
+        req.reject(b"no").unwrap();
+        None
+    });
+    let mut c = cdev
+        .connect_start(addr, QpInit::new(&pd, &cq, 4), ConnParams::default(), &[])
+        .unwrap();
+    assert_eq!(
+        finish(&mut c, None).unwrap_err(),
+        CmError::Rejected {
+            private_data: b"no".to_vec()
+        }
+    );
+    assert!(t.join().unwrap().is_none());
+    // Abandoned before the outcome: dropping it is all it takes.
+    let (addr, t, _sdev2) = listen_and(|req, init, _| req.accept(init, ConnParams::default()).ok());
+    let c = cdev
+        .connect_start(addr, QpInit::new(&pd, &cq, 4), ConnParams::default(), &[])
+        .unwrap();
+    drop(c);
+    drop(t);
 }

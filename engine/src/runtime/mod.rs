@@ -136,6 +136,8 @@ pub(crate) struct ConnShared {
     pub(crate) m: Mutex<ConnInfo>,
     pub(crate) cv: Condvar,
     pub(crate) event: LazyEventFd,
+    /// One count each time `tcp` or `setup` is set.
+    pub(crate) setup: LazyEventFd,
 }
 
 impl ConnShared {
@@ -143,6 +145,18 @@ impl ConnShared {
     pub(crate) fn push(&self, info: &mut ConnInfo, ev: CmEvent) {
         info.events.push_back(ev);
         self.event.add();
+    }
+
+    /// Report the outcome of an AF_XDP TCP connect (unless one is there)
+    /// and wake its waiter.
+    pub(crate) fn set_tcp(&self, r: Result<usize, CmError>) {
+        let mut i = lock(&self.m);
+        if i.tcp.is_none() {
+            i.tcp = Some(r);
+            self.setup.add();
+        }
+        drop(i);
+        self.cv.notify_all();
     }
 
     /// Take the oldest event and its count (the caller holds `m`).
@@ -251,6 +265,7 @@ pub(crate) fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> 
     while let Some(ev) = ctx.poll_event(qp) {
         n += 1;
         let mut info = lock(&shared.m);
+        let known = info.setup.is_some();
         match ev {
             QpEvent::ConnectRequest(_) => {}
             QpEvent::Established {
@@ -280,6 +295,9 @@ pub(crate) fn drain_events(ctx: &mut Context, qp: QpId, shared: &ConnShared) -> 
             QpEvent::LocalTerminate(t) => shared.push(&mut info, CmEvent::LocalTerminate(t)),
             QpEvent::RemoteTerminate(t) => shared.push(&mut info, CmEvent::RemoteTerminate(t)),
             QpEvent::CqOverrun => shared.push(&mut info, CmEvent::CqOverrun),
+        }
+        if !known && info.setup.is_some() {
+            shared.setup.add();
         }
         drop(info);
         shared.cv.notify_all();

@@ -789,10 +789,7 @@ impl XdpIo {
         }
         for d in self.dials.iter() {
             let _ = self.stack.abort(d.conn);
-            let mut i = lock(&d.shared.m);
-            i.tcp.get_or_insert(Err(CmError::Closed));
-            drop(i);
-            d.shared.cv.notify_all();
+            d.shared.set_tcp(Err(CmError::Closed));
         }
         // A reject reply still queued goes out with this last poll.
         self.lingering.mark_all();
@@ -1017,8 +1014,7 @@ impl XdpIo {
             };
             if let Some(d) = self.dials.remove(i) {
                 work += 1;
-                lock(&d.shared.m).tcp = Some(outcome);
-                d.shared.cv.notify_all();
+                d.shared.set_tcp(outcome);
             }
         }
         self.dials.give_back(hot);
