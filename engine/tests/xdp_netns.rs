@@ -121,6 +121,19 @@ fn params(o: &Opts) -> ConnParams {
     }
 }
 
+/// Whether `fd` is readable within `ms` milliseconds (poll(2)).
+fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    r == 1 && p.revents & libc::POLLIN != 0
+}
+
 fn wait_one(cq: &Cq) -> iwarp_engine::WorkCompletion {
     let mut wc = [EMPTY_WC; 1];
     let n = cq.wait(&mut wc, Some(WAIT));
@@ -258,15 +271,27 @@ fn client(
     let cq = dev.create_cq(256);
     let src = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
     let dst = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
-    let qp = dev
-        .connect(offer.addr, init(&cq, &pd), params(&o))
+    // Connected through the non-blocking path, driven by its descriptor.
+    let mut connecting = dev
+        .connect_start(offer.addr, init(&cq, &pd), params(&o), &[])
         .expect("connect");
+    let deadline = Instant::now() + WAIT;
+    let qp = loop {
+        assert!(Instant::now() < deadline, "no connect outcome");
+        if readable(connecting.event_fd(), 100) {
+            if let Some(r) = connecting.poll() {
+                break r.expect("connect");
+            }
+        }
+    };
     assert!(qp.negotiated().crc);
     assert_eq!(qp.negotiated().markers_rx, o.markers);
     let sync = |c: Cmd| {
         cmds.send(c).unwrap();
         ok.recv_timeout(WAIT).expect("server check");
     };
+    // The first completion after the arm raises one notification.
+    cq.req_notify(false).unwrap();
     for (i, &len) in o.sizes.iter().enumerate() {
         let seed = i as u8 * 3 + 1;
         src.write(0, &pattern(len, seed));
@@ -281,6 +306,8 @@ fn client(
         })
         .unwrap();
         assert_eq!(wait_one(&cq).opcode, WcOpcode::RdmaWrite);
+        // Raised by the engine before it hands the completion over.
+        assert_eq!(cq.get_event(), i == 0, "one notification per arm");
         qp.post_send(&SendWr {
             wr_id: 2,
             op: SendOp::Read {

@@ -349,7 +349,8 @@ impl Engine {
                 continue;
             }
             // A notification armed by `Cq::req_notify` fired on a
-            // completion pushed since the last pass.
+            // completion pushed since the last pass: counted before the
+            // completions become visible to the application.
             if core.take_event() {
                 q.notify();
             }
