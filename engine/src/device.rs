@@ -1270,7 +1270,7 @@ impl Mr {
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 {
+            if spins.is_multiple_of(256) {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     return false;
                 }
