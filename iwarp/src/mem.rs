@@ -197,8 +197,9 @@ pub struct MemTable {
 // until deregistration, whichever thread the table lives on.
 unsafe impl Send for MemTable {}
 
-/// The largest slot index an STag can carry (24 bits).
-const MAX_INDEX: u32 = (1 << 24) - 1;
+/// The largest slot index an STag can carry (24 bits): at most this many
+/// regions are registered at once.
+pub const MAX_INDEX: u32 = (1 << 24) - 1;
 
 impl MemTable {
     /// An empty table. `seed` seeds the key generator (deterministic tests).

@@ -1,0 +1,1567 @@
+//! libibverbs: the device `iwarp0`, its context, PDs, memory regions,
+//! completion queues and channels, queue pairs, and the function tables
+//! verbs.h's inline functions call through.
+//!
+//! Every object handed to the application is a leaked `Box` of a
+//! `#[repr(C)]` struct whose first field is the rdma-core struct
+//! (`ibv_pd`, `ibv_cq`, ...), registered by address ([`crate::obj`]) until
+//! it is destroyed. The context is one `verbs_context` per process (its
+//! `ibv_context` at its end, `abi_compat` marking it extended), opened
+//! with the engine's [`Device`] the first time it is needed.
+
+use std::cell::UnsafeCell;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::{null_mut, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use iwarp_engine::iwarp;
+use iwarp_engine::{
+    Access, Cq, Device, Mr, Pd, PostError, Qp, QpInit, RecvWr, SendOp, SendWr, Sge, WcOpcode,
+    WcStatus, WorkCompletion, EMPTY_WC,
+};
+
+use crate::config::Config;
+use crate::sys::*;
+use crate::{is_live, lock, obj, register, set_errno, unregister, Kind};
+
+/// `__VERBS_ABI_IS_EXTENDED` of verbs.h: the context is embedded in a
+/// `struct verbs_context`.
+const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
+
+/// The device's name, as `ibv_devices` lists it.
+pub const DEVICE_NAME: &str = "iwarp0";
+
+/// The process's engine device and configuration.
+pub(crate) struct Global {
+    pub(crate) dev: Device,
+    pub(crate) cfg: Config,
+}
+
+/// The engine device, opened on first use; the errno of the failure
+/// otherwise (ENODEV).
+pub(crate) fn global() -> Result<&'static Global, i32> {
+    static G: OnceLock<Result<Global, i32>> = OnceLock::new();
+    G.get_or_init(|| {
+        let cfg = Config::from_env().map_err(|e| {
+            eprintln!("libiwarp_compat: {e}");
+            libc::ENODEV
+        })?;
+        let dev = Device::open(cfg.backend.clone(), cfg.device).map_err(|e| {
+            eprintln!("libiwarp_compat: opening the device failed: {e}");
+            libc::ENODEV
+        })?;
+        Ok(Global { dev, cfg })
+    })
+    .as_ref()
+    .map_err(|&e| e)
+}
+
+/// A raw pointer made `Send + Sync` for a process-wide static.
+struct Raw<T>(*mut T);
+// SAFETY: the pointees are leaked, never freed, and only read through
+// shared references or by the application.
+unsafe impl<T> Send for Raw<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T> Sync for Raw<T> {}
+
+fn copy_str(dst: &mut [c_char], s: &str) {
+    for (d, b) in dst.iter_mut().zip(s.bytes()) {
+        *d = b as c_char;
+    }
+}
+
+/// The one device, leaked for the life of the process.
+fn device() -> *mut ibv_device {
+    static DEV: OnceLock<Raw<ibv_device>> = OnceLock::new();
+    DEV.get_or_init(|| {
+        let mut d = Box::<ibv_device>::default();
+        d.node_type = IBV_NODE_RNIC;
+        d.transport_type = IBV_TRANSPORT_IWARP;
+        copy_str(&mut d.name, DEVICE_NAME);
+        copy_str(&mut d.dev_name, "uverbs-iwarp0");
+        copy_str(&mut d.dev_path, "/dev/null");
+        copy_str(&mut d.ibdev_path, "/dev/null");
+        Raw(Box::into_raw(d))
+    })
+    .0
+}
+
+/// The one context, leaked for the life of the process.
+fn context() -> Result<*mut ibv_context, i32> {
+    static CTX: OnceLock<Raw<verbs_context>> = OnceLock::new();
+    global()?;
+    let v = CTX.get_or_init(|| {
+        let mut v = Box::<verbs_context>::default();
+        v.sz = size_of::<verbs_context>();
+        v.query_port = Some(query_port_ex);
+        let c = &mut v.context;
+        c.device = device();
+        c.ops.post_send = Some(post_send);
+        c.ops.post_recv = Some(post_recv);
+        c.ops.poll_cq = Some(poll_cq);
+        c.ops.req_notify_cq = Some(req_notify_cq);
+        c.cmd_fd = -1;
+        // No asynchronous events are ever raised: a blocking
+        // ibv_get_async_event sleeps on this eventfd.
+        // SAFETY: plain syscall.
+        c.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        c.num_comp_vectors = 1;
+        c.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
+        Raw(Box::into_raw(v))
+    });
+    // SAFETY: `v.0` is the leaked, never freed `verbs_context`.
+    Ok(unsafe { &raw mut (*v.0).context })
+}
+
+fn is_context(c: *const ibv_context) -> bool {
+    !c.is_null() && context().is_ok_and(|p| p.cast_const() == c)
+}
+
+fn devices_enabled() -> bool {
+    Config::from_env().is_ok()
+}
+
+// ---------------------------------------------------------------- devices
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    let n = usize::from(devices_enabled());
+    if n == 0 {
+        set_errno(libc::ENODEV);
+    }
+    // SAFETY: calloc of a NULL-terminated array; freed by
+    // ibv_free_device_list.
+    let list = unsafe { libc::calloc(2, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
+    if list.is_null() {
+        set_errno(libc::ENOMEM);
+        return null_mut();
+    }
+    if n == 1 {
+        // SAFETY: `list` has two slots.
+        unsafe { *list = device() };
+    }
+    if !num.is_null() {
+        // SAFETY: the caller's out parameter.
+        unsafe { *num = n as c_int };
+    }
+    list
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: allocated with calloc by ibv_get_device_list.
+    unsafe { libc::free(list.cast()) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
+    if dev != device() {
+        set_errno(libc::EINVAL);
+        return std::ptr::null();
+    }
+    c"iwarp0".as_ptr()
+}
+
+/// The node GUID: 64 bits of `/etc/machine-id` (zero without one),
+/// stable across runs on one machine.
+fn node_guid() -> u64 {
+    std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .and_then(|s| u64::from_str_radix(s.trim().get(..16)?, 16).ok())
+        .unwrap_or(0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> __be64 {
+    if dev != device() {
+        set_errno(libc::EINVAL);
+        return 0;
+    }
+    node_guid().to_be()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    if dev != device() {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    match context() {
+        Ok(c) => c,
+        Err(e) => {
+            set_errno(e);
+            null_mut()
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    // The context and its engine live as long as the process.
+    if is_context(ctx) {
+        0
+    } else {
+        libc::EINVAL
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    if !is_context(ctx) || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's out parameter.
+    let a = unsafe { &mut *attr };
+    *a = device_attr();
+    0
+}
+
+/// The device's limits, from the engine and the protocol core.
+fn device_attr() -> ibv_device_attr {
+    let max_objects = iwarp::slab::MAX_SLOTS.min(i32::MAX as u32) as c_int;
+    let mut a = ibv_device_attr::default();
+    copy_str(&mut a.fw_ver, env!("CARGO_PKG_VERSION"));
+    a.node_guid = node_guid().to_be();
+    a.sys_image_guid = a.node_guid;
+    // A region's length is a usize; one message is at most 2^32 - 1.
+    a.max_mr_size = u64::MAX;
+    a.page_size_cap = 4096;
+    a.max_qp = max_objects;
+    // Queue depths are bounded by memory only.
+    a.max_qp_wr = c_int::MAX;
+    a.max_sge = iwarp::qp::MAX_SGE as c_int;
+    // An RDMA Read takes exactly one local SGE.
+    a.max_sge_rd = 1;
+    a.max_cq = max_objects;
+    a.max_cqe = c_int::MAX;
+    a.max_mr = iwarp::mem::MAX_INDEX as c_int;
+    a.max_pd = max_objects;
+    let ird_ord = c_int::from(iwarp::wire::mpa::IrdOrd::MAX);
+    a.max_qp_rd_atom = ird_ord;
+    a.max_res_rd_atom = ird_ord;
+    a.max_qp_init_rd_atom = ird_ord;
+    a.atomic_cap = IBV_ATOMIC_HCA;
+    a.max_srq = 0;
+    a.max_pkeys = 1;
+    a.phys_port_cnt = 1;
+    a.device_cap_flags = IBV_DEVICE_MEM_MGT_EXTENSIONS;
+    a
+}
+
+fn port_attr() -> ibv_port_attr {
+    ibv_port_attr {
+        state: IBV_PORT_ACTIVE,
+        max_mtu: IBV_MTU_4096,
+        active_mtu: IBV_MTU_1024,
+        gid_tbl_len: 1,
+        max_msg_sz: u32::MAX,
+        pkey_tbl_len: 1,
+        active_width: 1,
+        active_speed: 1,
+        phys_state: 5,
+        link_layer: IBV_LINK_LAYER_ETHERNET as u8,
+        ..Default::default()
+    }
+}
+
+/// Copy the port's attributes into `len` bytes at `attr`.
+///
+/// # Safety
+/// `attr` is valid for `len` bytes of writes.
+unsafe fn write_port_attr(attr: *mut c_void, len: usize) {
+    let p = port_attr();
+    // SAFETY: the caller's buffer of `len` bytes; `p` is a plain struct
+    // of at least as many bytes when `len` is capped by its size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&raw const p).cast::<u8>(),
+            attr.cast::<u8>(),
+            len.min(size_of::<ibv_port_attr>()),
+        )
+    };
+}
+
+/// `ibv_query_port` of libibverbs 1.1, which the inline `ibv_query_port`
+/// falls back to: its struct is `ibv_port_attr` without the fields from
+/// `flags` on.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut c_void,
+) -> c_int {
+    if !is_context(ctx) || port != 1 || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's compat struct.
+    unsafe { write_port_attr(attr, std::mem::offset_of!(ibv_port_attr, flags)) };
+    0
+}
+
+/// The extended context's `query_port`, which the inline
+/// `ibv_query_port` of verbs.h calls.
+unsafe extern "C" fn query_port_ex(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    if !is_context(ctx) || port != 1 || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's struct of `len` bytes.
+    unsafe { write_port_attr(attr.cast(), len) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    if !is_context(ctx) || port != 1 || index != 0 || gid.is_null() {
+        return -1;
+    }
+    // The kernel-socket backend has no link address of its own: the GID is
+    // zero.
+    // SAFETY: the caller's out parameter.
+    unsafe { *gid = ibv_gid::default() };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_uint,
+    ty: *mut ibv_gid_type,
+) -> c_int {
+    if !is_context(ctx) || port != 1 || index != 0 || ty.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller's out parameter.
+    unsafe { *ty = IBV_GID_TYPE_IB };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut __be16,
+) -> c_int {
+    if !is_context(ctx) || port != 1 || index != 0 || pkey.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller's out parameter.
+    unsafe { *pkey = 0xffff };
+    0
+}
+
+/// There is no sysfs directory behind the device.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    _dir: *const c_char,
+    _file: *const c_char,
+    _buf: *mut c_char,
+    _size: usize,
+) -> c_int {
+    set_errno(libc::ENOENT);
+    -1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    ctx: *mut ibv_context,
+    _event: *mut ibv_async_event,
+) -> c_int {
+    if !is_context(ctx) {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: `ctx` is our context; its async fd is our eventfd, which is
+    // never written: a blocking read sleeps, a non-blocking one fails
+    // with EAGAIN.
+    let mut v = 0u64;
+    unsafe { libc::read((*ctx).async_fd, (&raw mut v).cast(), 8) };
+    -1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+
+// ---------------------------------------------------------------- PD, MR
+
+/// A protection domain.
+#[repr(C)]
+pub(crate) struct PdObj {
+    raw: ibv_pd,
+    pub(crate) pd: Pd,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    if !is_context(ctx) {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    let Ok(g) = global() else {
+        set_errno(libc::ENODEV);
+        return null_mut();
+    };
+    let o = Box::new(PdObj {
+        raw: ibv_pd {
+            context: ctx,
+            handle: 0,
+        },
+        pd: g.dev.alloc_pd(),
+    });
+    let p = Box::into_raw(o);
+    register(p, Kind::Pd);
+    p.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if !unregister(pd, Kind::Pd) {
+        return libc::EINVAL;
+    }
+    // SAFETY: registered until now: a leaked Box<PdObj>, freed once.
+    drop(unsafe { Box::from_raw(pd.cast::<PdObj>()) });
+    0
+}
+
+/// A memory region over the application's memory.
+#[repr(C)]
+struct MrObj {
+    raw: ibv_mr,
+    _mr: Mr,
+}
+
+fn access_of(flags: c_int) -> Result<Access, i32> {
+    let f = flags as u32;
+    let known = IBV_ACCESS_LOCAL_WRITE
+        | IBV_ACCESS_REMOTE_WRITE
+        | IBV_ACCESS_REMOTE_READ
+        | IBV_ACCESS_REMOTE_ATOMIC
+        | IBV_ACCESS_RELAXED_ORDERING;
+    if f & !known != 0 {
+        return Err(libc::EINVAL);
+    }
+    // Remote write and atomic access need local write (ibv_reg_mr(3)).
+    if f & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
+        && f & IBV_ACCESS_LOCAL_WRITE == 0
+    {
+        return Err(libc::EINVAL);
+    }
+    let mut a = Access::NONE;
+    for (bit, acc) in [
+        (IBV_ACCESS_LOCAL_WRITE, Access::LOCAL_WRITE),
+        (IBV_ACCESS_REMOTE_WRITE, Access::REMOTE_WRITE),
+        (IBV_ACCESS_REMOTE_READ, Access::REMOTE_READ),
+        (IBV_ACCESS_REMOTE_ATOMIC, Access::REMOTE_ATOMIC),
+    ] {
+        if f & bit != 0 {
+            a = a | acc;
+        }
+    }
+    Ok(a)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    let Some(p) = obj::<_, PdObj>(pd, Kind::Pd) else {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    };
+    let acc = match access_of(access as c_int) {
+        Ok(a) => a,
+        Err(e) => {
+            set_errno(e);
+            return null_mut();
+        }
+    };
+    if addr.is_null() && length != 0 {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    let Ok(g) = global() else {
+        set_errno(libc::ENODEV);
+        return null_mut();
+    };
+    // SAFETY: ibv_reg_mr(3)'s contract: the application keeps
+    // `[addr, addr + length)` valid until ibv_dereg_mr, which drops the
+    // `Mr` (deregistering it) before returning; it touches the bytes only
+    // while no work request or peer access is outstanding on them, as
+    // with RDMA hardware.
+    let mr = unsafe { g.dev.reg_user_mr(&p.pd, addr.cast(), length, iova, acc) };
+    let mr = match mr {
+        Ok(m) => m,
+        Err(e) => {
+            set_errno(if e.kind() == std::io::ErrorKind::InvalidInput {
+                libc::EINVAL
+            } else {
+                libc::ENOMEM
+            });
+            return null_mut();
+        }
+    };
+    let o = Box::new(MrObj {
+        raw: ibv_mr {
+            context: p.raw.context,
+            pd,
+            addr,
+            length,
+            handle: 0,
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        },
+        _mr: mr,
+    });
+    let r = Box::into_raw(o);
+    register(r, Kind::Mr);
+    r.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded with the same contract.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access as c_uint) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded with the same contract.
+    unsafe { ibv_reg_mr_iova2(pd, addr, length, iova, access as c_uint) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    if !unregister(mr, Kind::Mr) {
+        return libc::EINVAL;
+    }
+    // SAFETY: registered until now: a leaked Box<MrObj>, freed once.
+    drop(unsafe { Box::from_raw(mr.cast::<MrObj>()) });
+    0
+}
+
+// ------------------------------------------------------ completion channels
+
+/// A completion channel: its fd is an epoll instance over the event fds
+/// of the CQs bound to it (each readable while it holds a notification).
+#[repr(C)]
+struct ChanObj {
+    raw: ibv_comp_channel,
+    cqs: AtomicI32,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    if !is_context(ctx) {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: plain syscall; errno is set on failure.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return null_mut();
+    }
+    let p = Box::into_raw(Box::new(ChanObj {
+        raw: ibv_comp_channel {
+            context: ctx,
+            fd,
+            refcnt: 0,
+        },
+        cqs: AtomicI32::new(0),
+    }));
+    register(p, Kind::CompChannel);
+    p.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    let Some(c) = obj::<_, ChanObj>(ch, Kind::CompChannel) else {
+        return libc::EINVAL;
+    };
+    if c.cqs.load(Ordering::SeqCst) > 0 {
+        return libc::EBUSY;
+    }
+    unregister(ch, Kind::CompChannel);
+    // SAFETY: registered until now: a leaked Box<ChanObj>, freed once; the
+    // fd is ours.
+    unsafe {
+        let b = Box::from_raw(ch.cast::<ChanObj>());
+        libc::close(b.raw.fd);
+    }
+    0
+}
+
+// ---------------------------------------------------------------- CQ
+
+/// The notification side of a CQ bound to a completion channel.
+///
+/// Its pump thread is the only consumer of the engine's CQ: it moves
+/// completions into `q` (where `ibv_poll_cq` takes them, in order) and,
+/// when the CQ is armed and a completion matches the arm, disarms it and
+/// counts one notification on `fd` (a semaphore eventfd the channel's
+/// epoll instance watches). Completions already queued when the CQ is
+/// armed raise nothing, as in verbs.
+struct Notify {
+    q: Mutex<VecDeque<WorkCompletion>>,
+    /// 0: not armed; 1: the next completion; 2: the next solicited
+    /// receive or error completion.
+    armed: AtomicU8,
+    fd: OwnedFd,
+    stop: AtomicBool,
+}
+
+impl Notify {
+    fn pump(&self, cq: &Cq) {
+        let mut buf = [EMPTY_WC; 32];
+        while !self.stop.load(Ordering::SeqCst) {
+            let n = cq.wait(&mut buf, Some(STOP_POLL));
+            if n == 0 {
+                continue;
+            }
+            let mut q = lock(&self.q);
+            q.extend(&buf[..n]);
+            let fire = match self.armed.load(Ordering::SeqCst) {
+                1 => true,
+                2 => buf[..n].iter().any(|w| {
+                    w.status != WcStatus::Success || (w.opcode == WcOpcode::Recv && w.solicited)
+                }),
+                _ => false,
+            };
+            if fire && self.armed.swap(0, Ordering::SeqCst) != 0 {
+                let one = 1u64;
+                // SAFETY: writing 8 bytes to our eventfd.
+                unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+            }
+        }
+    }
+
+    /// Take one notification, if one is counted.
+    fn take(&self) -> bool {
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes from our non-blocking eventfd.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) == 8 }
+    }
+}
+
+/// A completion queue.
+#[repr(C)]
+pub(crate) struct CqObj {
+    raw: ibv_cq,
+    pub(crate) cq: Cq,
+    events: AtomicU32,
+    notify: Option<Arc<Notify>>,
+    pump: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    if !is_context(ctx) || cqe < 1 || comp_vector != 0 {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    let ch = if channel.is_null() {
+        None
+    } else {
+        match obj::<_, ChanObj>(channel, Kind::CompChannel) {
+            Some(c) => Some(c),
+            None => {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+        }
+    };
+    let Ok(g) = global() else {
+        set_errno(libc::ENODEV);
+        return null_mut();
+    };
+    let cq = g.dev.create_cq(cqe as usize);
+    let mut notify = None;
+    if ch.is_some() {
+        // SAFETY: plain syscall; the fd is owned by the OwnedFd below.
+        let fd = unsafe {
+            libc::eventfd(
+                0,
+                libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return null_mut();
+        }
+        notify = Some(Arc::new(Notify {
+            q: Mutex::new(VecDeque::new()),
+            armed: AtomicU8::new(0),
+            // SAFETY: a new fd nothing else owns.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            stop: AtomicBool::new(false),
+        }));
+    }
+    let pump = notify.as_ref().map(|n| {
+        let (n, cq) = (n.clone(), cq.clone());
+        std::thread::Builder::new()
+            .name("iwarp-compat-cq".into())
+            .spawn(move || n.pump(&cq))
+            .expect("spawn a completion thread")
+    });
+    let o = Box::new(CqObj {
+        raw: ibv_cq {
+            context: ctx,
+            channel,
+            cq_context,
+            cqe,
+            ..Default::default()
+        },
+        cq,
+        events: AtomicU32::new(0),
+        notify,
+        pump: Mutex::new(pump),
+    });
+    let p = Box::into_raw(o);
+    if let (Some(c), Some(n)) = (ch, obj_notify(p)) {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: p as u64,
+        };
+        // SAFETY: both fds are open; `ev` is a valid epoll_event.
+        if unsafe { libc::epoll_ctl(c.raw.fd, libc::EPOLL_CTL_ADD, n.fd.as_raw_fd(), &mut ev) } != 0
+        {
+            // SAFETY: not registered, freed once.
+            drop(unsafe { Box::from_raw(p) });
+            return null_mut();
+        }
+        c.cqs.fetch_add(1, Ordering::SeqCst);
+    }
+    register(p, Kind::Cq);
+    p.cast()
+}
+
+fn obj_notify<'a>(p: *mut CqObj) -> Option<&'a Notify> {
+    // SAFETY: `p` is a live CqObj this library just created.
+    unsafe { (*p).notify.as_deref() }
+}
+
+impl Drop for CqObj {
+    fn drop(&mut self) {
+        if let Some(n) = &self.notify {
+            n.stop.store(true, Ordering::SeqCst);
+        }
+        if let Some(h) = lock(&self.pump).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    if !unregister(cq, Kind::Cq) {
+        return libc::EINVAL;
+    }
+    // SAFETY: registered until now: a leaked Box<CqObj>, freed once.
+    let b = unsafe { Box::from_raw(cq.cast::<CqObj>()) };
+    if let (Some(c), Some(n)) = (
+        obj::<_, ChanObj>(b.raw.channel, Kind::CompChannel),
+        &b.notify,
+    ) {
+        // SAFETY: both fds are open.
+        unsafe { libc::epoll_ctl(c.raw.fd, libc::EPOLL_CTL_DEL, n.fd.as_raw_fd(), null_mut()) };
+        c.cqs.fetch_sub(1, Ordering::SeqCst);
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+    if !is_live(cq, Kind::Cq) {
+        return libc::EINVAL;
+    }
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    let Some(c) = obj::<_, ChanObj>(ch, Kind::CompChannel) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if cq_out.is_null() || ctx_out.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: plain syscall on our epoll fd.
+    let nonblocking = unsafe { libc::fcntl(c.raw.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    loop {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        let timeout = if nonblocking { 0 } else { -1 };
+        // SAFETY: one epoll_event of room.
+        let n = unsafe { libc::epoll_wait(c.raw.fd, &mut ev, 1, timeout) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        if n == 0 {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        let p = ev.u64 as *mut ibv_cq;
+        let Some(q) = obj::<_, CqObj>(p, Kind::Cq) else {
+            continue;
+        };
+        if !q.notify.as_ref().is_some_and(|n| n.take()) {
+            // Another thread took this notification.
+            continue;
+        }
+        q.events.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: the caller's out parameters.
+        unsafe {
+            *cq_out = p;
+            *ctx_out = q.raw.cq_context;
+        }
+        return 0;
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
+    if let Some(q) = obj::<_, CqObj>(cq, Kind::Cq) {
+        let _ = q
+            .events
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |e| {
+                Some(e.saturating_sub(n))
+            });
+    }
+}
+
+/// `ops.req_notify_cq`, reached through the inline `ibv_req_notify_cq`.
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    let Some(q) = obj::<_, CqObj>(cq, Kind::Cq) else {
+        return libc::EINVAL;
+    };
+    if let Some(n) = &q.notify {
+        let want = if solicited_only != 0 { 2 } else { 1 };
+        // An arm for any completion is not narrowed by a later
+        // solicited-only one.
+        let _ = n
+            .armed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {
+                Some(if a == 1 { 1 } else { want })
+            });
+    }
+    0
+}
+
+fn qp_nums() -> &'static Mutex<HashMap<u32, u32>> {
+    static M: OnceLock<Mutex<HashMap<u32, u32>>> = OnceLock::new();
+    M.get_or_init(Default::default)
+}
+
+fn wc_status(s: WcStatus) -> ibv_wc_status {
+    match s {
+        WcStatus::Success => IBV_WC_SUCCESS,
+        WcStatus::LocalLengthError => IBV_WC_LOC_LEN_ERR,
+        WcStatus::LocalProtectionError => IBV_WC_LOC_PROT_ERR,
+        WcStatus::LocalQpOperationError => IBV_WC_LOC_QP_OP_ERR,
+        WcStatus::RemoteAccessError => IBV_WC_REM_ACCESS_ERR,
+        WcStatus::RemoteOperationError => IBV_WC_REM_OP_ERR,
+        WcStatus::RemoteInvalidRequestError => IBV_WC_REM_INV_REQ_ERR,
+        WcStatus::WrFlushError => IBV_WC_WR_FLUSH_ERR,
+        WcStatus::GeneralError => IBV_WC_GENERAL_ERR,
+    }
+}
+
+fn wc_opcode(o: WcOpcode) -> ibv_wc_opcode {
+    match o {
+        WcOpcode::Send | WcOpcode::ImmediateData => IBV_WC_SEND,
+        WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
+        WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
+        WcOpcode::LocalInvalidate => IBV_WC_LOCAL_INV,
+        WcOpcode::AtomicFetchAdd => IBV_WC_FETCH_ADD,
+        WcOpcode::AtomicCompareSwap => IBV_WC_COMP_SWAP,
+        WcOpcode::Recv => IBV_WC_RECV,
+    }
+}
+
+/// A work completion as verbs gives it.
+pub fn to_ibv_wc(w: &WorkCompletion, qp_num: u32) -> ibv_wc {
+    let mut wc = ibv_wc {
+        wr_id: w.wr_id,
+        status: wc_status(w.status),
+        opcode: wc_opcode(w.opcode),
+        byte_len: w.byte_len,
+        qp_num,
+        ..Default::default()
+    };
+    if let Some(stag) = w.invalidated_stag {
+        wc.wc_flags |= IBV_WC_WITH_INV;
+        wc.__bindgen_anon_1.invalidated_rkey = stag;
+    } else if let Some(imm) = w.imm_data {
+        wc.wc_flags |= IBV_WC_WITH_IMM;
+        // verbs carries 32 bits of immediate data, in network order.
+        wc.__bindgen_anon_1.imm_data = (imm as u32).to_be();
+    }
+    wc
+}
+
+/// `ops.poll_cq`, reached through the inline `ibv_poll_cq`.
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    let Some(q) = obj::<_, CqObj>(cq, Kind::Cq) else {
+        return -libc::EINVAL;
+    };
+    if n < 0 || (n > 0 && wc.is_null()) {
+        return -libc::EINVAL;
+    }
+    let mut buf = [EMPTY_WC; 16];
+    let mut done = 0usize;
+    let want = n as usize;
+    while done < want {
+        let room = (want - done).min(16);
+        let k = match &q.notify {
+            Some(nt) => {
+                let mut d = lock(&nt.q);
+                let k = room.min(d.len());
+                for (slot, w) in buf.iter_mut().zip(d.drain(..k)) {
+                    *slot = w;
+                }
+                k
+            }
+            None => q.cq.poll(&mut buf[..room]),
+        };
+        if k == 0 {
+            break;
+        }
+        let nums = lock(qp_nums());
+        for w in &buf[..k] {
+            let num = nums.get(&w.qp.raw()).copied().unwrap_or(0);
+            // SAFETY: the caller's array holds `n` entries; done < n.
+            unsafe { wc.add(done).write(to_ibv_wc(w, num)) };
+            done += 1;
+        }
+    }
+    done as c_int
+}
+
+// ---------------------------------------------------------------- QP
+
+/// A receive posted before the connection exists, passed to the engine
+/// when it connects or accepts.
+pub(crate) struct EarlyRecv {
+    wr_id: u64,
+    sgl: Vec<Sge>,
+}
+
+enum QpConn {
+    /// Not connected: receives wait here.
+    Idle(Vec<EarlyRecv>),
+    /// The connect or accept runs; receives posted meanwhile wait here.
+    Connecting(Vec<EarlyRecv>),
+    Connected(Arc<Qp>),
+}
+
+/// A queue pair: its attributes until the connection manager connects
+/// it, then the engine's QP.
+#[repr(C)]
+pub(crate) struct QpObj {
+    /// The application reads `state` (libibverbs keeps it current), so
+    /// the struct is written while shared.
+    raw: UnsafeCell<ibv_qp>,
+    init: QpInit,
+    cap: ibv_qp_cap,
+    conn: Mutex<QpConn>,
+    state: AtomicU32,
+    /// The engine QP's number in the core, for work completions.
+    core_id: AtomicU32,
+}
+
+static NEXT_QPN: AtomicU32 = AtomicU32::new(1);
+
+impl QpObj {
+    fn raw(&self) -> &ibv_qp {
+        // SAFETY: only `state` is ever written after creation, by
+        // `set_state` as a plain store; the other fields are read-only.
+        unsafe { &*self.raw.get() }
+    }
+
+    pub(crate) fn set_state(&self, s: ibv_qp_state) {
+        self.state.store(s, Ordering::SeqCst);
+        // SAFETY: the QP is live; the field is a plain integer the
+        // application reads as libibverbs's `qp->state`.
+        unsafe { (&raw mut (*self.raw.get()).state).write_volatile(s) };
+    }
+
+    pub(crate) fn state(&self) -> ibv_qp_state {
+        self.state.load(Ordering::SeqCst)
+    }
+
+    /// Start connecting: the attributes and the receives posted so far,
+    /// or `None` if the QP is already connecting or connected.
+    pub(crate) fn begin_connect(&self) -> Option<(QpInit, Vec<EarlyRecv>)> {
+        let mut c = lock(&self.conn);
+        match &mut *c {
+            QpConn::Idle(early) => {
+                let early = std::mem::take(early);
+                *c = QpConn::Connecting(Vec::new());
+                Some((self.init.clone(), early))
+            }
+            _ => None,
+        }
+    }
+
+    /// The connect or accept succeeded: receives posted meanwhile follow
+    /// the early ones.
+    pub(crate) fn finish_connect(&self, qp: Qp) -> Arc<Qp> {
+        let qp = Arc::new(qp);
+        let mut c = lock(&self.conn);
+        if let QpConn::Connecting(late) = &*c {
+            for r in late {
+                let _ = qp.post_recv(&RecvWr {
+                    wr_id: r.wr_id,
+                    sgl: &r.sgl,
+                });
+            }
+        }
+        lock(qp_nums()).insert(qp.id().raw(), self.raw().qp_num);
+        self.core_id.store(qp.id().raw(), Ordering::SeqCst);
+        *c = QpConn::Connected(qp.clone());
+        self.set_state(IBV_QPS_RTS);
+        qp
+    }
+
+    /// The connect or accept failed: the QP is in error, its receives wait
+    /// again (a later connect may use them).
+    pub(crate) fn fail_connect(&self, early: Vec<EarlyRecv>) {
+        let mut c = lock(&self.conn);
+        let mut all = early;
+        if let QpConn::Connecting(late) = &mut *c {
+            all.append(late);
+        }
+        *c = QpConn::Idle(all);
+        self.set_state(IBV_QPS_ERR);
+    }
+
+    pub(crate) fn engine_qp(&self) -> Option<Arc<Qp>> {
+        match &*lock(&self.conn) {
+            QpConn::Connected(q) => Some(q.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// The receives as the engine takes them.
+pub(crate) fn recv_wrs(early: &[EarlyRecv]) -> Vec<RecvWr<'_>> {
+    early
+        .iter()
+        .map(|r| RecvWr {
+            wr_id: r.wr_id,
+            sgl: &r.sgl,
+        })
+        .collect()
+}
+
+fn qp_cap_ok(cap: &ibv_qp_cap) -> bool {
+    cap.max_send_sge as usize <= iwarp::qp::MAX_SGE
+        && cap.max_recv_sge as usize <= iwarp::qp::MAX_SGE
+        && cap.max_inline_data == 0
+        && cap.max_send_wr >= 1
+        && cap.max_recv_wr >= 1
+        && cap.max_send_wr <= c_int::MAX as u32
+        && cap.max_recv_wr <= c_int::MAX as u32
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    let Some(p) = obj::<_, PdObj>(pd, Kind::Pd) else {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    };
+    if attr.is_null() {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    if a.qp_type != IBV_QPT_RC {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    if !a.srq.is_null() {
+        set_errno(libc::EOPNOTSUPP);
+        return null_mut();
+    }
+    let (Some(scq), Some(rcq)) = (
+        obj::<_, CqObj>(a.send_cq, Kind::Cq),
+        obj::<_, CqObj>(a.recv_cq, Kind::Cq),
+    ) else {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    };
+    if !qp_cap_ok(&a.cap) {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    let init = QpInit {
+        pd: p.pd.clone(),
+        send_cq: scq.cq.clone(),
+        recv_cq: rcq.cq.clone(),
+        sq_depth: a.cap.max_send_wr as usize,
+        rq_depth: a.cap.max_recv_wr as usize,
+        sig_all: a.sq_sig_all != 0,
+        srq: None,
+    };
+    let o = Box::new(QpObj {
+        raw: UnsafeCell::new(ibv_qp {
+            context: p.raw.context,
+            qp_context: a.qp_context,
+            pd,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            qp_num: NEXT_QPN.fetch_add(1, Ordering::SeqCst),
+            state: IBV_QPS_RESET,
+            qp_type: IBV_QPT_RC,
+            ..Default::default()
+        }),
+        init,
+        cap: a.cap,
+        conn: Mutex::new(QpConn::Idle(Vec::new())),
+        state: AtomicU32::new(IBV_QPS_RESET),
+        core_id: AtomicU32::new(u32::MAX),
+    });
+    let q = Box::into_raw(o);
+    register(q, Kind::Qp);
+    q.cast()
+}
+
+/// The live QP whose number is `qpn` (for `rdma_accept`/`rdma_connect`
+/// with a QP the application created itself).
+pub(crate) fn qp_by_num(qpn: u32) -> Option<*mut ibv_qp> {
+    let l = lock(crate::live());
+    l.iter()
+        .filter(|(_, k)| **k == Kind::Qp)
+        .map(|(&a, _)| a as *mut QpObj)
+        // SAFETY: registered QPs are live leaked Boxes (the registry lock
+        // is held, so none is destroyed meanwhile).
+        .find(|&q| unsafe { (*q).raw().qp_num } == qpn)
+        .map(|q| q.cast())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    if !unregister(qp, Kind::Qp) {
+        return libc::EINVAL;
+    }
+    // SAFETY: registered until now: a leaked Box<QpObj>, freed once.
+    let b = unsafe { Box::from_raw(qp.cast::<QpObj>()) };
+    let id = b.core_id.load(Ordering::SeqCst);
+    if id != u32::MAX {
+        lock(qp_nums()).remove(&id);
+    }
+    drop(b);
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &*attr };
+    if mask as u32 & IBV_QP_STATE != 0 {
+        let to = a.qp_state;
+        match to {
+            IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS => {
+                // Connected QPs stay in RTS: the connection manager owns
+                // the transitions of the engine's QP.
+                if q.engine_qp().is_none() {
+                    q.set_state(to);
+                }
+            }
+            IBV_QPS_ERR | IBV_QPS_SQE => {
+                if let Some(e) = q.engine_qp() {
+                    e.disconnect();
+                }
+                q.set_state(IBV_QPS_ERR);
+            }
+            _ => return libc::EINVAL,
+        }
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() || init.is_null() {
+        return libc::EINVAL;
+    }
+    let st = q.state();
+    // SAFETY: the caller's out parameters.
+    unsafe {
+        *attr = ibv_qp_attr {
+            qp_state: st,
+            cur_qp_state: st,
+            cap: q.cap,
+            qp_access_flags: IBV_ACCESS_LOCAL_WRITE
+                | IBV_ACCESS_REMOTE_WRITE
+                | IBV_ACCESS_REMOTE_READ,
+            port_num: 1,
+            ..Default::default()
+        };
+        *init = ibv_qp_init_attr {
+            qp_context: q.raw().qp_context,
+            send_cq: q.raw().send_cq,
+            recv_cq: q.raw().recv_cq,
+            cap: q.cap,
+            qp_type: IBV_QPT_RC,
+            sq_sig_all: c_int::from(q.init.sig_all),
+            ..Default::default()
+        };
+    }
+    0
+}
+
+fn post_errno(e: PostError) -> c_int {
+    match e {
+        PostError::QueueFull => libc::ENOMEM,
+        _ => libc::EINVAL,
+    }
+}
+
+/// The SGEs of a work request.
+///
+/// # Safety
+/// `sg_list` points to `num_sge` SGEs when `num_sge > 0`.
+unsafe fn sgl_of(sg_list: *const ibv_sge, num_sge: c_int) -> Result<Vec<Sge>, c_int> {
+    if num_sge < 0 || num_sge as usize > iwarp::qp::MAX_SGE || (num_sge > 0 && sg_list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    if num_sge == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the caller's array of `num_sge` entries.
+    let s = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+    Ok(s.iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            len: s.length,
+            lkey: s.lkey,
+        })
+        .collect())
+}
+
+/// The engine's operation for a send work request.
+fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
+    let solicited = wr.send_flags & IBV_SEND_SOLICITED != 0;
+    // SAFETY (for the union reads below): the unions hold plain integers;
+    // every bit pattern is valid, and the opcode says which one is meant.
+    let (rdma, atomic, inv) = unsafe {
+        (
+            wr.wr.rdma,
+            wr.wr.atomic,
+            wr.__bindgen_anon_1.invalidate_rkey,
+        )
+    };
+    Ok(match wr.opcode {
+        IBV_WR_SEND => SendOp::Send {
+            solicited,
+            invalidate: None,
+        },
+        IBV_WR_SEND_WITH_INV => SendOp::Send {
+            solicited,
+            invalidate: Some(inv),
+        },
+        IBV_WR_RDMA_WRITE => SendOp::Write {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_RDMA_READ => SendOp::Read {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            add: atomic.compare_add,
+            add_mask: 0,
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            compare: atomic.compare_add,
+            compare_mask: u64::MAX,
+            swap: atomic.swap,
+            swap_mask: u64::MAX,
+        },
+        IBV_WR_LOCAL_INV => SendOp::LocalInvalidate { stag: inv },
+        IBV_WR_RDMA_WRITE_WITH_IMM
+        | IBV_WR_SEND_WITH_IMM
+        | IBV_WR_BIND_MW
+        | IBV_WR_TSO
+        | IBV_WR_ATOMIC_WRITE
+        | IBV_WR_DRIVER1 => return Err(libc::EOPNOTSUPP),
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+/// `ops.post_send`, reached through the inline `ibv_post_send`.
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    let fail = |wr: *mut ibv_send_wr, e: c_int| {
+        if !bad.is_null() {
+            // SAFETY: the caller's out parameter.
+            unsafe { *bad = wr };
+        }
+        e
+    };
+    let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) else {
+        return fail(wr, libc::EINVAL);
+    };
+    let Some(e) = q.engine_qp() else {
+        return fail(wr, libc::EINVAL);
+    };
+    while let Some(w) = NonNull::new(wr) {
+        // SAFETY: the caller's list of work requests.
+        let w = unsafe { w.as_ref() };
+        let known = IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+        if w.send_flags & !known != 0 {
+            // Inline data is not supported (max_inline_data is 0).
+            return fail(wr, libc::EINVAL);
+        }
+        let op = match send_op(w) {
+            Ok(o) => o,
+            Err(err) => return fail(wr, err),
+        };
+        // SAFETY: the work request's SGE array.
+        let sgl = match unsafe { sgl_of(w.sg_list, w.num_sge) } {
+            Ok(s) => s,
+            Err(err) => return fail(wr, err),
+        };
+        let r = e.post_send(&SendWr {
+            wr_id: w.wr_id,
+            op,
+            sgl: &sgl,
+            signaled: w.send_flags & IBV_SEND_SIGNALED != 0,
+        });
+        if let Err(err) = r {
+            return fail(wr, post_errno(err));
+        }
+        wr = w.next;
+    }
+    0
+}
+
+/// `ops.post_recv`, reached through the inline `ibv_post_recv`.
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    let fail = |wr: *mut ibv_recv_wr, e: c_int| {
+        if !bad.is_null() {
+            // SAFETY: the caller's out parameter.
+            unsafe { *bad = wr };
+        }
+        e
+    };
+    let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) else {
+        return fail(wr, libc::EINVAL);
+    };
+    while let Some(w) = NonNull::new(wr) {
+        // SAFETY: the caller's list of work requests.
+        let w = unsafe { w.as_ref() };
+        // SAFETY: the work request's SGE array.
+        let sgl = match unsafe { sgl_of(w.sg_list, w.num_sge) } {
+            Ok(s) => s,
+            Err(err) => return fail(wr, err),
+        };
+        let rwr = RecvWr {
+            wr_id: w.wr_id,
+            sgl: &sgl,
+        };
+        if let Err(err) = rwr.check() {
+            return fail(wr, post_errno(err));
+        }
+        let mut c = lock(&q.conn);
+        match &mut *c {
+            QpConn::Connected(e) => {
+                let e = e.clone();
+                drop(c);
+                if let Err(err) = e.post_recv(&rwr) {
+                    return fail(wr, post_errno(err));
+                }
+            }
+            QpConn::Idle(v) | QpConn::Connecting(v) => {
+                if v.len() >= q.init.rq_depth {
+                    return fail(wr, libc::ENOMEM);
+                }
+                v.push(EarlyRecv {
+                    wr_id: w.wr_id,
+                    sgl,
+                });
+            }
+        }
+        wr = w.next;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    _attr: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    set_errno(if is_live(pd, Kind::Pd) {
+        libc::EOPNOTSUPP
+    } else {
+        libc::EINVAL
+    });
+    null_mut()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, _attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    set_errno(if is_live(pd, Kind::Pd) {
+        libc::EOPNOTSUPP
+    } else {
+        libc::EINVAL
+    });
+    null_mut()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    _gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    if is_live(qp, Kind::Qp) {
+        libc::EOPNOTSUPP
+    } else {
+        libc::EINVAL
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    _gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    if is_live(qp, Kind::Qp) {
+        libc::EOPNOTSUPP
+    } else {
+        libc::EINVAL
+    }
+}
+
+// ---------------------------------------------------------------- strings
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_wc_status_str(status: ibv_wc_status) -> *const c_char {
+    let s: &'static std::ffi::CStr = match status {
+        IBV_WC_SUCCESS => c"success",
+        IBV_WC_LOC_LEN_ERR => c"local length error",
+        IBV_WC_LOC_QP_OP_ERR => c"local QP operation error",
+        IBV_WC_LOC_PROT_ERR => c"local protection error",
+        IBV_WC_WR_FLUSH_ERR => c"Work Request Flushed Error",
+        IBV_WC_REM_INV_REQ_ERR => c"remote invalid request error",
+        IBV_WC_REM_ACCESS_ERR => c"remote access error",
+        IBV_WC_REM_OP_ERR => c"remote operation error",
+        IBV_WC_GENERAL_ERR => c"general error",
+        _ => c"unknown",
+    };
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_node_type_str(t: ibv_node_type) -> *const c_char {
+    match t {
+        IBV_NODE_RNIC => c"iWARP".as_ptr(),
+        IBV_NODE_CA => c"InfiniBand channel adapter".as_ptr(),
+        _ => c"unknown".as_ptr(),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_port_state_str(s: ibv_port_state) -> *const c_char {
+    match s {
+        IBV_PORT_DOWN => c"PORT_DOWN".as_ptr(),
+        IBV_PORT_INIT => c"PORT_INIT".as_ptr(),
+        IBV_PORT_ARMED => c"PORT_ARMED".as_ptr(),
+        IBV_PORT_ACTIVE => c"PORT_ACTIVE".as_ptr(),
+        IBV_PORT_ACTIVE_DEFER => c"PORT_ACTIVE_DEFER".as_ptr(),
+        _ => c"invalid state".as_ptr(),
+    }
+}
+
+/// How long a blocking CM wait sleeps before it looks at its stop flag.
+pub(crate) const STOP_POLL: Duration = Duration::from_millis(100);

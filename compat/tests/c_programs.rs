@@ -1,0 +1,83 @@
+//! C programs built against the real rdma-core headers and libraries
+//! (`-libverbs -lrdmacm`) and run with the library preloaded, as
+//! applications use it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `target/<profile>/`, where cargo puts `libiwarp_compat.so`.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+/// Compile `tests/c/<name>.c` into the target directory.
+fn build(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let out = target_dir().join(format!("compat-{name}"));
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(["-libverbs", "-lrdmacm"])
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc {}", src.display());
+    out
+}
+
+/// Run `bin` with the library preloaded; kill it after `limit`.
+fn run_preloaded(bin: &Path, limit: Duration) -> (bool, String, String) {
+    // `cargo test` builds the library next to the test binaries
+    // (target/<profile>/deps/); `cargo build` puts it one level up.
+    let deps = std::env::current_exe().expect("the test's path");
+    let lib = deps
+        .parent()
+        .map(|d| d.join("libiwarp_compat.so"))
+        .filter(|l| l.exists())
+        .unwrap_or_else(|| target_dir().join("libiwarp_compat.so"));
+    assert!(lib.exists(), "{} is built", lib.display());
+    let mut child = Command::new(bin)
+        .env("LD_PRELOAD", &lib)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the C program");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("collect the output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn error_paths_fail_the_rdma_core_way() {
+    let bin = build("errors");
+    let (ok, out, err) = run_preloaded(&bin, Duration::from_secs(60));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    for line in [
+        "ok dealloc_pd bad handle -> EINVAL",
+        "ok create_srq -> EOPNOTSUPP",
+        "ok get_cm_event non-blocking, empty -> EAGAIN",
+        "ok REJECTED with the reject's private data",
+        "all ok",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
