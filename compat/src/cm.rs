@@ -1067,3 +1067,37 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
         p = ai.ai_next;
     }
 }
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    if a.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 || a.create_flags != 0 {
+        // The extended QP API and creation flags are not provided.
+        return fail(libc::EOPNOTSUPP);
+    }
+    let mut init = ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
+        a.pd
+    } else {
+        null_mut()
+    };
+    // SAFETY: forwarded with the same contract.
+    let r = unsafe { rdma_create_qp(id, pd, &mut init) };
+    a.cap = init.cap;
+    r
+}

@@ -1565,3 +1565,110 @@ pub unsafe extern "C" fn ibv_port_state_str(s: ibv_port_state) -> *const c_char 
 
 /// How long a blocking CM wait sleeps before it looks at its stop flag.
 pub(crate) const STOP_POLL: Duration = Duration::from_millis(100);
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    ctx: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if !is_context(ctx)
+        || port != 1
+        || flags != 0
+        || entry.is_null()
+        || entry_size < size_of::<ibv_gid_entry>()
+    {
+        return libc::EINVAL;
+    }
+    if index != 0 {
+        return libc::ENODATA;
+    }
+    // SAFETY: the caller's entry of at least `entry_size` bytes.
+    unsafe {
+        *entry = ibv_gid_entry {
+            port_num: 1,
+            gid_type: IBV_GID_TYPE_IB,
+            ..Default::default()
+        }
+    };
+    0
+}
+
+/// The extended QP API (`ibv_wr_*`) is not provided: rdma-core's answer
+/// for a QP created without it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    set_errno(if is_live(qp, Kind::Qp) {
+        libc::EOPNOTSUPP
+    } else {
+        libc::EINVAL
+    });
+    null_mut()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    _wc: *mut ibv_wc,
+    _grh: *mut ibv_grh,
+    _port: u8,
+) -> *mut ibv_ah {
+    // SAFETY: forwarded; it only checks `pd`.
+    unsafe { ibv_create_ah(pd, null_mut()) }
+}
+
+/// No address handle or SRQ is ever created: every handle is bad.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(_ah: *mut ibv_ah) -> c_int {
+    libc::EINVAL
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
+    libc::EINVAL
+}
+
+/// Vendor (provider) entry points that binaries linked with mlx5 or efa
+/// import; this device is neither.
+mod vendor {
+    use std::ffi::{c_int, c_void};
+    use std::ptr::null_mut;
+
+    use crate::set_errno;
+
+    macro_rules! null_fns {
+        ($($name:ident),*) => {$(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name() -> *mut c_void {
+                set_errno(libc::EOPNOTSUPP);
+                null_mut()
+            }
+        )*};
+    }
+    macro_rules! errno_fns {
+        ($($name:ident),*) => {$(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name() -> c_int {
+                libc::EOPNOTSUPP
+            }
+        )*};
+    }
+    null_fns!(
+        efadv_create_qp_ex,
+        mlx5dv_create_mkey,
+        mlx5dv_create_qp,
+        mlx5dv_dek_create,
+        mlx5dv_open_device,
+        mlx5dv_qp_ex_from_ibv_qp_ex
+    );
+    errno_fns!(
+        efadv_query_device,
+        mlx5dv_crypto_login,
+        mlx5dv_dek_destroy,
+        mlx5dv_destroy_mkey,
+        mlx5dv_devx_general_cmd
+    );
+}

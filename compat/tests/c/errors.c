@@ -111,6 +111,8 @@ int main(void)
 	qa.cap.max_send_sge = 1;
 	struct ibv_qp *qp = ibv_create_qp(pd, &qa);
 	CHECK(qp && qp->qp_num != 0 && qp->state == IBV_QPS_RESET, "create_qp RC");
+	errno = 0;
+	CHECK(!ibv_qp_to_qp_ex(qp) && errno == EOPNOTSUPP, "qp_to_qp_ex -> EOPNOTSUPP");
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey };
 	struct ibv_send_wr swr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND },
 			   *bad_s = NULL;
