@@ -10,14 +10,13 @@
 //! with the engine's [`Device`] the first time it is needed.
 
 use std::cell::UnsafeCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::ptr::{null_mut, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use iwarp_engine::iwarp;
@@ -633,64 +632,14 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
 
 // ---------------------------------------------------------------- CQ
 
-/// The notification side of a CQ bound to a completion channel.
-///
-/// Its pump thread is the only consumer of the engine's CQ: it moves
-/// completions into `q` (where `ibv_poll_cq` takes them, in order) and,
-/// when the CQ is armed and a completion matches the arm, disarms it and
-/// counts one notification on `fd` (a semaphore eventfd the channel's
-/// epoll instance watches). Completions already queued when the CQ is
-/// armed raise nothing, as in verbs.
-struct Notify {
-    q: Mutex<VecDeque<WorkCompletion>>,
-    /// 0: not armed; 1: the next completion; 2: the next solicited
-    /// receive or error completion.
-    armed: AtomicU8,
-    fd: OwnedFd,
-    stop: AtomicBool,
-}
-
-impl Notify {
-    fn pump(&self, cq: &Cq) {
-        let mut buf = [EMPTY_WC; 32];
-        while !self.stop.load(Ordering::SeqCst) {
-            let n = cq.wait(&mut buf, Some(STOP_POLL));
-            if n == 0 {
-                continue;
-            }
-            let mut q = lock(&self.q);
-            q.extend(&buf[..n]);
-            let fire = match self.armed.load(Ordering::SeqCst) {
-                1 => true,
-                2 => buf[..n].iter().any(|w| {
-                    w.status != WcStatus::Success || (w.opcode == WcOpcode::Recv && w.solicited)
-                }),
-                _ => false,
-            };
-            if fire && self.armed.swap(0, Ordering::SeqCst) != 0 {
-                let one = 1u64;
-                // SAFETY: writing 8 bytes to our eventfd.
-                unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
-            }
-        }
-    }
-
-    /// Take one notification, if one is counted.
-    fn take(&self) -> bool {
-        let mut v = 0u64;
-        // SAFETY: reading 8 bytes from our non-blocking eventfd.
-        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) == 8 }
-    }
-}
-
-/// A completion queue.
+/// A completion queue. Bound to a completion channel, its engine eventfd
+/// (one count per notification, [`Cq::req_notify`]) is in the channel's
+/// epoll set with the CQ's address as the event's data.
 #[repr(C)]
 pub(crate) struct CqObj {
     raw: ibv_cq,
     pub(crate) cq: Cq,
     events: AtomicU32,
-    notify: Option<Arc<Notify>>,
-    pump: Mutex<Option<JoinHandle<()>>>,
 }
 
 #[no_mangle]
@@ -720,34 +669,6 @@ pub unsafe extern "C" fn ibv_create_cq(
         set_errno(libc::ENODEV);
         return null_mut();
     };
-    let cq = g.dev.create_cq(cqe as usize);
-    let mut notify = None;
-    if ch.is_some() {
-        // SAFETY: plain syscall; the fd is owned by the OwnedFd below.
-        let fd = unsafe {
-            libc::eventfd(
-                0,
-                libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return null_mut();
-        }
-        notify = Some(Arc::new(Notify {
-            q: Mutex::new(VecDeque::new()),
-            armed: AtomicU8::new(0),
-            // SAFETY: a new fd nothing else owns.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            stop: AtomicBool::new(false),
-        }));
-    }
-    let pump = notify.as_ref().map(|n| {
-        let (n, cq) = (n.clone(), cq.clone());
-        std::thread::Builder::new()
-            .name("iwarp-compat-cq".into())
-            .spawn(move || n.pump(&cq))
-            .expect("spawn a completion thread")
-    });
     let o = Box::new(CqObj {
         raw: ibv_cq {
             context: ctx,
@@ -756,44 +677,27 @@ pub unsafe extern "C" fn ibv_create_cq(
             cqe,
             ..Default::default()
         },
-        cq,
+        cq: g.dev.create_cq(cqe as usize),
         events: AtomicU32::new(0),
-        notify,
-        pump: Mutex::new(pump),
     });
+    let fd = o.cq.event_fd().as_raw_fd();
     let p = Box::into_raw(o);
-    if let (Some(c), Some(n)) = (ch, obj_notify(p)) {
+    register(p, Kind::Cq);
+    if let Some(c) = ch {
         let mut ev = libc::epoll_event {
             events: libc::EPOLLIN as u32,
             u64: p as u64,
         };
         // SAFETY: both fds are open; `ev` is a valid epoll_event.
-        if unsafe { libc::epoll_ctl(c.raw.fd, libc::EPOLL_CTL_ADD, n.fd.as_raw_fd(), &mut ev) } != 0
-        {
-            // SAFETY: not registered, freed once.
+        if unsafe { libc::epoll_ctl(c.raw.fd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            unregister(p, Kind::Cq);
+            // SAFETY: the Box leaked above, never handed out.
             drop(unsafe { Box::from_raw(p) });
             return null_mut();
         }
         c.cqs.fetch_add(1, Ordering::SeqCst);
     }
-    register(p, Kind::Cq);
     p.cast()
-}
-
-fn obj_notify<'a>(p: *mut CqObj) -> Option<&'a Notify> {
-    // SAFETY: `p` is a live CqObj this library just created.
-    unsafe { (*p).notify.as_deref() }
-}
-
-impl Drop for CqObj {
-    fn drop(&mut self) {
-        if let Some(n) = &self.notify {
-            n.stop.store(true, Ordering::SeqCst);
-        }
-        if let Some(h) = lock(&self.pump).take() {
-            let _ = h.join();
-        }
-    }
 }
 
 #[no_mangle]
@@ -803,12 +707,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     }
     // SAFETY: registered until now: a leaked Box<CqObj>, freed once.
     let b = unsafe { Box::from_raw(cq.cast::<CqObj>()) };
-    if let (Some(c), Some(n)) = (
-        obj::<_, ChanObj>(b.raw.channel, Kind::CompChannel),
-        &b.notify,
-    ) {
+    if let Some(c) = obj::<_, ChanObj>(b.raw.channel, Kind::CompChannel) {
+        let fd = b.cq.event_fd().as_raw_fd();
         // SAFETY: both fds are open.
-        unsafe { libc::epoll_ctl(c.raw.fd, libc::EPOLL_CTL_DEL, n.fd.as_raw_fd(), null_mut()) };
+        unsafe { libc::epoll_ctl(c.raw.fd, libc::EPOLL_CTL_DEL, fd, null_mut()) };
         c.cqs.fetch_sub(1, Ordering::SeqCst);
     }
     0
@@ -857,7 +759,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let Some(q) = obj::<_, CqObj>(p, Kind::Cq) else {
             continue;
         };
-        if !q.notify.as_ref().is_some_and(|n| n.take()) {
+        if !q.cq.get_event() {
             // Another thread took this notification.
             continue;
         }
@@ -887,17 +789,10 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
     let Some(q) = obj::<_, CqObj>(cq, Kind::Cq) else {
         return libc::EINVAL;
     };
-    if let Some(n) = &q.notify {
-        let want = if solicited_only != 0 { 2 } else { 1 };
-        // An arm for any completion is not narrowed by a later
-        // solicited-only one.
-        let _ = n
-            .armed
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {
-                Some(if a == 1 { 1 } else { want })
-            });
+    match q.cq.req_notify(solicited_only != 0) {
+        Ok(()) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(libc::ENOMEM),
     }
-    0
 }
 
 fn qp_nums() -> &'static Mutex<HashMap<u32, u32>> {
@@ -965,17 +860,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     let want = n as usize;
     while done < want {
         let room = (want - done).min(16);
-        let k = match &q.notify {
-            Some(nt) => {
-                let mut d = lock(&nt.q);
-                let k = room.min(d.len());
-                for (slot, w) in buf.iter_mut().zip(d.drain(..k)) {
-                    *slot = w;
-                }
-                k
-            }
-            None => q.cq.poll(&mut buf[..room]),
-        };
+        let k = q.cq.poll(&mut buf[..room]);
         if k == 0 {
             break;
         }
