@@ -1101,3 +1101,42 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     a.cap = init.cap;
     r
 }
+
+/// The synchronous endpoint API (`rdma_create_ep`, `rdma_get_request`)
+/// is not provided.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_ep(
+    id: *mut *mut rdma_cm_id,
+    _res: *mut rdma_addrinfo,
+    _pd: *mut ibv_pd,
+    _attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    fail(if id.is_null() {
+        libc::EINVAL
+    } else {
+        libc::EOPNOTSUPP
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    _id: *mut *mut rdma_cm_id,
+) -> c_int {
+    fail(if is_live(listen, Kind::CmId) {
+        libc::EOPNOTSUPP
+    } else {
+        libc::EINVAL
+    })
+}
+
+/// Destroys what `rdma_create_ep` would have created: no ID ever comes
+/// from it, so only IDs of `rdma_create_id` are destroyed here.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
+    // SAFETY: forwarded; a bad handle is refused there.
+    unsafe {
+        rdma_destroy_qp(id);
+        rdma_destroy_id(id);
+    }
+}
