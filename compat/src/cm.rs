@@ -7,7 +7,7 @@
 //! from the calling thread (ADDR_RESOLVED, ROUTE_RESOLVED, ESTABLISHED of
 //! an accept) or from a worker thread of the ID: a listening ID's thread
 //! takes the engine's connection requests (CONNECT_REQUEST, with a new
-//! ID), a connecting ID's thread runs the engine's blocking connect
+//! ID), a connecting ID's thread drives the engine's non-blocking connect
 //! (ESTABLISHED, REJECTED, UNREACHABLE, CONNECT_ERROR), and a connected
 //! ID's thread waits for the connection's end (DISCONNECTED). Workers wake
 //! every [`STOP_POLL`] to see whether their ID is being destroyed;
@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::size_of;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -824,9 +825,29 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
         let (me, qp) = (me, qp);
         // SAFETY: the QP outlives the connect (see `SendPtr`).
         let q = unsafe { &*qp.0 };
-        let r = g
+        let r = match g
             .dev
-            .connect_with_recvs(SocketAddr::V4(dst), init, params, &recv_wrs(&early));
+            .connect_start(SocketAddr::V4(dst), init, params, &recv_wrs(&early))
+        {
+            Ok(mut c) => loop {
+                if let Some(r) = c.poll() {
+                    break r;
+                }
+                if stop.load(Ordering::SeqCst) {
+                    // The ID is being destroyed: abandon the connect.
+                    q.fail_connect(early);
+                    return;
+                }
+                let mut pfd = libc::pollfd {
+                    fd: c.event_fd().as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd of an open descriptor.
+                unsafe { libc::poll(&mut pfd, 1, STOP_POLL.as_millis() as c_int) };
+            },
+            Err(e) => Err(e),
+        };
         match r {
             Ok(engine_qp) => {
                 let engine_qp = q.finish_connect(engine_qp);
