@@ -10,7 +10,7 @@
 //! ID), a connecting ID's thread drives the engine's non-blocking connect
 //! (ESTABLISHED, REJECTED, UNREACHABLE, CONNECT_ERROR), and a connected
 //! ID's thread waits for the connection's end (DISCONNECTED). Workers wake
-//! every [`STOP_POLL`] to see whether their ID is being destroyed;
+//! every 100 ms to see whether their ID is being destroyed;
 //! `rdma_destroy_id` stops and joins them.
 
 use std::collections::VecDeque;

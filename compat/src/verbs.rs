@@ -4,7 +4,7 @@
 //!
 //! Every object handed to the application is a leaked `Box` of a
 //! `#[repr(C)]` struct whose first field is the rdma-core struct
-//! (`ibv_pd`, `ibv_cq`, ...), registered by address ([`crate::obj`]) until
+//! (`ibv_pd`, `ibv_cq`, ...), registered by address until
 //! it is destroyed. The context is one `verbs_context` per process (its
 //! `ibv_context` at its end, `abi_compat` marking it extended), opened
 //! with the engine's [`Device`] the first time it is needed.
