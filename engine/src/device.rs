@@ -58,7 +58,8 @@ pub struct Stats {
     /// Visits so far of connections outside the protocol core's hands:
     /// accepted ones whose MPA request is still arriving, outgoing TCP
     /// connects (AF_XDP), sockets closing after a reject reply or a
-    /// Terminate. A pass visits only those with something to do (ready,
+    /// Terminate, connections the application dropped that are still
+    /// closing. A pass visits only those with something to do (ready,
     /// or past a deadline), so idle ones add nothing.
     pub lifecycle_visits: u64,
     /// The user-space TCP's counters (AF_XDP backend).

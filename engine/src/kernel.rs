@@ -167,8 +167,9 @@ pub(crate) struct KernelIo {
     /// (readiness, the application's posts, due timers), their QPs'
     /// timers.
     conns: ConnSlots<Conn>,
-    /// Slots of connections the application dropped.
-    orphans: Vec<usize>,
+    /// Slots of connections the application dropped whose socket a
+    /// visit of this pass found closed: [`Self::reap`] destroys their QPs.
+    finished: Vec<usize>,
     /// Accepted connections whose MPA request is arriving, lingering
     /// replies and draining sockets; a pass visits those whose socket
     /// became ready or whose deadline passed.
@@ -176,7 +177,8 @@ pub(crate) struct KernelIo {
     listeners: Vec<Listening>,
     lingering: ConnSlots<Lingering>,
     draining: ConnSlots<Draining>,
-    /// Visits of `pending`, `lingering` and `draining` entries.
+    /// Visits of `pending`, `lingering` and `draining` entries and of
+    /// connections the application dropped.
     pub(crate) lifecycle_visits: u64,
     rx_buf: Vec<u8>,
     /// Where `poll_transmit` writes; what a socket does not take moves to
@@ -191,7 +193,7 @@ impl KernelIo {
             registry,
             next_token: 1,
             conns: ConnSlots::default(),
-            orphans: Vec::new(),
+            finished: Vec::new(),
             pending: ConnSlots::default(),
             listeners: Vec::new(),
             lingering: ConnSlots::default(),
@@ -276,11 +278,9 @@ impl KernelIo {
             return false;
         };
         if let Some(c) = self.conns.get_mut(i) {
-            if !c.orphan {
-                c.orphan = true;
-                self.orphans.push(i);
-            }
+            c.orphan = true;
         }
+        // The visit closes the socket or finds it closed.
         self.conns.mark(i);
         true
     }
@@ -360,7 +360,17 @@ impl KernelIo {
         let hot = self.conns.take_hot();
         for &i in &hot {
             work += self.pump_conn(ctx, i, now);
-            let timer = self.conns.get(i).and_then(|c| ctx.poll_timeout(c.qp));
+            let Some(c) = self.conns.get(i) else {
+                continue;
+            };
+            if c.orphan {
+                self.lifecycle_visits += 1;
+                if c.sock.is_none() {
+                    self.finished.push(i);
+                    continue;
+                }
+            }
+            let timer = ctx.poll_timeout(c.qp);
             self.conns.schedule(i, timer);
         }
         self.conns.give_back(hot);
@@ -741,21 +751,19 @@ impl KernelIo {
         work
     }
 
-    /// Destroy the core QPs of closed connections the application dropped.
+    /// Destroy the core QPs of the connections the application dropped
+    /// that this pass's visits found closed (those still closing wait
+    /// for the visit their socket's readiness or their QP's timer
+    /// brings).
     pub(crate) fn reap(&mut self, ctx: &mut Context) -> usize {
         let mut n = 0;
-        let mut k = 0;
-        while k < self.orphans.len() {
-            let i = self.orphans[k];
-            let gone = match self.conns.get(i) {
-                None => {
-                    self.orphans.swap_remove(k);
-                    continue;
-                }
-                Some(c) => c.sock.is_none(),
-            };
-            if !gone {
-                k += 1;
+        let mut finished = std::mem::take(&mut self.finished);
+        for i in finished.drain(..) {
+            if !self
+                .conns
+                .get(i)
+                .is_some_and(|c| c.orphan && c.sock.is_none())
+            {
                 continue;
             }
             if let Some(c) = self.conns.remove(i) {
@@ -763,8 +771,8 @@ impl KernelIo {
                 let _ = ctx.destroy_qp(c.qp);
                 n += 1;
             }
-            self.orphans.swap_remove(k);
         }
+        self.finished = finished;
         n
     }
 

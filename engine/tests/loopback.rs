@@ -1681,3 +1681,98 @@ fn idle_handshakes_and_draining_sockets_are_not_visited_per_pass() {
     );
     drop(silent);
 }
+
+/// Connections the application dropped while their peer keeps them open
+/// (it neither reads nor closes, so what the QP still sends stays queued
+/// and the socket stays open) are visited when their socket becomes
+/// ready or their QP's timer is due, not by every pass
+/// (`Stats::lifecycle_visits` counts visits of dropped connections).
+#[test]
+fn dropped_connections_still_closing_are_not_visited_per_pass() {
+    use std::io::Write;
+    const N: usize = 16;
+    const PASSES: usize = 200;
+    const LEN: usize = 1 << 20;
+    const SENDS: u64 = 8;
+    let dev = open(true);
+    let (pd, cq, _) = init(&dev);
+    let mr = dev.reg_mr(&pd, LEN, Access::LOCAL_WRITE).unwrap();
+    let visits = || dev.stats().lifecycle_visits;
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let end = Instant::now() + WAIT;
+        while !done() {
+            assert!(Instant::now() < end, "{what}");
+            if dev.progress() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    // Raw MPA responders that reply and then neither read nor close; a
+    // small window: the QPs' sends fill it and the sockets.
+    let raw = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    raw.set_recv_buffer_size(4096).unwrap();
+    raw.bind(&any_addr().into()).unwrap();
+    raw.listen(N as i32).unwrap();
+    let raw: std::net::TcpListener = raw.into();
+    let addr = raw.local_addr().unwrap();
+    let peers = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut reply = b"MPA ID Rep Frame".to_vec();
+        reply.extend([0, 1, 0, 0]);
+        (0..N)
+            .map(|_| {
+                let (mut s, _) = raw.accept().unwrap();
+                s.set_read_timeout(Some(WAIT)).unwrap();
+                let mut request = [0u8; 20];
+                s.read_exact(&mut request).unwrap();
+                s.write_all(&reply).unwrap();
+                s
+            })
+            .collect::<Vec<std::net::TcpStream>>()
+    });
+    let params = ConnParams {
+        revision: 1,
+        ..ConnParams::default()
+    };
+    let qps: Vec<Qp> = (0..N)
+        .map(|_| {
+            dev.connect(addr, QpInit::new(&pd, &cq, 128), params.clone())
+                .unwrap()
+        })
+        .collect();
+    let clients = peers.join().unwrap();
+    for qp in &qps {
+        for k in 0..SENDS {
+            qp.post_send(&SendWr {
+                wr_id: k,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sgl: &[mr.sge(0, LEN)],
+                signaled: false,
+            })
+            .unwrap();
+        }
+    }
+    // Send until the sockets take no more, drop the QPs, and let their
+    // connections take in the drop.
+    until("the sockets full", &|| dev.progress() == 0);
+    drop(qps);
+    until("the drops handled", &|| dev.progress() == 0);
+    assert_eq!(
+        dev.stats().connections,
+        N,
+        "the dropped connections are still closing"
+    );
+    let before = visits();
+    for _ in 0..PASSES {
+        dev.progress();
+    }
+    let added = visits() - before;
+    assert!(
+        added <= N as u64,
+        "{N} dropped connections still closing: {added} visits in {PASSES} passes"
+    );
+    drop(clients);
+}

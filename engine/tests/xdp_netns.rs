@@ -798,3 +798,110 @@ fn xdp_idle_handshakes_and_lingering_are_not_visited_per_pass() {
     cli.join().expect("client");
     srv.join().expect("server");
 }
+
+/// Connections the application dropped while their kernel peer keeps
+/// them half-open (it takes our FIN but neither reads nor closes) cost
+/// the AF_XDP engine's passes nothing: each is visited when the stack
+/// lists it active or when its linger deadline is due
+/// (`Stats::lifecycle_visits` counts visits of dropped connections), and
+/// the deadline's visit resets it and destroys its QP.
+#[test]
+fn xdp_dropped_connections_still_closing_are_not_visited_per_pass() {
+    if !is_root() {
+        return;
+    }
+    const N: usize = 16;
+    const PASSES: usize = 200;
+    let topo = Topo::up(1500, Some(IP_A), None, 1);
+    let (step_tx, step_rx) = mpsc::channel::<&'static str>();
+    let (done_tx, done_rx) = mpsc::channel::<&'static str>();
+    let srv = spawn_in(&topo.b, move || {
+        let o = Opts::new(1500);
+        let dev = Device::open(
+            backend(Kind::Xdp, "xb", IP_B, &o, None),
+            DeviceConfig {
+                progress: Progress::Manual,
+                seed: None,
+                busy_poll: false,
+            },
+        )
+        .expect("open device");
+        let l = dev
+            .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), PORT))
+            .expect("listen");
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(1024);
+        let visits = || dev.stats().lifecycle_visits;
+        let until = |what: &str, done: &dyn Fn() -> bool| {
+            let end = Instant::now() + WAIT;
+            while !done() {
+                assert!(Instant::now() < end, "{what}");
+                if dev.progress() == 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        };
+        // Let late frames (the peers' ACKs of our FIN) arrive and be
+        // handled.
+        let settle = || {
+            let end = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < end {
+                dev.progress();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let qps: Vec<Qp> = (0..N)
+            .map(|_| {
+                let req = l.get_request(Some(WAIT)).expect("request");
+                req.accept(init(&cq, &pd), ConnParams::default())
+                    .expect("accept")
+            })
+            .collect();
+        until("every reply delivered", &|| step_rx.try_recv().is_ok());
+        drop(qps);
+        settle();
+        assert_eq!(
+            dev.stats().connections,
+            N,
+            "the dropped connections are still closing"
+        );
+        let before = visits();
+        for _ in 0..PASSES {
+            dev.progress();
+        }
+        let added = visits() - before;
+        assert!(
+            added <= 2 * N as u64,
+            "{N} dropped connections still closing: {added} visits in {PASSES} passes"
+        );
+        until("every dropped connection reaped at its deadline", &|| {
+            dev.stats().connections == 0
+        });
+        done_tx.send("reaped").unwrap();
+    });
+    let cli = spawn_in(&topo.a, move || {
+        use std::io::{Read, Write};
+        let addr = SocketAddr::new(IP_B.into(), PORT);
+        let mut request = b"MPA ID Req Frame".to_vec();
+        request.extend([0x40, 1, 0, 0]);
+        let mut clients: Vec<_> = (0..N)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect_timeout(&addr, WAIT).expect("connect");
+                s.write_all(&request).unwrap();
+                s
+            })
+            .collect();
+        for s in &mut clients {
+            s.set_read_timeout(Some(WAIT)).unwrap();
+            let mut reply = [0u8; 20];
+            s.read_exact(&mut reply).expect("accept reply");
+            assert_eq!(&reply[..16], b"MPA ID Rep Frame");
+        }
+        step_tx.send("replied").unwrap();
+        // Half-open until the server reaped every connection.
+        assert_eq!(done_rx.recv_timeout(2 * WAIT), Ok("reaped"));
+        drop(clients);
+    });
+    cli.join().expect("client");
+    srv.join().expect("server");
+}

@@ -251,15 +251,18 @@ pub(crate) struct XdpIo {
     /// The connections the core drives, the ones the next pass visits,
     /// their QPs' timers.
     conns: ConnSlots<Conn>,
-    /// Slots of connections the application dropped, until reaped.
-    orphans: Vec<usize>,
+    /// Slots of connections the application dropped that a visit of
+    /// this pass found closed or past [`LINGER`]: [`Self::reap`]
+    /// destroys their QPs.
+    finished: Vec<usize>,
     /// The stack's active connections of the current pass.
     active: Vec<ConnId>,
     /// Local ports of accepted connections (they stay steered after their
     /// listener is gone), with how many connections use each.
     local_ports: HashMap<u16, usize>,
     lingering: ConnSlots<Lingering>,
-    /// Visits of `pending`, `dials` and `lingering` entries.
+    /// Visits of `pending`, `dials` and `lingering` entries and of
+    /// connections the application dropped.
     pub(crate) lifecycle_visits: u64,
     /// A connection or listener went away: recompute the steered ports.
     steer_dirty: bool,
@@ -435,7 +438,7 @@ impl XdpIo {
                 pending: ConnSlots::default(),
                 dials: ConnSlots::default(),
                 conns: ConnSlots::default(),
-                orphans: Vec::new(),
+                finished: Vec::new(),
                 active: Vec::new(),
                 local_ports: HashMap::new(),
                 lingering: ConnSlots::default(),
@@ -745,11 +748,10 @@ impl XdpIo {
             return false;
         };
         if let Some(c) = self.conns.get_mut(i) {
-            if c.orphan.is_none() {
-                c.orphan = Some(now);
-                self.orphans.push(i);
-            }
+            c.orphan.get_or_insert(now);
         }
+        // The visit closes the connection or finds it closed, and sets
+        // its deadline.
         self.mark(i);
         true
     }
@@ -835,13 +837,25 @@ impl XdpIo {
         let hot = self.conns.take_hot();
         for &i in &hot {
             work += self.pump_conn(ctx, i, now);
-            let timer = self.conns.get(i).and_then(|c| ctx.poll_timeout(c.qp));
+            let Some(c) = self.conns.get(i) else {
+                continue;
+            };
+            // A dropped connection: reaped once closed or at its deadline.
+            let linger = c.orphan.map(|since| since + LINGER);
+            if let Some(at) = linger {
+                self.lifecycle_visits += 1;
+                if c.gone || at <= now {
+                    self.finished.push(i);
+                    continue;
+                }
+            }
+            let timer = ctx.poll_timeout(c.qp).into_iter().chain(linger).min();
             self.conns.schedule(i, timer);
         }
         self.conns.give_back(hot);
         work += self.segment_rounds(ctx, now);
         work += self.pump_lingering(now);
-        work + self.reap(ctx, now, reaped)
+        work + self.reap(ctx, reaped)
     }
 
     /// Steps 5-6 (as [`Self::io_in`], without the device lock).
@@ -1191,20 +1205,22 @@ impl XdpIo {
         work
     }
 
-    /// Destroy the QPs of closed connections the application dropped;
-    /// reset dropped ones that do not finish closing in time. Walks the
-    /// dropped connections only; the destroyed QPs go to `reaped`.
-    fn reap(&mut self, ctx: &mut Context, now: CoreInstant, reaped: &mut Vec<QpId>) -> usize {
+    /// Destroy the QPs of the connections the application dropped that
+    /// this pass's visits found closed or past their deadline (those
+    /// reset first); the destroyed QPs go to `reaped`. Dropped
+    /// connections still closing wait for the visit the stack's activity
+    /// or their deadline brings.
+    fn reap(&mut self, ctx: &mut Context, reaped: &mut Vec<QpId>) -> usize {
         let mut n = 0;
-        let mut k = 0;
-        while k < self.orphans.len() {
-            let i = self.orphans[k];
+        let mut finished = std::mem::take(&mut self.finished);
+        for i in finished.drain(..) {
             let Some(c) = self.conns.get_mut(i) else {
-                self.orphans.swap_remove(k);
                 continue;
             };
-            let since = c.orphan.unwrap_or(now);
-            if !c.gone && now.saturating_duration_since(since) > LINGER {
+            if c.orphan.is_none() {
+                continue;
+            }
+            if !c.gone {
                 let _ = self.stack.abort(c.conn);
                 release(
                     &mut self.stack,
@@ -1214,18 +1230,14 @@ impl XdpIo {
                 );
                 c.gone = true;
             }
-            if !c.gone {
-                k += 1;
-                continue;
-            }
             ctx.handle_eof(c.qp);
             drain_events(ctx, c.qp, &c.shared);
             let _ = ctx.destroy_qp(c.qp);
             reaped.push(c.qp);
             self.conns.remove(i);
-            self.orphans.swap_remove(k);
             n += 1;
         }
+        self.finished = finished;
         if n > 0 {
             self.steer_dirty = true;
         }
