@@ -351,7 +351,7 @@ fn sleep_armed(
     events: &mut Events,
     timeout: Option<Duration>,
     fds: &[(Token, i32)],
-) {
+) -> Woke {
     let registry = poll.registry();
     let mut armed = 0;
     for &(token, fd) in fds {
@@ -365,15 +365,33 @@ fn sleep_armed(
     }
     // A socket that could not be added cannot wake us: poll once, then
     // let the caller's next pass look at it.
-    let timeout = if armed < fds.len() {
-        Some(Duration::ZERO)
+    let (timeout, woke) = if armed < fds.len() {
+        (Some(Duration::ZERO), Woke::Unarmed)
     } else {
-        timeout
+        (timeout, Woke::Timeout)
     };
-    let _ = poll.poll(events, timeout);
+    let woke = match poll.poll(events, timeout) {
+        Ok(()) if !events.is_empty() => Woke::Ready,
+        _ => woke,
+    };
     for &(_, fd) in &fds[..armed] {
         let _ = poll.registry().deregister(&mut mio::unix::SourceFd(&fd));
     }
+    woke
+}
+
+/// Why [`sleep_armed`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Woke {
+    /// A source in the poller is ready (a socket, the waker): `events`
+    /// lists them.
+    Ready,
+    /// The timeout passed (or a signal interrupted the sleep) with
+    /// nothing ready.
+    Timeout,
+    /// A socket could not be added: the poller was only looked at, not
+    /// slept in.
+    Unarmed,
 }
 
 /// How the progress thread of an AF_XDP engine other than the first
@@ -703,11 +721,19 @@ mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixDatagram;
-    use std::time::Instant;
 
-    /// A socket readable before the sleep wakes it at once (epoll looks
-    /// at readiness when the socket is added), and it leaves the epoll
-    /// set afterwards: adding it again succeeds.
+    /// The bound of a wait for something that happens at once: it only
+    /// turns a regression into a failure instead of a hang.
+    const WAIT_BOUND: Duration = Duration::from_secs(30);
+
+    fn tokens(events: &Events) -> Vec<Token> {
+        events.iter().map(|e| e.token()).collect()
+    }
+
+    /// Nothing ready: the sleep ends at its timeout, no event. A socket
+    /// readable before the sleep wakes it (epoll looks at readiness when
+    /// the socket is added), and it leaves the epoll set afterwards:
+    /// adding it again succeeds.
     #[test]
     fn sleep_armed_sees_earlier_readiness_and_disarms() {
         let mut poll = Poll::new().unwrap();
@@ -715,20 +741,15 @@ mod tests {
         let (a, b) = UnixDatagram::pair().unwrap();
         let fds = [(XSK, b.as_raw_fd())];
 
-        // Nothing to read: the sleep lasts its timeout, no event.
-        sleep_armed(
-            &mut poll,
-            &mut events,
-            Some(Duration::from_millis(20)),
-            &fds,
-        );
+        let woke = sleep_armed(&mut poll, &mut events, Some(Duration::ZERO), &fds);
+        assert_eq!(woke, Woke::Timeout);
         assert!(events.is_empty());
 
         a.send(b"frame").unwrap();
-        let t = Instant::now();
-        sleep_armed(&mut poll, &mut events, Some(Duration::from_secs(30)), &fds);
-        assert!(t.elapsed() < Duration::from_secs(30), "slept through");
-        assert_eq!(events.iter().map(|e| e.token()).collect::<Vec<_>>(), [XSK]);
+        // Sleeping through the frame would end at the timeout instead.
+        let woke = sleep_armed(&mut poll, &mut events, Some(WAIT_BOUND), &fds);
+        assert_eq!(woke, Woke::Ready, "slept through");
+        assert_eq!(tokens(&events), [XSK]);
 
         // Not registered any more: a second registration is accepted.
         let fd = b.as_raw_fd();
@@ -737,19 +758,38 @@ mod tests {
             .expect("the socket left the epoll set after the sleep");
     }
 
-    /// A socket that cannot be added (a closed descriptor) does not make
-    /// the sleep last its whole timeout.
+    /// A kick (the waker) ends a sleep without a timeout, with the
+    /// sockets armed.
     #[test]
-    fn sleep_armed_does_not_block_on_a_socket_it_cannot_add() {
+    fn sleep_armed_is_woken_by_a_kick() {
         let mut poll = Poll::new().unwrap();
         let mut events = Events::with_capacity(4);
-        let t = Instant::now();
-        sleep_armed(
-            &mut poll,
-            &mut events,
-            Some(Duration::from_secs(30)),
-            &[(XSK, -1)],
-        );
-        assert!(t.elapsed() < Duration::from_secs(30));
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).unwrap());
+        let (_a, b) = UnixDatagram::pair().unwrap();
+        let fds = [(XSK, b.as_raw_fd())];
+        let kicker = {
+            let waker = waker.clone();
+            std::thread::spawn(move || waker.wake().unwrap())
+        };
+        let woke = sleep_armed(&mut poll, &mut events, None, &fds);
+        kicker.join().unwrap();
+        assert_eq!(woke, Woke::Ready);
+        assert_eq!(tokens(&events), [WAKER]);
+    }
+
+    /// A socket that cannot be added (a closed descriptor) turns the
+    /// sleep into a look at the poller: even a sleep without a timeout
+    /// returns, as unarmed. (The sleep runs on a thread of its own so
+    /// that a regression shows as a failure, not a hung test.)
+    #[test]
+    fn sleep_armed_does_not_block_on_a_socket_it_cannot_add() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut poll = Poll::new().unwrap();
+            let mut events = Events::with_capacity(4);
+            let woke = sleep_armed(&mut poll, &mut events, None, &[(XSK, -1)]);
+            let _ = tx.send((woke, events.is_empty()));
+        });
+        assert_eq!(rx.recv_timeout(WAIT_BOUND), Ok((Woke::Unarmed, true)));
     }
 }
