@@ -47,6 +47,7 @@ pub(crate) struct Global {
 pub(crate) fn global() -> Result<&'static Global, i32> {
     static G: OnceLock<Result<Global, i32>> = OnceLock::new();
     G.get_or_init(|| {
+        crate::logging::init();
         let cfg = Config::from_env().map_err(|e| {
             eprintln!("libiwarp_compat: {e}");
             libc::ENODEV
