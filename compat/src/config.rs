@@ -69,10 +69,18 @@ impl Config {
     }
 
     /// The connection parameters every connection starts from.
+    ///
+    /// Connections the library initiates ask for RFC 6581 peer-to-peer
+    /// mode: the initiator's first FPDU is a ready-to-receive message, so
+    /// the responder, which RFC 5044 §7.1.2 keeps silent until that first
+    /// FPDU arrives, may send first (perftest's `ib_write_lat` server
+    /// writes before its client does). A responder without P2P answers
+    /// without it and the connection goes on as in RFC 5044.
     pub fn conn_params(&self) -> ConnParams {
         ConnParams {
             crc: self.crc,
             markers: self.markers,
+            p2p: true,
             ..ConnParams::default()
         }
     }
@@ -97,6 +105,7 @@ mod tests {
         assert_eq!(c.backend, Backend::Kernel);
         assert_eq!(c.device.progress, Progress::Thread { cpu: None });
         assert!(!c.crc && !c.markers && !c.device.busy_poll);
+        assert!(c.conn_params().p2p);
     }
 
     #[test]
