@@ -34,7 +34,7 @@ use crate::cm::{CmError, CmEvent};
 use crate::log::conn_event;
 use crate::runtime::lifecycle::{self, Accepting, Fed};
 use crate::runtime::{drain_events, push_event, ConnShared, ListenShared, Sock};
-use crate::slots::{ConnSlots, Slotted};
+use crate::slots::{slotted_without_qp, ConnSlots, Slotted};
 
 /// Size of the receive buffer and of each transmit batch.
 const IO_BUF: usize = 256 * 1024;
@@ -131,31 +131,9 @@ struct Draining {
 /// How long a closed connection's input is drained at most.
 const DRAIN: CoreDuration = CoreDuration::from_secs(2);
 
-/// A socket of the connection lifecycle outside the core (accepted,
-/// lingering, draining), in [`ConnSlots`] by its poll token.
-macro_rules! slotted_by_token {
-    ($t:ty) => {
-        impl Slotted for $t {
-            type Key = Token;
-            fn key(&self) -> Token {
-                self.token
-            }
-            fn qp(&self) -> Option<QpId> {
-                None
-            }
-            fn hot(&mut self) -> &mut bool {
-                &mut self.hot
-            }
-            fn timer(&mut self) -> &mut Option<CoreInstant> {
-                &mut self.timer
-            }
-        }
-    };
-}
-
-slotted_by_token!(Pending);
-slotted_by_token!(Lingering);
-slotted_by_token!(Draining);
+slotted_without_qp!(Pending, Token, token);
+slotted_without_qp!(Lingering, Token, token);
+slotted_without_qp!(Draining, Token, token);
 
 /// The kernel-socket transport of a device: its sockets and the
 /// connections over them. See the module documentation.

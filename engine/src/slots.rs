@@ -27,6 +27,29 @@ pub(crate) trait Slotted {
     fn timer(&mut self) -> &mut Option<Instant>;
 }
 
+/// `impl Slotted` for a connection of the lifecycle outside the core (no
+/// QP), kept by `$field` of type `$key`, with `hot` and `timer` fields.
+macro_rules! slotted_without_qp {
+    ($t:ty, $key:ty, $field:ident) => {
+        impl $crate::slots::Slotted for $t {
+            type Key = $key;
+            fn key(&self) -> $key {
+                self.$field
+            }
+            fn qp(&self) -> Option<iwarp::cq::QpId> {
+                None
+            }
+            fn hot(&mut self) -> &mut bool {
+                &mut self.hot
+            }
+            fn timer(&mut self) -> &mut Option<iwarp::time::Instant> {
+                &mut self.timer
+            }
+        }
+    };
+}
+pub(crate) use slotted_without_qp;
+
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct ConnSlots<C: Slotted> {

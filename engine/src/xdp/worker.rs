@@ -24,7 +24,7 @@ use crate::cm::{CmError, CmEvent};
 use crate::log::conn_event;
 use crate::runtime::lifecycle::{self, Accepting, Fed};
 use crate::runtime::{drain_events, lock, push_event, ConnShared, ListenShared, Sock};
-use crate::slots::{ConnSlots, Slotted};
+use crate::slots::{slotted_without_qp, ConnSlots, Slotted};
 
 /// How long a dropped connection may take to finish its close before it is
 /// reset.
@@ -116,31 +116,9 @@ struct Lingering {
     timer: Option<CoreInstant>,
 }
 
-/// A connection of the lifecycle outside the core (accepted, dialing,
-/// lingering), in [`ConnSlots`] by its TCP connection.
-macro_rules! slotted_by_conn {
-    ($t:ty) => {
-        impl Slotted for $t {
-            type Key = ConnId;
-            fn key(&self) -> ConnId {
-                self.conn
-            }
-            fn qp(&self) -> Option<QpId> {
-                None
-            }
-            fn hot(&mut self) -> &mut bool {
-                &mut self.hot
-            }
-            fn timer(&mut self) -> &mut Option<CoreInstant> {
-                &mut self.timer
-            }
-        }
-    };
-}
-
-slotted_by_conn!(Pending);
-slotted_by_conn!(Dial);
-slotted_by_conn!(Lingering);
+slotted_without_qp!(Pending, ConnId, conn);
+slotted_without_qp!(Dial, ConnId, conn);
+slotted_without_qp!(Lingering, ConnId, conn);
 
 /// The steering program of a device, shared by its engines: each engine
 /// publishes the ports it needs steered, the program's configuration is
