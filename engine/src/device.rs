@@ -1023,7 +1023,17 @@ impl Cq {
     /// returns how many. Never blocks (in [`Progress::Manual`] mode it
     /// does not run the engine either: call [`Device::progress`]).
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        self.q.pop_into(out)
+        let n = self.q.pop_into(out);
+        self.made_room(n);
+        n
+    }
+
+    /// `n` completions were taken: if the engine left completions in the
+    /// core because the queue was full, it moves them now.
+    fn made_room(&self, n: usize) {
+        if n > 0 && self.q.backlogged.load(Ordering::SeqCst) {
+            self.shared.kick();
+        }
     }
 
     /// Block until at least one completion is there (returns how many were
@@ -1046,6 +1056,7 @@ impl Cq {
             })
             .unwrap_or(0);
         self.q.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.made_room(r);
         r
     }
 

@@ -1776,3 +1776,64 @@ fn dropped_connections_still_closing_are_not_visited_per_pass() {
     );
     drop(clients);
 }
+
+/// A CQ whose application queue is full keeps the rest in the core; the
+/// application's poll that makes room brings them over although nothing
+/// else happens on the device (its progress thread sleeps otherwise).
+#[test]
+fn completions_left_behind_a_full_queue_follow_the_poll_that_makes_room() {
+    let (cdev, sdev) = (open(false), open(false));
+    let listener = sdev.listen(any_addr()).unwrap();
+    let addr = listener.local_addr();
+    let (spd, _scq, sinit) = init(&sdev);
+    let server = std::thread::spawn(move || {
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        req.accept(sinit, ConnParams::default()).unwrap()
+    });
+    let pd = cdev.alloc_pd();
+    // 4 in the application's queue and 4 in the core's.
+    let cq = cdev.create_cq(4);
+    let qp = cdev
+        .connect(addr, QpInit::new(&pd, &cq, 16), ConnParams::default())
+        .unwrap();
+    let sqp = server.join().unwrap();
+    let src = cdev
+        .reg_mr(&pd, 64, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let dst = sdev
+        .reg_mr(
+            &spd,
+            64,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let sgls: Vec<[Sge; 1]> = (0..8).map(|i| [src.sge(8 * i, 8)]).collect();
+    // Four completions fill the application's queue; four more wait in
+    // the core's. Each batch gets time to complete before the next (the
+    // core's queue takes four per pass) and before the client polls.
+    for batch in [0..4u64, 4..8] {
+        for i in batch {
+            qp.post_send(&write_wr(
+                i,
+                &sgls[i as usize],
+                dst.addr() + 8 * i,
+                dst.rkey(),
+            ))
+            .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let mut ids = Vec::new();
+    let mut wc = [EMPTY_WC; 2];
+    while ids.len() < 8 {
+        let n = cq.wait(&mut wc, Some(WAIT));
+        assert!(n > 0, "completions {ids:?} of 8, then none");
+        for w in &wc[..n] {
+            assert_eq!(w.status, WcStatus::Success);
+            ids.push(w.wr_id);
+        }
+    }
+    assert_eq!(ids, (0..8).collect::<Vec<_>>());
+    assert_eq!(qp.state(), QpState::Rts);
+    drop(sqp);
+}

@@ -89,19 +89,40 @@ impl From<HandshakeError> for VerbsError {
 
 /// Completion queues of a context, named by [`CqId`].
 #[derive(Debug, Default)]
-pub struct CqTable(Slab<CqSlot>);
+pub struct CqTable {
+    slots: Slab<CqSlot>,
+    /// The queues that received a completion since the last
+    /// [`Context::take_ready_cqs`], each once, in the order they first
+    /// did.
+    ready: Vec<CqId>,
+}
 
 #[derive(Debug)]
 struct CqSlot {
     cq: Cq,
     /// References from QPs (a QP using it for both queues counts twice).
     users: u32,
+    /// Listed in [`CqTable::ready`].
+    listed: bool,
 }
 
 impl CqTable {
     /// The queue named by `id`, `None` for a stale or unknown handle.
     pub fn get_mut(&mut self, id: CqId) -> Option<&mut Cq> {
-        self.0.get_mut(id.key()).map(|s| &mut s.cq)
+        self.slots.get_mut(id.key()).map(|s| &mut s.cq)
+    }
+
+    /// Append `wc` to queue `id` and list the queue as ready. Returns
+    /// `false` for an unknown queue or an overrun (see [`Cq::push`]).
+    pub fn push(&mut self, id: CqId, wc: WorkCompletion) -> bool {
+        let Some(slot) = self.slots.get_mut(id.key()) else {
+            return false;
+        };
+        if !slot.listed {
+            slot.listed = true;
+            self.ready.push(id);
+        }
+        slot.cq.push(wc)
     }
 }
 
@@ -196,7 +217,7 @@ impl Context {
     pub fn live(&self) -> HandleCounts {
         HandleCounts {
             pds: self.pds.len(),
-            cqs: self.cqs.0.len(),
+            cqs: self.cqs.slots.len(),
             qps: self.qps.len(),
             mrs: self.mem.len(),
         }
@@ -207,7 +228,7 @@ impl Context {
     pub fn slots(&self) -> HandleCounts {
         HandleCounts {
             pds: self.pds.slots(),
-            cqs: self.cqs.0.slots(),
+            cqs: self.cqs.slots.slots(),
             qps: self.qps.slots(),
             mrs: self.mem.slots(),
         }
@@ -306,9 +327,10 @@ impl Context {
         let slot = CqSlot {
             cq: Cq::new(capacity),
             users: 0,
+            listed: false,
         };
         self.cqs
-            .0
+            .slots
             .insert(slot)
             .map(CqId::from_key)
             .ok_or(VerbsError::NoResources)
@@ -317,17 +339,33 @@ impl Context {
     /// Destroy a completion queue (with the completions it holds); its
     /// slot is reused. Fails with [`VerbsError::Busy`] while QPs use it.
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
-        let slot = self.cqs.0.get(cq.key()).ok_or(VerbsError::InvalidHandle)?;
+        let slot = self
+            .cqs
+            .slots
+            .get(cq.key())
+            .ok_or(VerbsError::InvalidHandle)?;
         if slot.users > 0 {
             return Err(VerbsError::Busy);
         }
-        self.cqs.0.remove(cq.key());
+        self.cqs.slots.remove(cq.key());
         Ok(())
     }
 
     /// The completion queue named by `id`.
     pub fn cq(&mut self, id: CqId) -> Option<&mut Cq> {
         self.cqs.get_mut(id)
+    }
+
+    /// The completion queues that received a completion (or an overrun)
+    /// since the last call, each once, appended to `out`: what a poller
+    /// moving completions out of the core visits, instead of every queue.
+    pub fn take_ready_cqs(&mut self, out: &mut Vec<CqId>) {
+        for id in self.cqs.ready.drain(..) {
+            if let Some(slot) = self.cqs.slots.get_mut(id.key()) {
+                slot.listed = false;
+                out.push(id);
+            }
+        }
     }
 
     /// Poll up to `out.len()` completions.
@@ -380,7 +418,7 @@ impl Context {
             count(&mut p.qps);
         }
         for cq in [send_cq, recv_cq] {
-            if let Some(c) = self.cqs.0.get_mut(cq.key()) {
+            if let Some(c) = self.cqs.slots.get_mut(cq.key()) {
                 count(&mut c.users);
             }
         }

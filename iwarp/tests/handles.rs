@@ -260,3 +260,61 @@ fn slots_follow_the_peak_not_the_total() {
     ctx.destroy_cq(cq).unwrap();
     ctx.dealloc_pd(pd).unwrap();
 }
+
+#[test]
+fn only_queues_given_completions_are_listed_ready_each_once() {
+    let mut p = Pair::connected(
+        QpConfig::default(),
+        Chunking::whole(65536),
+        Config::default(),
+        Config::default(),
+    );
+    let idle_cq = p.a.ctx.create_cq(8);
+    let mut ready = Vec::new();
+    p.a.ctx.take_ready_cqs(&mut ready);
+    p.b.ctx.take_ready_cqs(&mut ready);
+    ready.clear();
+
+    let src = p.a.reg_with(&[7; 32], Access::LOCAL_WRITE);
+    let dst = p.b.reg(64, Access::LOCAL_WRITE);
+    let (a_sgl, b_sgl) = (
+        [Sge {
+            addr: src.iova,
+            len: 32,
+            lkey: src.lkey,
+        }],
+        [Sge {
+            addr: dst.iova,
+            len: 64,
+            lkey: dst.lkey,
+        }],
+    );
+    for i in 0..3 {
+        p.b.ctx.post_recv(p.b.qp, &recv(i, &b_sgl)).unwrap();
+        let send = SendWr {
+            wr_id: 10 + i,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sgl: &a_sgl,
+            signaled: true,
+        };
+        p.a.ctx.post_send(p.a.qp, &send).unwrap();
+    }
+    p.drive();
+
+    // Three completions on each side: each side's one queue, listed once.
+    p.a.ctx.take_ready_cqs(&mut ready);
+    assert_eq!(ready, [p.a.cq], "the idle queue {idle_cq:?} is not listed");
+    ready.clear();
+    p.b.ctx.take_ready_cqs(&mut ready);
+    assert_eq!(ready, [p.b.cq]);
+    assert_eq!(p.b.completions().len(), 3);
+
+    // Taken: nothing is listed until the next completion.
+    ready.clear();
+    p.a.ctx.take_ready_cqs(&mut ready);
+    p.b.ctx.take_ready_cqs(&mut ready);
+    assert!(ready.is_empty());
+}

@@ -6,8 +6,10 @@
 //! completions and SRQ events to the application, freeing released
 //! objects); each transport owns only its sockets and their connections.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,7 +49,14 @@ pub(crate) struct Engine {
     /// The core clock's origin.
     pub(crate) epoch: std::time::Instant,
     pub(crate) io: Transport,
-    cqs: Vec<(CqId, Arc<CqQueue>)>,
+    /// The application's completion queues, by core CQ.
+    cqs: HashMap<CqId, Arc<CqQueue>>,
+    /// CQs whose application queue was full with completions left in the
+    /// core: visited again at the next pass (and the application's poll
+    /// of one kicks the engine).
+    cq_backlog: Vec<CqId>,
+    /// Scratch list of the CQs a pass visits.
+    cq_visit: Vec<CqId>,
     /// PDs and CQs the application released ([`Released`]).
     pub(crate) released: Arc<SegQueue<Released>>,
     /// Released PDs and CQs the core still refused, because QPs not yet
@@ -72,7 +81,9 @@ impl Engine {
             ctx: Context::new(seed),
             epoch: std::time::Instant::now(),
             io: Transport::Kernel(KernelIo::new(registry)),
-            cqs: Vec::new(),
+            cqs: HashMap::new(),
+            cq_backlog: Vec::new(),
+            cq_visit: Vec::new(),
             released: Arc::new(SegQueue::new()),
             dying: Vec::new(),
             srqs: Vec::new(),
@@ -102,7 +113,7 @@ impl Engine {
     }
 
     pub(crate) fn add_cq(&mut self, id: CqId, q: Arc<CqQueue>) {
-        self.cqs.push((id, q));
+        self.cqs.insert(id, q);
     }
 
     pub(crate) fn add_srq(&mut self, id: SrqId, ev: Arc<SrqEvents>) {
@@ -322,7 +333,7 @@ impl Engine {
             let result = match r {
                 Released::Pd(pd) => self.ctx.dealloc_pd(pd),
                 Released::Cq(cq) => self.ctx.destroy_cq(cq).inspect(|()| {
-                    self.cqs.retain(|(id, _)| *id != cq);
+                    self.cqs.remove(&cq);
                 }),
             };
             match result {
@@ -341,8 +352,22 @@ impl Engine {
     pub(crate) fn move_completions(&mut self) -> usize {
         let mut work = self.free_released();
         work += self.move_srq_events();
-        for (id, q) in &self.cqs {
-            let Some(core) = self.ctx.cq(*id) else {
+        // Only the CQs given completions since the last pass, and those
+        // left with a full application queue: never every CQ.
+        let mut visit = std::mem::take(&mut self.cq_visit);
+        visit.clear();
+        for id in self.cq_backlog.drain(..) {
+            if let Some(q) = self.cqs.get(&id) {
+                q.backlogged.store(false, Ordering::SeqCst);
+            }
+            visit.push(id);
+        }
+        self.ctx.take_ready_cqs(&mut visit);
+        for &id in &visit {
+            let Some(q) = self.cqs.get(&id) else {
+                continue;
+            };
+            let Some(core) = self.ctx.cq(id) else {
                 continue;
             };
             if core.is_empty() {
@@ -366,11 +391,15 @@ impl Engine {
                 let _ = q.q.push(wc);
                 n += 1;
             }
+            if !core.is_empty() && !q.backlogged.swap(true, Ordering::SeqCst) {
+                self.cq_backlog.push(id);
+            }
             if n > 0 {
                 work += n;
                 q.wake();
             }
         }
+        self.cq_visit = visit;
         work
     }
 

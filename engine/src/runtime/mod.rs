@@ -71,6 +71,9 @@ pub(crate) struct CqQueue {
     /// ([`CqQueue::notify`]); created by the first `Cq::event_fd` or
     /// `Cq::req_notify`.
     pub(crate) event: LazyEventFd,
+    /// Set by the engine when the queue was full and the core CQ kept
+    /// completions: the application's next poll kicks the engine.
+    pub(crate) backlogged: AtomicBool,
 }
 
 impl CqQueue {
@@ -81,6 +84,7 @@ impl CqQueue {
             cv: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             event: LazyEventFd::default(),
+            backlogged: AtomicBool::new(false),
         }
     }
 

@@ -824,7 +824,7 @@ impl Qp {
     }
 
     fn complete(&mut self, cq: CqId, wc: WorkCompletion, env: &mut Env<'_>) {
-        let ok = env.cqs.get_mut(cq).is_some_and(|cq| cq.push(wc));
+        let ok = env.cqs.push(cq, wc);
         if !ok && self.state != QpState::Error {
             qp_event!(self.span, WARN, cq = ?cq, "completion queue overrun");
             self.events.push_back(QpEvent::CqOverrun);
