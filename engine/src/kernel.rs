@@ -592,10 +592,12 @@ impl KernelIo {
             work += 1;
         }
         work += drain_events(ctx, qp, &c.shared);
-        // Close once the core asks and everything it sent left.
-        let flushed = broken.is_some() || (drained && c.out_pos >= c.out.len());
+        // Close once the core asks and everything it sent left, or at
+        // once when the stream broke: a reset socket carries nothing more,
+        // and what the core still had to send is abandoned.
+        let flushed = drained && c.out_pos >= c.out.len();
         let mut closed = None;
-        if flushed && ctx.wants_close(qp) {
+        if broken.is_some() || (flushed && ctx.wants_close(qp)) {
             if let Some(mut s) = c.sock.take() {
                 conn_event!(
                     ctx,
