@@ -606,10 +606,26 @@ pub unsafe extern "C" fn rdma_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    create_id_qp(id, pd, |pd| {
+        // SAFETY: forwarded with the caller's attributes.
+        unsafe { ibv_create_qp(pd, attr) }
+    })
+}
+
+/// The QP of `id` made by `create` in `pd` (or the ID's PD, allocated if
+/// it has none), in INIT.
+fn create_id_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    create: impl FnOnce(*mut ibv_pd) -> *mut ibv_qp,
+) -> c_int {
     let Some(o) = id_obj(id) else {
         return fail(libc::EINVAL);
     };
-    if attr.is_null() || !o.raw.qp.is_null() {
+    if !o.raw.qp.is_null() {
         return fail(libc::EINVAL);
     }
     let pd = if pd.is_null() {
@@ -626,8 +642,7 @@ pub unsafe extern "C" fn rdma_create_qp(
     } else {
         pd
     };
-    // SAFETY: forwarded with the caller's attributes.
-    let qp = unsafe { ibv_create_qp(pd, attr) };
+    let qp = create(pd);
     if qp.is_null() {
         return -1;
     }
@@ -1099,28 +1114,20 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     }
     // SAFETY: the caller's attributes.
     let a = unsafe { &mut *attr };
-    if a.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 || a.create_flags != 0 {
-        // The extended QP API and creation flags are not provided.
-        return fail(libc::EOPNOTSUPP);
-    }
-    let mut init = ibv_qp_init_attr {
-        qp_context: a.qp_context,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
-        cap: a.cap,
-        qp_type: a.qp_type,
-        sq_sig_all: a.sq_sig_all,
-    };
     let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
         a.pd
     } else {
         null_mut()
     };
-    // SAFETY: forwarded with the same contract.
-    let r = unsafe { rdma_create_qp(id, pd, &mut init) };
-    a.cap = init.cap;
-    r
+    create_id_qp(id, pd, |pd| {
+        // librdmacm's: the extended attributes with the ID's PD, through
+        // the context's create_qp_ex.
+        a.pd = pd;
+        a.comp_mask |= IBV_QP_INIT_ATTR_PD;
+        let ctx = id_obj(id).map_or(null_mut(), |o| o.raw.verbs);
+        // SAFETY: the caller's attributes, with the ID's context.
+        unsafe { crate::qp::create_qp_ex(ctx, a) }
+    })
 }
 
 /// The synchronous endpoint API (`rdma_create_ep`, `rdma_get_request`)

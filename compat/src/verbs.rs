@@ -9,25 +9,24 @@
 //! `ibv_context` at its end, `abi_compat` marking it extended), opened
 //! with the engine's [`Device`] the first time it is needed.
 
-use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::mem::size_of;
 use std::os::fd::AsRawFd;
-use std::ptr::{null_mut, NonNull};
+use std::ptr::null_mut;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use iwarp_engine::iwarp;
-use iwarp_engine::{
-    Access, Cq, Device, Mr, Pd, PostError, Qp, QpInit, RecvWr, SendOp, SendWr, Sge, WcOpcode,
-    WcStatus, WorkCompletion, EMPTY_WC,
-};
+use iwarp_engine::{Access, Cq, Device, Mr, Pd, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC};
 
+use crate::arena::Arena;
 use crate::config::Config;
+pub use crate::qp::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_qp_to_qp_ex, ibv_query_qp};
+pub(crate) use crate::qp::{qp_by_num, recv_wrs, QpObj};
 use crate::sys::*;
-use crate::{is_live, lock, obj, register, set_errno, unregister, Kind};
+use crate::{is_live, obj, register, set_errno, unregister, Kind};
 
 /// `__VERBS_ABI_IS_EXTENDED` of verbs.h: the context is embedded in a
 /// `struct verbs_context`.
@@ -100,10 +99,11 @@ fn context() -> Result<*mut ibv_context, i32> {
         let mut v = Box::<verbs_context>::default();
         v.sz = size_of::<verbs_context>();
         v.query_port = Some(query_port_ex);
+        v.create_qp_ex = Some(crate::qp::create_qp_ex);
         let c = &mut v.context;
         c.device = device();
-        c.ops.post_send = Some(post_send);
-        c.ops.post_recv = Some(post_recv);
+        c.ops.post_send = Some(crate::qp::post_send);
+        c.ops.post_recv = Some(crate::qp::post_recv);
         c.ops.poll_cq = Some(poll_cq);
         c.ops.req_notify_cq = Some(req_notify_cq);
         c.cmd_fd = -1;
@@ -413,7 +413,7 @@ pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
 /// A protection domain.
 #[repr(C)]
 pub(crate) struct PdObj {
-    raw: ibv_pd,
+    pub(crate) raw: ibv_pd,
     pub(crate) pd: Pd,
 }
 
@@ -641,6 +641,36 @@ pub(crate) struct CqObj {
     raw: ibv_cq,
     pub(crate) cq: Cq,
     events: AtomicU32,
+    /// The verbs QP number of each connected QP completing here, by the
+    /// engine QP's number in the core (for `ibv_wc::qp_num`).
+    qp_nums: RwLock<HashMap<u32, u32>>,
+}
+
+// SAFETY: `raw` holds the application's handles (channel, context,
+// cq_context) as plain values the library never dereferences without
+// checking them; the rest is Sync.
+unsafe impl Sync for CqObj {}
+// SAFETY: as for Sync.
+unsafe impl Send for CqObj {}
+
+/// Every CQ, for the data path's lock-free handle checks.
+static CQS: Arena<CqObj> = Arena::new();
+
+/// The live CQ at `cq` (data path: no process-wide lock).
+pub(crate) fn cq_obj<'a>(cq: *const ibv_cq) -> Option<&'a CqObj> {
+    CQS.get(cq.cast())
+}
+
+impl CqObj {
+    /// Record (`Some`) or forget the verbs number of the engine QP
+    /// `core_id` completing here.
+    pub(crate) fn map_qp_num(&self, core_id: u32, qp_num: Option<u32>) {
+        let mut m = self.qp_nums.write().unwrap_or_else(|e| e.into_inner());
+        match qp_num {
+            Some(n) => m.insert(core_id, n),
+            None => m.remove(&core_id),
+        };
+    }
 }
 
 #[no_mangle]
@@ -680,9 +710,10 @@ pub unsafe extern "C" fn ibv_create_cq(
         },
         cq: g.dev.create_cq(cqe as usize),
         events: AtomicU32::new(0),
+        qp_nums: RwLock::new(HashMap::new()),
     });
     let fd = o.cq.event_fd().as_raw_fd();
-    let p = Box::into_raw(o);
+    let p = CQS.insert(*o);
     register(p, Kind::Cq);
     if let Some(c) = ch {
         let mut ev = libc::epoll_event {
@@ -692,8 +723,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         // SAFETY: both fds are open; `ev` is a valid epoll_event.
         if unsafe { libc::epoll_ctl(c.raw.fd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
             unregister(p, Kind::Cq);
-            // SAFETY: the Box leaked above, never handed out.
-            drop(unsafe { Box::from_raw(p) });
+            drop(CQS.take(p));
             return null_mut();
         }
         c.cqs.fetch_add(1, Ordering::SeqCst);
@@ -706,8 +736,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     if !unregister(cq, Kind::Cq) {
         return libc::EINVAL;
     }
-    // SAFETY: registered until now: a leaked Box<CqObj>, freed once.
-    let b = unsafe { Box::from_raw(cq.cast::<CqObj>()) };
+    let Some(b) = CQS.take(cq.cast()) else {
+        return libc::EINVAL;
+    };
     if let Some(c) = obj::<_, ChanObj>(b.raw.channel, Kind::CompChannel) {
         let fd = b.cq.event_fd().as_raw_fd();
         // SAFETY: both fds are open.
@@ -787,18 +818,13 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
 
 /// `ops.req_notify_cq`, reached through the inline `ibv_req_notify_cq`.
 unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    let Some(q) = obj::<_, CqObj>(cq, Kind::Cq) else {
+    let Some(q) = cq_obj(cq) else {
         return libc::EINVAL;
     };
     match q.cq.req_notify(solicited_only != 0) {
         Ok(()) => 0,
         Err(e) => e.raw_os_error().unwrap_or(libc::ENOMEM),
     }
-}
-
-fn qp_nums() -> &'static Mutex<HashMap<u32, u32>> {
-    static M: OnceLock<Mutex<HashMap<u32, u32>>> = OnceLock::new();
-    M.get_or_init(Default::default)
 }
 
 fn wc_status(s: WcStatus) -> ibv_wc_status {
@@ -850,7 +876,7 @@ pub fn to_ibv_wc(w: &WorkCompletion, qp_num: u32) -> ibv_wc {
 
 /// `ops.poll_cq`, reached through the inline `ibv_poll_cq`.
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
-    let Some(q) = obj::<_, CqObj>(cq, Kind::Cq) else {
+    let Some(q) = cq_obj(cq) else {
         return -libc::EINVAL;
     };
     if n < 0 || (n > 0 && wc.is_null()) {
@@ -865,7 +891,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         if k == 0 {
             break;
         }
-        let nums = lock(qp_nums());
+        let nums = q.qp_nums.read().unwrap_or_else(|e| e.into_inner());
         for w in &buf[..k] {
             let num = nums.get(&w.qp.raw()).copied().unwrap_or(0);
             // SAFETY: the caller's array holds `n` entries; done < n.
@@ -874,490 +900,6 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         }
     }
     done as c_int
-}
-
-// ---------------------------------------------------------------- QP
-
-/// A receive posted before the connection exists, passed to the engine
-/// when it connects or accepts.
-pub(crate) struct EarlyRecv {
-    wr_id: u64,
-    sgl: Vec<Sge>,
-}
-
-enum QpConn {
-    /// Not connected: receives wait here.
-    Idle(Vec<EarlyRecv>),
-    /// The connect or accept runs; receives posted meanwhile wait here.
-    Connecting(Vec<EarlyRecv>),
-    Connected(Arc<Qp>),
-}
-
-/// A queue pair: its attributes until the connection manager connects
-/// it, then the engine's QP.
-#[repr(C)]
-pub(crate) struct QpObj {
-    /// The application reads `state` (libibverbs keeps it current), so
-    /// the struct is written while shared.
-    raw: UnsafeCell<ibv_qp>,
-    init: QpInit,
-    cap: ibv_qp_cap,
-    conn: Mutex<QpConn>,
-    state: AtomicU32,
-    /// The engine QP's number in the core, for work completions.
-    core_id: AtomicU32,
-}
-
-static NEXT_QPN: AtomicU32 = AtomicU32::new(1);
-
-impl QpObj {
-    fn raw(&self) -> &ibv_qp {
-        // SAFETY: only `state` is ever written after creation, by
-        // `set_state` as a plain store; the other fields are read-only.
-        unsafe { &*self.raw.get() }
-    }
-
-    pub(crate) fn set_state(&self, s: ibv_qp_state) {
-        self.state.store(s, Ordering::SeqCst);
-        // SAFETY: the QP is live; the field is a plain integer the
-        // application reads as libibverbs's `qp->state`.
-        unsafe { (&raw mut (*self.raw.get()).state).write_volatile(s) };
-    }
-
-    pub(crate) fn state(&self) -> ibv_qp_state {
-        self.state.load(Ordering::SeqCst)
-    }
-
-    /// Start connecting: the attributes and the receives posted so far,
-    /// or `None` if the QP is already connecting or connected.
-    pub(crate) fn begin_connect(&self) -> Option<(QpInit, Vec<EarlyRecv>)> {
-        let mut c = lock(&self.conn);
-        match &mut *c {
-            QpConn::Idle(early) => {
-                let early = std::mem::take(early);
-                *c = QpConn::Connecting(Vec::new());
-                Some((self.init.clone(), early))
-            }
-            _ => None,
-        }
-    }
-
-    /// The connect or accept succeeded: receives posted meanwhile follow
-    /// the early ones.
-    pub(crate) fn finish_connect(&self, qp: Qp) -> Arc<Qp> {
-        let qp = Arc::new(qp);
-        let mut c = lock(&self.conn);
-        if let QpConn::Connecting(late) = &*c {
-            for r in late {
-                let _ = qp.post_recv(&RecvWr {
-                    wr_id: r.wr_id,
-                    sgl: &r.sgl,
-                });
-            }
-        }
-        lock(qp_nums()).insert(qp.id().raw(), self.raw().qp_num);
-        self.core_id.store(qp.id().raw(), Ordering::SeqCst);
-        *c = QpConn::Connected(qp.clone());
-        self.set_state(IBV_QPS_RTS);
-        qp
-    }
-
-    /// The connect or accept failed: the QP is in error, its receives wait
-    /// again (a later connect may use them).
-    pub(crate) fn fail_connect(&self, early: Vec<EarlyRecv>) {
-        let mut c = lock(&self.conn);
-        let mut all = early;
-        if let QpConn::Connecting(late) = &mut *c {
-            all.append(late);
-        }
-        *c = QpConn::Idle(all);
-        self.set_state(IBV_QPS_ERR);
-    }
-
-    pub(crate) fn engine_qp(&self) -> Option<Arc<Qp>> {
-        match &*lock(&self.conn) {
-            QpConn::Connected(q) => Some(q.clone()),
-            _ => None,
-        }
-    }
-}
-
-/// The receives as the engine takes them.
-pub(crate) fn recv_wrs(early: &[EarlyRecv]) -> Vec<RecvWr<'_>> {
-    early
-        .iter()
-        .map(|r| RecvWr {
-            wr_id: r.wr_id,
-            sgl: &r.sgl,
-        })
-        .collect()
-}
-
-fn qp_cap_ok(cap: &ibv_qp_cap) -> bool {
-    cap.max_send_sge as usize <= iwarp::qp::MAX_SGE
-        && cap.max_recv_sge as usize <= iwarp::qp::MAX_SGE
-        && cap.max_inline_data == 0
-        && cap.max_send_wr >= 1
-        && cap.max_recv_wr >= 1
-        && cap.max_send_wr <= c_int::MAX as u32
-        && cap.max_recv_wr <= c_int::MAX as u32
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_qp(
-    pd: *mut ibv_pd,
-    attr: *mut ibv_qp_init_attr,
-) -> *mut ibv_qp {
-    let Some(p) = obj::<_, PdObj>(pd, Kind::Pd) else {
-        set_errno(libc::EINVAL);
-        return null_mut();
-    };
-    if attr.is_null() {
-        set_errno(libc::EINVAL);
-        return null_mut();
-    }
-    // SAFETY: the caller's attributes.
-    let a = unsafe { &mut *attr };
-    if a.qp_type != IBV_QPT_RC {
-        set_errno(libc::EOPNOTSUPP);
-        return null_mut();
-    }
-    if !a.srq.is_null() {
-        set_errno(libc::EOPNOTSUPP);
-        return null_mut();
-    }
-    let (Some(scq), Some(rcq)) = (
-        obj::<_, CqObj>(a.send_cq, Kind::Cq),
-        obj::<_, CqObj>(a.recv_cq, Kind::Cq),
-    ) else {
-        set_errno(libc::EINVAL);
-        return null_mut();
-    };
-    if !qp_cap_ok(&a.cap) {
-        set_errno(libc::EINVAL);
-        return null_mut();
-    }
-    let init = QpInit {
-        pd: p.pd.clone(),
-        send_cq: scq.cq.clone(),
-        recv_cq: rcq.cq.clone(),
-        sq_depth: a.cap.max_send_wr as usize,
-        rq_depth: a.cap.max_recv_wr as usize,
-        sig_all: a.sq_sig_all != 0,
-        srq: None,
-    };
-    let o = Box::new(QpObj {
-        raw: UnsafeCell::new(ibv_qp {
-            context: p.raw.context,
-            qp_context: a.qp_context,
-            pd,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            qp_num: NEXT_QPN.fetch_add(1, Ordering::SeqCst),
-            state: IBV_QPS_RESET,
-            qp_type: IBV_QPT_RC,
-            ..Default::default()
-        }),
-        init,
-        cap: a.cap,
-        conn: Mutex::new(QpConn::Idle(Vec::new())),
-        state: AtomicU32::new(IBV_QPS_RESET),
-        core_id: AtomicU32::new(u32::MAX),
-    });
-    let q = Box::into_raw(o);
-    register(q, Kind::Qp);
-    q.cast()
-}
-
-/// The live QP whose number is `qpn` (for `rdma_accept`/`rdma_connect`
-/// with a QP the application created itself).
-pub(crate) fn qp_by_num(qpn: u32) -> Option<*mut ibv_qp> {
-    let l = lock(crate::live());
-    l.iter()
-        .filter(|(_, k)| **k == Kind::Qp)
-        .map(|(&a, _)| a as *mut QpObj)
-        // SAFETY: registered QPs are live leaked Boxes (the registry lock
-        // is held, so none is destroyed meanwhile).
-        .find(|&q| unsafe { (*q).raw().qp_num } == qpn)
-        .map(|q| q.cast())
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    if !unregister(qp, Kind::Qp) {
-        return libc::EINVAL;
-    }
-    // SAFETY: registered until now: a leaked Box<QpObj>, freed once.
-    let b = unsafe { Box::from_raw(qp.cast::<QpObj>()) };
-    let id = b.core_id.load(Ordering::SeqCst);
-    if id != u32::MAX {
-        lock(qp_nums()).remove(&id);
-    }
-    drop(b);
-    0
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_modify_qp(
-    qp: *mut ibv_qp,
-    attr: *mut ibv_qp_attr,
-    mask: c_int,
-) -> c_int {
-    let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) else {
-        return libc::EINVAL;
-    };
-    if attr.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: the caller's attributes.
-    let a = unsafe { &*attr };
-    if mask as u32 & IBV_QP_STATE != 0 {
-        let to = a.qp_state;
-        match to {
-            IBV_QPS_RESET | IBV_QPS_INIT | IBV_QPS_RTR | IBV_QPS_RTS => {
-                // Connected QPs stay in RTS: the connection manager owns
-                // the transitions of the engine's QP.
-                if q.engine_qp().is_none() {
-                    q.set_state(to);
-                }
-            }
-            IBV_QPS_ERR | IBV_QPS_SQE => {
-                if let Some(e) = q.engine_qp() {
-                    e.disconnect();
-                }
-                q.set_state(IBV_QPS_ERR);
-            }
-            _ => return libc::EINVAL,
-        }
-    }
-    0
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_query_qp(
-    qp: *mut ibv_qp,
-    attr: *mut ibv_qp_attr,
-    _mask: c_int,
-    init: *mut ibv_qp_init_attr,
-) -> c_int {
-    let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) else {
-        return libc::EINVAL;
-    };
-    if attr.is_null() || init.is_null() {
-        return libc::EINVAL;
-    }
-    let st = q.state();
-    // SAFETY: the caller's out parameters.
-    unsafe {
-        *attr = ibv_qp_attr {
-            qp_state: st,
-            cur_qp_state: st,
-            cap: q.cap,
-            qp_access_flags: IBV_ACCESS_LOCAL_WRITE
-                | IBV_ACCESS_REMOTE_WRITE
-                | IBV_ACCESS_REMOTE_READ,
-            port_num: 1,
-            ..Default::default()
-        };
-        *init = ibv_qp_init_attr {
-            qp_context: q.raw().qp_context,
-            send_cq: q.raw().send_cq,
-            recv_cq: q.raw().recv_cq,
-            cap: q.cap,
-            qp_type: IBV_QPT_RC,
-            sq_sig_all: c_int::from(q.init.sig_all),
-            ..Default::default()
-        };
-    }
-    0
-}
-
-fn post_errno(e: PostError) -> c_int {
-    match e {
-        PostError::QueueFull => libc::ENOMEM,
-        _ => libc::EINVAL,
-    }
-}
-
-/// The SGEs of a work request.
-///
-/// # Safety
-/// `sg_list` points to `num_sge` SGEs when `num_sge > 0`.
-unsafe fn sgl_of(sg_list: *const ibv_sge, num_sge: c_int) -> Result<Vec<Sge>, c_int> {
-    if num_sge < 0 || num_sge as usize > iwarp::qp::MAX_SGE || (num_sge > 0 && sg_list.is_null()) {
-        return Err(libc::EINVAL);
-    }
-    if num_sge == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: the caller's array of `num_sge` entries.
-    let s = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
-    Ok(s.iter()
-        .map(|s| Sge {
-            addr: s.addr,
-            len: s.length,
-            lkey: s.lkey,
-        })
-        .collect())
-}
-
-/// The engine's operation for a send work request.
-fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
-    let solicited = wr.send_flags & IBV_SEND_SOLICITED != 0;
-    // SAFETY (for the union reads below): the unions hold plain integers;
-    // every bit pattern is valid, and the opcode says which one is meant.
-    let (rdma, atomic, inv) = unsafe {
-        (
-            wr.wr.rdma,
-            wr.wr.atomic,
-            wr.__bindgen_anon_1.invalidate_rkey,
-        )
-    };
-    Ok(match wr.opcode {
-        IBV_WR_SEND => SendOp::Send {
-            solicited,
-            invalidate: None,
-        },
-        IBV_WR_SEND_WITH_INV => SendOp::Send {
-            solicited,
-            invalidate: Some(inv),
-        },
-        IBV_WR_RDMA_WRITE => SendOp::Write {
-            remote_addr: rdma.remote_addr,
-            rkey: rdma.rkey,
-        },
-        IBV_WR_RDMA_READ => SendOp::Read {
-            remote_addr: rdma.remote_addr,
-            rkey: rdma.rkey,
-        },
-        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-            remote_addr: atomic.remote_addr,
-            rkey: atomic.rkey,
-            add: atomic.compare_add,
-            add_mask: 0,
-        },
-        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-            remote_addr: atomic.remote_addr,
-            rkey: atomic.rkey,
-            compare: atomic.compare_add,
-            compare_mask: u64::MAX,
-            swap: atomic.swap,
-            swap_mask: u64::MAX,
-        },
-        IBV_WR_LOCAL_INV => SendOp::LocalInvalidate { stag: inv },
-        IBV_WR_RDMA_WRITE_WITH_IMM
-        | IBV_WR_SEND_WITH_IMM
-        | IBV_WR_BIND_MW
-        | IBV_WR_TSO
-        | IBV_WR_ATOMIC_WRITE
-        | IBV_WR_DRIVER1 => return Err(libc::EOPNOTSUPP),
-        _ => return Err(libc::EINVAL),
-    })
-}
-
-/// `ops.post_send`, reached through the inline `ibv_post_send`.
-unsafe extern "C" fn post_send(
-    qp: *mut ibv_qp,
-    mut wr: *mut ibv_send_wr,
-    bad: *mut *mut ibv_send_wr,
-) -> c_int {
-    let fail = |wr: *mut ibv_send_wr, e: c_int| {
-        if !bad.is_null() {
-            // SAFETY: the caller's out parameter.
-            unsafe { *bad = wr };
-        }
-        e
-    };
-    let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) else {
-        return fail(wr, libc::EINVAL);
-    };
-    let Some(e) = q.engine_qp() else {
-        return fail(wr, libc::EINVAL);
-    };
-    while let Some(w) = NonNull::new(wr) {
-        // SAFETY: the caller's list of work requests.
-        let w = unsafe { w.as_ref() };
-        let known = IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
-        if w.send_flags & !known != 0 {
-            // Inline data is not supported (max_inline_data is 0).
-            return fail(wr, libc::EINVAL);
-        }
-        let op = match send_op(w) {
-            Ok(o) => o,
-            Err(err) => return fail(wr, err),
-        };
-        // SAFETY: the work request's SGE array.
-        let sgl = match unsafe { sgl_of(w.sg_list, w.num_sge) } {
-            Ok(s) => s,
-            Err(err) => return fail(wr, err),
-        };
-        let r = e.post_send(&SendWr {
-            wr_id: w.wr_id,
-            op,
-            sgl: &sgl,
-            signaled: w.send_flags & IBV_SEND_SIGNALED != 0,
-        });
-        if let Err(err) = r {
-            return fail(wr, post_errno(err));
-        }
-        wr = w.next;
-    }
-    0
-}
-
-/// `ops.post_recv`, reached through the inline `ibv_post_recv`.
-unsafe extern "C" fn post_recv(
-    qp: *mut ibv_qp,
-    mut wr: *mut ibv_recv_wr,
-    bad: *mut *mut ibv_recv_wr,
-) -> c_int {
-    let fail = |wr: *mut ibv_recv_wr, e: c_int| {
-        if !bad.is_null() {
-            // SAFETY: the caller's out parameter.
-            unsafe { *bad = wr };
-        }
-        e
-    };
-    let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) else {
-        return fail(wr, libc::EINVAL);
-    };
-    while let Some(w) = NonNull::new(wr) {
-        // SAFETY: the caller's list of work requests.
-        let w = unsafe { w.as_ref() };
-        // SAFETY: the work request's SGE array.
-        let sgl = match unsafe { sgl_of(w.sg_list, w.num_sge) } {
-            Ok(s) => s,
-            Err(err) => return fail(wr, err),
-        };
-        let rwr = RecvWr {
-            wr_id: w.wr_id,
-            sgl: &sgl,
-        };
-        if let Err(err) = rwr.check() {
-            return fail(wr, post_errno(err));
-        }
-        let mut c = lock(&q.conn);
-        match &mut *c {
-            QpConn::Connected(e) => {
-                let e = e.clone();
-                drop(c);
-                if let Err(err) = e.post_recv(&rwr) {
-                    return fail(wr, post_errno(err));
-                }
-            }
-            QpConn::Idle(v) | QpConn::Connecting(v) => {
-                if v.len() >= q.init.rq_depth {
-                    return fail(wr, libc::ENOMEM);
-                }
-                v.push(EarlyRecv {
-                    wr_id: w.wr_id,
-                    sgl,
-                });
-            }
-        }
-        wr = w.next;
-    }
-    0
 }
 
 #[no_mangle]
@@ -1481,18 +1023,6 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         }
     };
     0
-}
-
-/// The extended QP API (`ibv_wr_*`) is not provided: rdma-core's answer
-/// for a QP created without it.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-    set_errno(if is_live(qp, Kind::Qp) {
-        libc::EOPNOTSUPP
-    } else {
-        libc::EINVAL
-    });
-    null_mut()
 }
 
 #[no_mangle]
