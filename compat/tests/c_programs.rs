@@ -81,3 +81,23 @@ fn error_paths_fail_the_rdma_core_way() {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
 }
+
+#[test]
+fn extended_post_api_and_inline_data() {
+    let bin = build("wr_api");
+    let (ok, out, err) = run_preloaded(&bin, Duration::from_secs(60));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    for line in [
+        "ok create_qp_ex with SEND_WITH_IMM -> EOPNOTSUPP",
+        "ok qp_to_qp_ex: the ibv_qp_ex around the QP",
+        "ok server received the inline bytes as they were when set",
+        "ok atomics: 40 + 2, then 42 -> 1000",
+        "ok server received the legacy inline bytes",
+        "ok refused and aborted batches posted nothing",
+        "ok 40 inline sends through a 16-deep queue arrive in order",
+        "ok post_send on a destroyed QP -> EINVAL",
+        "all ok",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
