@@ -700,7 +700,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         set_errno(libc::ENODEV);
         return null_mut();
     };
-    let o = Box::new(CqObj {
+    let o = CqObj {
         raw: ibv_cq {
             context: ctx,
             channel,
@@ -711,9 +711,9 @@ pub unsafe extern "C" fn ibv_create_cq(
         cq: g.dev.create_cq(cqe as usize),
         events: AtomicU32::new(0),
         qp_nums: RwLock::new(HashMap::new()),
-    });
+    };
     let fd = o.cq.event_fd().as_raw_fd();
-    let p = CQS.insert(*o);
+    let p = CQS.insert(o);
     register(p, Kind::Cq);
     if let Some(c) = ch {
         let mut ev = libc::epoll_event {
