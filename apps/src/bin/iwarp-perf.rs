@@ -130,6 +130,17 @@ struct Opts {
     /// inline sends, the data is sent as normal (non-inline) data.
     #[arg(short = 'I', long = "inline_size")]
     inline_size: Option<u32>,
+    /// Poll as perftest does: completions (and write_lat's incoming byte)
+    /// in a loop that never yields the core. Without it, bandwidth tests
+    /// sleep until a completion arrives and the latency tests' polling
+    /// loops yield the core every 256 empty polls.
+    #[arg(long)]
+    spin: bool,
+    /// The engine's progress thread spins between passes (`on`) or sleeps
+    /// until there is work (`off`). Default: on for the latency tests,
+    /// off for the bandwidth tests.
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    busy_poll: Option<String>,
     /// Bidirectional (bandwidth tests): both sides issue the test's
     /// traffic at once and each prints the sum of both directions
     /// (perftest's -b; both sides must give it).
@@ -208,6 +219,10 @@ struct Cfg {
     /// Persistent server: `Some(0)` serves for ever, `Some(n)` n runs.
     persistent: Option<u64>,
     backend: Backend,
+    /// `--spin`: poll without yielding, as perftest.
+    spin: bool,
+    /// The engine's progress thread spins between passes.
+    busy_poll: bool,
 }
 
 impl Cfg {
@@ -287,6 +302,8 @@ impl Cfg {
             debug: o.debug,
             persistent: o.persistent,
             backend: o.backend.backend()?,
+            spin: o.spin,
+            busy_poll: o.busy_poll.as_deref().map_or(!test.is_bw(), |v| v == "on"),
         })
     }
 
@@ -483,9 +500,21 @@ struct Data {
     credit: Mr,
     my: Vec<PingpongDest>,
     rem: Vec<PingpongDest>,
+    /// `--spin`: poll without yielding, as perftest.
+    spin: bool,
 }
 
 impl Data {
+    /// Wait for completions (sleeping, or polling with `--spin`), failing
+    /// after `PEER_TIMEOUT` without any.
+    fn wait_wcs(&self, out: &mut [WorkCompletion]) -> Res<usize> {
+        if self.spin {
+            spin_wcs(&self.cq, out, false)
+        } else {
+            wait_wcs(&self.cq, out)
+        }
+    }
+
     fn region(&self, j: usize) -> usize {
         (self.qps.len() + j) * self.slot
     }
@@ -665,7 +694,7 @@ fn open_device(cfg: &Cfg) -> Res<Device> {
         DeviceConfig {
             progress: Progress::Thread { cpu: None },
             seed: None,
-            busy_poll: !cfg.test.is_bw(),
+            busy_poll: cfg.busy_poll,
         },
     )
     .map_err(|e| format!("open device: {e}"))
@@ -1015,6 +1044,7 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
                     mr,
                     slot,
                     credit,
+                    spin: cfg.spin,
                 });
                 if let Some(a) = acc.as_deref_mut() {
                     a.data_done();
@@ -1393,14 +1423,42 @@ fn wait_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
     }
 }
 
-/// Busy-polling wait (latency tests).
-fn spin_wcs(cq: &Cq, out: &mut [WorkCompletion]) -> Res<usize> {
-    spin_wcs_until(cq, out, None)
+/// [`Mr::wait_byte`] without yielding the core (`--spin`): true once the
+/// byte at `off` is `want`, false after `slice`.
+fn spin_byte(mr: &Mr, off: usize, want: u8, slice: Duration) -> bool {
+    let end = Instant::now() + slice;
+    let mut seen = None;
+    let mut spins = 0u32;
+    loop {
+        let placed = mr.placements();
+        if seen != Some(placed) {
+            seen = Some(placed);
+            if mr.read_byte(off) == want {
+                return true;
+            }
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(256) && Instant::now() >= end {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Busy-polling wait (latency tests); with `yield_core`, the core is
+/// yielded every 256 empty polls.
+fn spin_wcs(cq: &Cq, out: &mut [WorkCompletion], yield_core: bool) -> Res<usize> {
+    spin_wcs_until(cq, out, None, yield_core)
 }
 
 /// Busy-polling wait that gives up with 0 completions at `until` (the
 /// end of a `-D` run) and fails after `PEER_TIMEOUT` without any.
-fn spin_wcs_until(cq: &Cq, out: &mut [WorkCompletion], until: Option<Instant>) -> Res<usize> {
+fn spin_wcs_until(
+    cq: &Cq,
+    out: &mut [WorkCompletion],
+    until: Option<Instant>,
+    yield_core: bool,
+) -> Res<usize> {
     let deadline = Instant::now() + PEER_TIMEOUT;
     let mut spins = 0u32;
     loop {
@@ -1417,7 +1475,9 @@ fn spin_wcs_until(cq: &Cq, out: &mut [WorkCompletion], until: Option<Instant>) -
             if now > deadline {
                 return Err("timed out waiting for completions".into());
             }
-            std::thread::yield_now();
+            if yield_core {
+                std::thread::yield_now();
+            }
         }
         std::hint::spin_loop();
     }
@@ -1501,7 +1561,7 @@ fn bw_client(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<BwReport> {
         let k = if credit_blocked || clock.is_some() {
             d.cq.wait(&mut wcs, Some(Duration::from_millis(1)))
         } else {
-            wait_wcs(&d.cq, &mut wcs)?
+            d.wait_wcs(&mut wcs)?
         };
         let now = Instant::now();
         if k > 0 {
@@ -1529,7 +1589,7 @@ fn bw_client(cfg: &Cfg, d: &Data, size: u64, agreed: Agreed) -> Res<BwReport> {
     if let Some(c) = clock {
         let mut outstanding: u64 = posted.iter().zip(&done).map(|(p, d)| p - d).sum();
         while outstanding > 0 {
-            let k = wait_wcs(&d.cq, &mut wcs)?;
+            let k = d.wait_wcs(&mut wcs)?;
             for wc in &wcs[..k] {
                 check(wc)?;
                 if (wc.wr_id as usize) < q {
@@ -1580,7 +1640,7 @@ fn send_bw_server(cfg: &Cfg, d: &Data, size: u64) -> Res<BwReport> {
         let k = if dur {
             d.cq.wait(&mut wcs, Some(Duration::from_millis(10)))
         } else {
-            wait_wcs(&d.cq, &mut wcs)?
+            d.wait_wcs(&mut wcs)?
         };
         let now = Instant::now();
         if k > 0 {
@@ -1761,7 +1821,7 @@ fn send_bi(cfg: &Cfg, d: &Data, size: u64) -> Res<BwReport> {
         // Sends are posted (credits), our credit writes need nothing.
         let mut outstanding: u64 = (0..q).map(|j| posted[j] - done[j] + credits_out[j]).sum();
         while outstanding > 0 {
-            let k = wait_wcs(&d.cq, &mut wcs)?;
+            let k = d.wait_wcs(&mut wcs)?;
             for wc in &wcs[..k] {
                 check(wc)?;
                 if wc.wr_id & TAG_RECV == 0 {
@@ -1814,7 +1874,14 @@ fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<Outcome> {
             let deadline = Instant::now() + PEER_TIMEOUT;
             // Spins in slices, between which the run's end and the peer's
             // silence are checked.
-            while !d.mr.wait_byte(poll_off, want, Some(POLL_SLICE)) {
+            let arrived = |d: &Data| {
+                if d.spin {
+                    spin_byte(&d.mr, poll_off, want, POLL_SLICE)
+                } else {
+                    d.mr.wait_byte(poll_off, want, Some(POLL_SLICE))
+                }
+            };
+            while !arrived(d) {
                 let now = Instant::now();
                 if clock.is_some_and(|c| c.ended(now)) {
                     break 'run;
@@ -1857,7 +1924,7 @@ fn write_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<Outcome> {
         }
     }
     while outstanding > 0 {
-        let k = spin_wcs(&d.cq, &mut wcs)?;
+        let k = spin_wcs(&d.cq, &mut wcs, !d.spin)?;
         for wc in &wcs[..k] {
             check(wc)?;
             outstanding = outstanding.saturating_sub(1);
@@ -1915,7 +1982,7 @@ fn send_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<Outcome> {
             continue;
         }
         let until = clock.and_then(|c| c.end());
-        let k = spin_wcs_until(&d.cq, &mut wcs, until)?;
+        let k = spin_wcs_until(&d.cq, &mut wcs, until, !d.spin)?;
         let now = Instant::now();
         for wc in &wcs[..k] {
             check(wc)?;
@@ -1934,7 +2001,7 @@ fn send_lat(cfg: &Cfg, d: &Data, size: u64, side: Side) -> Res<Outcome> {
         }
     }
     while sends_out > 0 {
-        let k = spin_wcs(&d.cq, &mut wcs)?;
+        let k = spin_wcs(&d.cq, &mut wcs, !d.spin)?;
         for wc in &wcs[..k] {
             check(wc)?;
             if wc.opcode != WcOpcode::Recv {
@@ -1981,7 +2048,7 @@ fn read_lat(cfg: &Cfg, d: &Data, size: u64) -> Res<Outcome> {
             signaled: true,
         })
         .map_err(|e| format!("post_send: {e:?}"))?;
-        let k = spin_wcs(&d.cq, &mut wcs)?;
+        let k = spin_wcs(&d.cq, &mut wcs, !d.spin)?;
         let now = Instant::now();
         for wc in &wcs[..k] {
             check(wc)?;
@@ -2015,6 +2082,21 @@ mod tests {
         }
         let w = W::try_parse_from(v).unwrap();
         Cfg::new(test, w.o).unwrap()
+    }
+
+    #[test]
+    fn progress_and_polling_options() {
+        let lat = cfg(Test::WriteLat, &[]);
+        let bw = cfg(Test::WriteBw, &[]);
+        assert!(
+            lat.busy_poll && !bw.busy_poll,
+            "default: spin for latency only"
+        );
+        assert!(!lat.spin && !bw.spin);
+        let c = cfg(Test::WriteLat, &["--busy-poll", "off"]);
+        assert!(!c.busy_poll);
+        let c = cfg(Test::WriteBw, &["--busy-poll", "on", "--spin"]);
+        assert!(c.busy_poll && c.spin);
     }
 
     #[test]

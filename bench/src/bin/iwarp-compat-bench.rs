@@ -2,8 +2,13 @@
 //! `ib_write_bw -s 65536` (perftest, `-R`), both ends preloaded with the
 //! library, against the project's `iwarp-perf write_lat` / `write_bw` with
 //! the same sizes and iterations, on loopback with the kernel-socket
-//! backend (the same engine and path under both). Rounds alternate which
-//! pair runs first; each figure is the median of the rounds. Prints
+//! backend (the same engine and path under both). Both applications
+//! poll their CQ in a loop (`iwarp-perf --spin`, as perftest does), and
+//! the engine's progress thread behaves the same under both
+//! (`--busy-poll`, default off: with fewer than four cores, two spinning
+//! applications and two spinning progress threads measure the scheduler).
+//! Rounds alternate which pair runs first; each figure is the median of
+//! the rounds. Prints
 //! ratio = native latency / library latency and library bandwidth /
 //! native bandwidth (1.0: the library costs nothing measurable).
 //!
@@ -39,6 +44,10 @@ struct Cli {
     /// Extra arguments for both perftest ends (e.g. --use_old_post_send).
     #[arg(long, allow_hyphen_values = true)]
     perftest_args: Option<String>,
+    /// The engine's progress thread spins between passes (on) or sleeps
+    /// until there is work (off), under both.
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"], default_value = "off")]
+    busy_poll: String,
     /// First TCP port; each run takes the next.
     #[arg(long, default_value_t = 19515)]
     port: u16,
@@ -83,6 +92,7 @@ struct Setup {
     lib: PathBuf,
     perf: PathBuf,
     perftest_args: Vec<String>,
+    busy_poll: bool,
     iters: usize,
     timeout: Duration,
     port: u16,
@@ -101,16 +111,19 @@ impl Setup {
         let mut cmd = match under {
             Under::Native => {
                 let mut c = Command::new(&self.perf);
-                c.arg(t.name);
+                c.arg(t.name)
+                    .arg("--spin")
+                    .arg("--busy-poll")
+                    .arg(if self.busy_poll { "on" } else { "off" });
                 c
             }
             Under::Library => {
                 let mut c = Command::new(format!("ib_{}", t.name));
-                // The engine's progress thread as iwarp-perf runs it:
-                // spinning for the latency tests, sleeping between
-                // passes for the bandwidth tests.
                 c.env("LD_PRELOAD", &self.lib)
-                    .env("IWARP_COMPAT_BUSY_POLL", if t.latency { "1" } else { "0" })
+                    .env(
+                        "IWARP_COMPAT_BUSY_POLL",
+                        if self.busy_poll { "1" } else { "0" },
+                    )
                     .arg("-R");
                 args.extend(self.perftest_args.iter().cloned());
                 c
@@ -253,6 +266,7 @@ fn main() -> ExitCode {
             .split_whitespace()
             .map(str::to_string)
             .collect(),
+        busy_poll: cli.busy_poll == "on",
         iters: cli.iters.unwrap_or(if cli.quick { 200 } else { 5000 }),
         timeout: Duration::from_secs(cli.timeout),
         port: cli.port,
@@ -268,8 +282,8 @@ fn main() -> ExitCode {
     }
     let rounds = cli.rounds.unwrap_or(if cli.quick { 1 } else { 5 }).max(1);
     println!(
-        "iwarp-compat-bench: {rounds} round(s) of {} iterations, loopback, kernel-socket backend",
-        s.iters
+        "iwarp-compat-bench: {rounds} round(s) of {} iterations, loopback, kernel-socket backend, busy polling {}",
+        s.iters, cli.busy_poll
     );
     let mut failed = false;
     for t in TESTS {
