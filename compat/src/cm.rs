@@ -1,34 +1,57 @@
 //! librdmacm: event channels, CM IDs and the connection lifecycle over the
 //! engine's connection manager.
 //!
-//! An event channel's fd is a semaphore eventfd with one count per queued
-//! event: it blocks, polls and honours O_NONBLOCK as librdmacm's does, and
-//! `rdma_get_cm_event` reads one count and takes one event. Events come
-//! from the calling thread (ADDR_RESOLVED, ROUTE_RESOLVED, ESTABLISHED of
-//! an accept) or from a worker thread of the ID: a listening ID's thread
-//! takes the engine's connection requests (CONNECT_REQUEST, with a new
-//! ID), a connecting ID's thread drives the engine's non-blocking connect
-//! (ESTABLISHED, REJECTED, UNREACHABLE, CONNECT_ERROR), and a connected
-//! ID's thread waits for the connection's end (DISCONNECTED). Workers wake
-//! every 100 ms to see whether their ID is being destroyed;
-//! `rdma_destroy_id` stops and joins them.
+//! An event channel's fd (`rdma_event_channel.fd`) is an epoll instance
+//! whose one member is an eventfd readable while the channel holds an
+//! event: it polls as librdmacm's does, and `rdma_get_cm_event` takes one
+//! event, waiting for it or failing with EAGAIN when the application made
+//! the fd non-blocking.
+//!
+//! Events come from the calling thread (ADDR_RESOLVED, ROUTE_RESOLVED,
+//! ESTABLISHED of an accept, the outcome of a connect refused on the spot)
+//! or from the channel's worker: one thread per channel, started with it
+//! and joined when it is destroyed, waiting in `epoll_wait` on the engine
+//! descriptors of the IDs bound to the channel and on an eventfd of its
+//! own that stops it. A listening ID's [`Listener::event_fd`] brings
+//! connection requests (CONNECT_REQUEST, with a new ID), a connecting ID's
+//! [`Connecting::event_fd`] moves the engine's non-blocking connect on
+//! (ESTABLISHED, REJECTED, UNREACHABLE, CONNECT_ERROR), a connected ID's
+//! [`Qp::event_fd`] brings the connection's end (DISCONNECTED). A worker
+//! wakes only for those descriptors, and at the deadline of a connect
+//! under way.
+//!
+//! The watched descriptors of all channels are one table under one lock.
+//! A worker handles a descriptor with the lock held and only while its
+//! entry is in the table; `rdma_destroy_id`, `rdma_migrate_id` and
+//! `ibv_destroy_qp` change the table under the same lock (and drop the
+//! events an ID has queued), so once they return no worker touches the ID
+//! or QP or queues an event for it.
+//!
+//! An ID created without a channel is synchronous, as in librdmacm: it has
+//! a channel of its own, and the calls that produce an event
+//! (`rdma_resolve_addr`, `rdma_resolve_route`, `rdma_connect`,
+//! `rdma_accept`, `rdma_disconnect`, `rdma_get_request`) wait for it, keep
+//! it in `id->event` until the next such call, and fail as the event says.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::io;
 use std::mem::size_of;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use iwarp_engine::{CmError, CmEvent, ConnParams, ConnRequest, Listener, Qp};
+use iwarp_engine::{CmError, CmEvent, ConnParams, ConnRequest, Connecting, Listener, Qp};
 
+use crate::qp::EarlyRecv;
 use crate::sys::*;
 use crate::verbs::{
-    self, global, ibv_alloc_pd, ibv_create_qp, ibv_destroy_qp, qp_by_num, recv_wrs, QpObj,
-    STOP_POLL,
+    self, global, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
+    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, qp_by_num, recv_wrs, QpObj,
 };
 use crate::{is_live, lock, obj, register, set_errno, unregister, Kind};
 
@@ -37,44 +60,233 @@ fn fail(e: c_int) -> c_int {
     -1
 }
 
+fn errno() -> c_int {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+// ---------------------------------------------------------- descriptors
+
+/// A non-blocking eventfd (not a semaphore: one read clears it).
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) takes no pointers.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just opened, owned by nothing else.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+fn epoll() -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1(2) takes no pointers.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just opened, owned by nothing else.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// Watch `fd` for input in the epoll set `ep`, reported with `token`.
+fn epoll_add(ep: RawFd, fd: RawFd, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: token,
+    };
+    // SAFETY: both descriptors are open; `ev` is a live local.
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn epoll_del(ep: RawFd, fd: RawFd) {
+    // SAFETY: both descriptors are open; DEL takes no event.
+    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, null_mut()) };
+}
+
+/// Add one to an eventfd (it becomes readable).
+fn signal(fd: &OwnedFd) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from a live local to our eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+}
+
+/// Clear a non-blocking eventfd.
+fn clear(fd: &OwnedFd) {
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into a live local from our eventfd.
+    unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+}
+
 // ---------------------------------------------------------- event channels
 
-/// The part of an event channel its IDs' workers share.
+/// The part of an event channel its worker and its IDs share.
 struct ChanShared {
-    fd: c_int,
+    /// The application's descriptor: an epoll instance over `ready`.
+    app: OwnedFd,
+    /// Readable while `q` holds an event.
+    ready: OwnedFd,
+    /// Queued events (`EventObj` addresses), oldest first.
     q: Mutex<VecDeque<usize>>,
+    /// The worker's epoll set: `ctl` and the watched descriptors.
+    ep: OwnedFd,
+    /// Wakes the worker to stop.
+    ctl: OwnedFd,
+    stop: AtomicBool,
+    /// IDs on the channel.
     ids: AtomicI32,
 }
 
+/// The token of a channel's control eventfd in its worker's epoll set
+/// (watched descriptors have tokens from 1).
+const CTL: u64 = 0;
+
 impl ChanShared {
-    /// Queue an event and count it on the fd.
+    /// Queue an event.
     fn push(&self, ev: Box<EventObj>) {
         let p = Box::into_raw(ev);
         register(p, Kind::CmEvent);
-        lock(&self.q).push_back(p as usize);
-        let one = 1u64;
-        // SAFETY: writing 8 bytes to our eventfd.
-        unsafe { libc::write(self.fd, (&raw const one).cast(), 8) };
+        let mut q = lock(&self.q);
+        if q.is_empty() {
+            signal(&self.ready);
+        }
+        q.push_back(p as usize);
+    }
+
+    /// Queue events taken from another channel, in their order.
+    fn put(&self, evs: Vec<usize>) {
+        if evs.is_empty() {
+            return;
+        }
+        let mut q = lock(&self.q);
+        if q.is_empty() {
+            signal(&self.ready);
+        }
+        q.extend(evs);
+    }
+
+    /// Take the oldest event.
+    fn pop(&self) -> Option<usize> {
+        let mut q = lock(&self.q);
+        let p = q.pop_front()?;
+        if q.is_empty() {
+            clear(&self.ready);
+        }
+        Some(p)
+    }
+
+    /// Take the queued events `pick` selects, in their order.
+    fn take(&self, pick: impl Fn(&rdma_cm_event) -> bool) -> Vec<usize> {
+        let mut q = lock(&self.q);
+        let mut out = Vec::new();
+        q.retain(|&p| {
+            // SAFETY: queued events are live leaked Boxes, freed only
+            // after they leave the queue.
+            if pick(unsafe { &(*(p as *const EventObj)).raw }) {
+                out.push(p);
+                false
+            } else {
+                true
+            }
+        });
+        if q.is_empty() && !out.is_empty() {
+            clear(&self.ready);
+        }
+        out
+    }
+
+    /// The next event: waits for one, or EAGAIN when `block` is false.
+    fn wait(&self, block: bool) -> Result<usize, c_int> {
+        loop {
+            if let Some(p) = self.pop() {
+                return Ok(p);
+            }
+            if !block {
+                return Err(libc::EAGAIN);
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.ready.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd of an open descriptor. EINTR and
+            // concurrent takers only loop again.
+            unsafe { libc::poll(&mut pfd, 1, -1) };
+        }
     }
 }
 
 impl Drop for ChanShared {
     fn drop(&mut self) {
         for p in lock(&self.q).drain(..) {
-            if unregister(p as *const EventObj, Kind::CmEvent) {
-                // SAFETY: a queued, never delivered event: freed once.
-                drop(unsafe { Box::from_raw(p as *mut EventObj) });
-            }
+            free_event(p);
         }
-        // SAFETY: our eventfd, closed once.
-        unsafe { libc::close(self.fd) };
     }
 }
 
+/// Free a queued, never delivered event.
+fn free_event(p: usize) {
+    if unregister(p as *const EventObj, Kind::CmEvent) {
+        // SAFETY: registered until now: a leaked Box<EventObj>, freed once.
+        drop(unsafe { Box::from_raw(p as *mut EventObj) });
+    }
+}
+
+/// An event channel: the application's struct, the shared part and the
+/// worker, stopped and joined when the channel is dropped.
 #[repr(C)]
-struct ChannelObj {
+struct Channel {
     raw: rdma_event_channel,
     shared: Arc<ChanShared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Channel {
+    fn new() -> io::Result<Box<Self>> {
+        let ready = eventfd()?;
+        let app = epoll()?;
+        epoll_add(app.as_raw_fd(), ready.as_raw_fd(), 0)?;
+        let ep = epoll()?;
+        let ctl = eventfd()?;
+        epoll_add(ep.as_raw_fd(), ctl.as_raw_fd(), CTL)?;
+        let shared = Arc::new(ChanShared {
+            app,
+            ready,
+            q: Mutex::new(VecDeque::new()),
+            ep,
+            ctl,
+            stop: AtomicBool::new(false),
+            ids: AtomicI32::new(0),
+        });
+        let s = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name("iwarp-compat-cm".into())
+            .spawn(move || run(&s))?;
+        Ok(Box::new(Self {
+            raw: rdma_event_channel {
+                fd: shared.app.as_raw_fd(),
+            },
+            shared,
+            worker: Some(worker),
+        }))
+    }
+
+    fn raw_ptr(&self) -> *mut rdma_event_channel {
+        (&raw const self.raw).cast_mut()
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        signal(&self.shared.ctl);
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
 }
 
 #[no_mangle]
@@ -83,26 +295,21 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
         set_errno(e);
         return null_mut();
     }
-    // SAFETY: plain syscall; errno is set on failure.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return null_mut();
-    }
-    let p = Box::into_raw(Box::new(ChannelObj {
-        raw: rdma_event_channel { fd },
-        shared: Arc::new(ChanShared {
-            fd,
-            q: Mutex::new(VecDeque::new()),
-            ids: AtomicI32::new(0),
-        }),
-    }));
+    let c = match Channel::new() {
+        Ok(c) => c,
+        Err(e) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+            return null_mut();
+        }
+    };
+    let p = Box::into_raw(c);
     register(p, Kind::EventChannel);
     p.cast()
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
-    let Some(c) = obj::<_, ChannelObj>(ch, Kind::EventChannel) else {
+    let Some(c) = obj::<_, Channel>(ch, Kind::EventChannel) else {
         return;
     };
     // IDs still on the channel keep it (librdmacm requires them destroyed
@@ -111,9 +318,9 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel)
         return;
     }
     if unregister(ch, Kind::EventChannel) {
-        // SAFETY: registered until now: a leaked Box<ChannelObj>, freed
-        // once.
-        drop(unsafe { Box::from_raw(ch.cast::<ChannelObj>()) });
+        // SAFETY: registered until now: a leaked Box<Channel>, freed once
+        // (its worker is joined).
+        drop(unsafe { Box::from_raw(ch.cast::<Channel>()) });
     }
 }
 
@@ -162,25 +369,23 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     ch: *mut rdma_event_channel,
     out: *mut *mut rdma_cm_event,
 ) -> c_int {
-    let Some(c) = obj::<_, ChannelObj>(ch, Kind::EventChannel) else {
+    let Some(c) = obj::<_, Channel>(ch, Kind::EventChannel) else {
         return fail(libc::EINVAL);
     };
     if out.is_null() {
         return fail(libc::EINVAL);
     }
-    let mut v = 0u64;
-    // SAFETY: reading 8 bytes from our eventfd: blocks until an event is
-    // queued, or fails with EAGAIN when the application made it
-    // non-blocking (errno is set by read).
-    if unsafe { libc::read(c.raw.fd, (&raw mut v).cast(), 8) } != 8 {
-        return -1;
+    // SAFETY: F_GETFL on the channel's open descriptor.
+    let flags = unsafe { libc::fcntl(c.raw.fd, libc::F_GETFL) };
+    let block = flags >= 0 && flags & libc::O_NONBLOCK == 0;
+    match c.shared.wait(block) {
+        Ok(p) => {
+            // SAFETY: the caller's out parameter.
+            unsafe { *out = p as *mut rdma_cm_event };
+            0
+        }
+        Err(e) => fail(e),
     }
-    let Some(p) = lock(&c.shared.q).pop_front() else {
-        return fail(libc::EAGAIN);
-    };
-    // SAFETY: the caller's out parameter.
-    unsafe { *out = p as *mut rdma_cm_event };
-    0
 }
 
 #[no_mangle]
@@ -217,13 +422,318 @@ pub unsafe extern "C" fn rdma_event_str(ev: rdma_cm_event_type) -> *const c_char
     s.as_ptr()
 }
 
-// ---------------------------------------------------------------- IDs
+// ---------------------------------------------------------- the workers
 
-/// A thread of an ID, stopped and joined when the ID is destroyed.
-struct Worker {
-    stop: Arc<AtomicBool>,
-    handle: JoinHandle<()>,
+/// What a watched descriptor belongs to.
+enum What {
+    /// A listening ID's listener ([`Listener::event_fd`]).
+    Listen { l: Listener, bound: SocketAddrV4 },
+    /// A connect under way ([`Connecting::event_fd`]) with the QP it
+    /// connects (a `QpObj` address: the entry goes when the QP is
+    /// destroyed) and the receives posted before it.
+    Connect {
+        c: Box<Connecting>,
+        qp: usize,
+        early: Vec<EarlyRecv>,
+        deadline: Instant,
+    },
+    /// An established connection ([`Qp::event_fd`]).
+    Connected(Weak<Qp>),
 }
+
+/// A watched descriptor: a duplicate of the engine's, owned here, so it
+/// stays the same file until the entry is removed.
+struct Watch {
+    /// The ID (an `IdObj` address).
+    id: usize,
+    /// The channel whose worker watches it and that gets its events.
+    chan: Arc<ChanShared>,
+    fd: OwnedFd,
+    what: What,
+}
+
+#[derive(Default)]
+struct Watches {
+    next: u64,
+    map: HashMap<u64, Watch>,
+}
+
+/// The watched descriptors of every channel.
+fn watches() -> &'static Mutex<Watches> {
+    static W: OnceLock<Mutex<Watches>> = OnceLock::new();
+    W.get_or_init(Default::default)
+}
+
+impl Watches {
+    /// Watch `fd` for `id` in `chan`'s worker; on failure `what` comes
+    /// back.
+    fn add(
+        &mut self,
+        id: usize,
+        chan: &Arc<ChanShared>,
+        fd: OwnedFd,
+        what: What,
+    ) -> Result<(), (io::Error, What)> {
+        self.next += 1;
+        let token = self.next;
+        if let Err(e) = epoll_add(chan.ep.as_raw_fd(), fd.as_raw_fd(), token) {
+            return Err((e, what));
+        }
+        self.map.insert(
+            token,
+            Watch {
+                id,
+                chan: chan.clone(),
+                fd,
+                what,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove(&mut self, token: u64) -> Option<Watch> {
+        let w = self.map.remove(&token)?;
+        epoll_del(w.chan.ep.as_raw_fd(), w.fd.as_raw_fd());
+        Some(w)
+    }
+
+    fn tokens(&self, pick: impl Fn(&Watch) -> bool) -> Vec<u64> {
+        self.map
+            .iter()
+            .filter(|(_, w)| pick(w))
+            .map(|(&t, _)| t)
+            .collect()
+    }
+
+    /// When the worker of `chan` must look at a connect whose descriptor
+    /// stays quiet (its timeout).
+    fn next_deadline(&self, chan: &Arc<ChanShared>) -> Option<Instant> {
+        self.map
+            .values()
+            .filter(|w| Arc::ptr_eq(&w.chan, chan))
+            .filter_map(|w| match w.what {
+                What::Connect { deadline, .. } => Some(deadline),
+                _ => None,
+            })
+            .min()
+    }
+}
+
+/// A channel's worker.
+fn run(ch: &Arc<ChanShared>) {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
+    loop {
+        let deadline = lock(watches()).next_deadline(ch);
+        let ms = deadline.map_or(-1, |d| {
+            let left = d.saturating_duration_since(Instant::now());
+            c_int::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
+        });
+        // SAFETY: `evs` has room for 16 events; the epoll fd is open.
+        let n = unsafe { libc::epoll_wait(ch.ep.as_raw_fd(), evs.as_mut_ptr(), 16, ms) };
+        if ch.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        for e in evs.iter().take(usize::try_from(n).unwrap_or(0)) {
+            let token = e.u64;
+            if token == CTL {
+                clear(&ch.ctl);
+            } else {
+                handle(token);
+            }
+        }
+        if n == 0 {
+            // A connect's deadline: its poll reports the timeout.
+            let now = Instant::now();
+            let due = lock(watches()).tokens(|w| {
+                Arc::ptr_eq(&w.chan, ch)
+                    && matches!(w.what, What::Connect { deadline, .. } if deadline <= now)
+            });
+            for t in due {
+                handle(t);
+            }
+        }
+    }
+}
+
+/// A watched descriptor is readable (or a connect's deadline passed).
+fn handle(token: u64) {
+    let mut g = lock(watches());
+    let Some(w) = g.map.get_mut(&token) else {
+        // Removed since epoll reported it.
+        return;
+    };
+    let (id, chan) = (w.id, w.chan.clone());
+    match &mut w.what {
+        What::Listen { l, bound } => {
+            let bound = *bound;
+            while let Ok(req) = l.get_request(Some(Duration::ZERO)) {
+                conn_request(id, &chan, bound, req);
+            }
+        }
+        What::Connect { c, .. } => {
+            if let Some(r) = c.poll() {
+                let w = g.remove(token).expect("found above");
+                connect_done(&mut g, w, r);
+            }
+        }
+        What::Connected(weak) => {
+            let Some(q) = weak.upgrade() else {
+                // The QP is destroyed.
+                g.remove(token);
+                return;
+            };
+            while let Some(ev) = q.poll_event() {
+                // Terminates, errors and overruns end in Disconnected.
+                if ev == CmEvent::Disconnected {
+                    chan.push(event(
+                        id as *mut rdma_cm_id,
+                        null_mut(),
+                        RDMA_CM_EVENT_DISCONNECTED,
+                        0,
+                        Vec::new(),
+                        (0, 0),
+                    ));
+                    g.remove(token);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A connection request on a listening ID: a new ID (on the listening
+/// ID's channel, or a channel of its own when the listening ID is
+/// synchronous) and CONNECT_REQUEST.
+fn conn_request(parent: usize, chan: &Arc<ChanShared>, bound: SocketAddrV4, req: ConnRequest) {
+    // SAFETY: the listening ID is live while its entry is in the table
+    // (the caller holds the table's lock).
+    let p = unsafe { &*(parent as *const IdObj) };
+    let SocketAddr::V4(peer) = req.peer_addr() else {
+        return;
+    };
+    let (ird, ord) = req
+        .request()
+        .ird_ord
+        .map(|w| (w.ird, w.ord))
+        .unwrap_or((1, 1));
+    let pdata = req.private_data().to_vec();
+    let on = if p.sync.load(Ordering::SeqCst) {
+        None
+    } else {
+        Some((p.raw.channel, chan.clone()))
+    };
+    let child = match new_id(on, p.raw.context, p.raw.ps) {
+        Ok(c) => c,
+        // Dropping the request closes the connection.
+        Err(_) => return,
+    };
+    // SAFETY: just created, not yet handed out.
+    let c = unsafe { &mut *child };
+    set_src(&mut c.raw, bound);
+    set_dst(&mut c.raw, peer);
+    {
+        let mut st = lock(&c.st);
+        st.src = Some(bound);
+        st.dst = Some(peer);
+        st.req = Some(req);
+    }
+    // The peer's ORD is what we serve; its IRD bounds what we issue.
+    chan.push(event(
+        c.ptr(),
+        parent as *mut rdma_cm_id,
+        RDMA_CM_EVENT_CONNECT_REQUEST,
+        0,
+        pdata,
+        (ord, ird),
+    ));
+}
+
+/// The outcome of a connect: ESTABLISHED (and the connection watched), or
+/// the event of the failure.
+fn connect_done(g: &mut Watches, w: Watch, r: Result<Qp, CmError>) {
+    let What::Connect { qp, early, .. } = w.what else {
+        return;
+    };
+    // SAFETY: the QP is live while its connect is in the table
+    // (ibv_destroy_qp removes it under the table's lock, held by the
+    // caller).
+    let q = unsafe { &*(qp as *const QpObj) };
+    let id = w.id as *mut rdma_cm_id;
+    match r {
+        Ok(engine_qp) => {
+            let engine_qp = q.finish_connect(engine_qp);
+            let n = engine_qp.negotiated();
+            // SAFETY: the ID is live while its entry was in the table.
+            lock(&unsafe { &*(w.id as *const IdObj) }.st).connected = true;
+            w.chan.push(event(
+                id,
+                null_mut(),
+                RDMA_CM_EVENT_ESTABLISHED,
+                0,
+                engine_qp.peer_private_data(),
+                (n.ird, n.ord),
+            ));
+            let watched = match engine_qp.event_fd().try_clone_to_owned() {
+                Ok(fd) => g
+                    .add(
+                        w.id,
+                        &w.chan,
+                        fd,
+                        What::Connected(Arc::downgrade(&engine_qp)),
+                    )
+                    .map_err(|(e, _)| e),
+                Err(e) => Err(e),
+            };
+            if watched.is_err() {
+                // Out of descriptors: the connection cannot be followed.
+                engine_qp.disconnect();
+                q.set_state(IBV_QPS_ERR);
+            }
+        }
+        Err(e) => {
+            q.fail_connect(early);
+            w.chan.push(failure_event(id, &e));
+        }
+    }
+}
+
+/// The event of a failed connect, as the kernel's iWARP connection
+/// manager reports it: REJECTED for a reset or refused connection or an
+/// MPA reject (with its private data), UNREACHABLE for a timeout,
+/// CONNECT_ERROR for anything else; the status is the negative errno.
+fn failure_event(id: *mut rdma_cm_id, e: &CmError) -> Box<EventObj> {
+    let (kind, pdata) = match e {
+        CmError::Rejected { private_data } => (RDMA_CM_EVENT_REJECTED, private_data.clone()),
+        CmError::ConnectionRefused => (RDMA_CM_EVENT_REJECTED, Vec::new()),
+        CmError::Unreachable | CmError::Timeout | CmError::MpaTimeout => {
+            (RDMA_CM_EVENT_UNREACHABLE, Vec::new())
+        }
+        _ => (RDMA_CM_EVENT_CONNECT_ERROR, Vec::new()),
+    };
+    event(id, null_mut(), kind, -cm_errno(e), pdata, (0, 0))
+}
+
+/// `ibv_destroy_qp` is destroying `qp`: a connect of it is abandoned (its
+/// ID gets CONNECT_ERROR with −ECONNABORTED) and no worker touches the QP
+/// after this returns.
+pub(crate) fn forget_qp(qp: *const ibv_qp) {
+    let mut g = lock(watches());
+    let ts = g.tokens(|w| matches!(w.what, What::Connect { qp: q, .. } if q == qp as usize));
+    for t in ts {
+        if let Some(w) = g.remove(t) {
+            w.chan.push(event(
+                w.id as *mut rdma_cm_id,
+                null_mut(),
+                RDMA_CM_EVENT_CONNECT_ERROR,
+                -libc::ECONNABORTED,
+                Vec::new(),
+                (0, 0),
+            ));
+        }
+    }
+}
+
+// ---------------------------------------------------------------- IDs
 
 #[derive(Default)]
 struct IdState {
@@ -235,38 +745,228 @@ struct IdState {
     /// A connection request waiting for rdma_accept or rdma_reject.
     req: Option<ConnRequest>,
     connected: bool,
+    /// rdma_disconnect was called (a synchronous ID waits once).
+    disconnected: bool,
+    /// A passive endpoint's QP attributes, for the IDs of
+    /// rdma_get_request (rdma_create_ep).
+    qp_init: Option<ibv_qp_init_attr>,
+    /// Private data put before the application's in rdma_connect
+    /// (`ai_connect` of rdma_create_ep's address).
+    connect_pdata: Vec<u8>,
 }
 
 #[repr(C)]
 struct IdObj {
     raw: rdma_cm_id,
-    chan: Arc<ChanShared>,
+    /// The channel events go to (changed by rdma_migrate_id under the
+    /// table's lock).
+    chan: Mutex<Arc<ChanShared>>,
+    /// The channel of a synchronous ID, made with it.
+    own: Mutex<Option<Box<Channel>>>,
+    sync: AtomicBool,
     st: Mutex<IdState>,
-    workers: Mutex<Vec<Worker>>,
 }
 
-/// A raw pointer moved into a worker thread.
-#[derive(Clone, Copy)]
-struct SendPtr<T>(*mut T);
-// SAFETY: the pointee (an ID or QP) outlives the workers that hold it:
-// rdma_destroy_id joins them before freeing, and applications destroy a
-// QP only after its ID's connect finished (rdma_destroy_qp(3)).
-unsafe impl<T> Send for SendPtr<T> {}
-
 impl IdObj {
-    fn spawn(&self, f: impl FnOnce(Arc<AtomicBool>) + Send + 'static) {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("iwarp-compat-cm".into())
-            .spawn(move || f(s))
-            .expect("spawn a connection manager thread");
-        lock(&self.workers).push(Worker { stop, handle });
-    }
-
     fn ptr(&self) -> *mut rdma_cm_id {
         (&raw const self.raw).cast_mut()
     }
+
+    fn chan(&self) -> Arc<ChanShared> {
+        lock(&self.chan).clone()
+    }
+
+    fn push(&self, ev: Box<EventObj>) {
+        self.chan().push(ev);
+    }
+}
+
+/// The library's protection domain for IDs given none (librdmacm's
+/// per-device default PD), allocated once.
+fn default_pd(ctx: *mut ibv_context) -> Result<*mut ibv_pd, c_int> {
+    static PD: OnceLock<Result<usize, c_int>> = OnceLock::new();
+    PD.get_or_init(|| {
+        // SAFETY: our context.
+        let p = unsafe { ibv_alloc_pd(ctx) };
+        if p.is_null() {
+            Err(errno())
+        } else {
+            Ok(p as usize)
+        }
+    })
+    .as_ref()
+    .map(|&p| p as *mut ibv_pd)
+    .map_err(|e| *e)
+}
+
+/// A new ID on `chan` (the application's pointer and the shared part), or
+/// synchronous with a channel of its own (`None`).
+fn new_id(
+    chan: Option<(*mut rdma_event_channel, Arc<ChanShared>)>,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> Result<*mut IdObj, c_int> {
+    let ctx = the_context()?;
+    let pd = default_pd(ctx)?;
+    let (own, raw_ch, shared) = match chan {
+        Some((r, s)) => (None, r, s),
+        None => {
+            let c = Channel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
+            let (r, s) = (c.raw_ptr(), c.shared.clone());
+            (Some(c), r, s)
+        }
+    };
+    shared.ids.fetch_add(1, Ordering::SeqCst);
+    let sync = own.is_some();
+    let o = Box::new(IdObj {
+        raw: rdma_cm_id {
+            verbs: ctx,
+            channel: raw_ch,
+            context,
+            ps,
+            port_num: 1,
+            qp_type: IBV_QPT_RC,
+            pd,
+            ..Default::default()
+        },
+        chan: Mutex::new(shared),
+        own: Mutex::new(own),
+        sync: AtomicBool::new(sync),
+        st: Mutex::new(IdState::default()),
+    });
+    let p = Box::into_raw(o);
+    register(p, Kind::CmId);
+    Ok(p)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_id(
+    ch: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> c_int {
+    if id.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let on = if ch.is_null() {
+        // Synchronous.
+        None
+    } else {
+        let Some(c) = obj::<_, Channel>(ch, Kind::EventChannel) else {
+            return fail(libc::EINVAL);
+        };
+        Some((ch, c.shared.clone()))
+    };
+    if ps != RDMA_PS_TCP {
+        return fail(libc::EOPNOTSUPP);
+    }
+    if let Err(e) = global() {
+        return fail(e);
+    }
+    match new_id(on, context, ps) {
+        Ok(p) => {
+            // SAFETY: the caller's out parameter.
+            unsafe { *id = p.cast() };
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Ack the event a synchronous ID keeps in `id->event`.
+///
+/// # Safety
+/// `id` is a live ID.
+unsafe fn ack_kept(id: *mut rdma_cm_id) {
+    // SAFETY: the live ID (the caller's).
+    let ev = unsafe { (*id).event };
+    if !ev.is_null() {
+        // SAFETY: an event this library handed out; refused if not live.
+        unsafe {
+            rdma_ack_cm_event(ev);
+            (*id).event = null_mut();
+        }
+    }
+}
+
+/// For a synchronous ID, wait for the event of the call just made, keep
+/// it in `id->event` (acking the one kept before) and fail as it says,
+/// as librdmacm does; 0 at once for an ID on a channel.
+fn complete(id: *mut rdma_cm_id, o: &IdObj) -> c_int {
+    if !o.sync.load(Ordering::SeqCst) {
+        return 0;
+    }
+    // SAFETY: the live ID.
+    unsafe { ack_kept(id) };
+    let p = match o.chan().wait(true) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: the live ID; `p` is a live event, now the application's.
+    let e = unsafe {
+        (*id).event = p as *mut rdma_cm_event;
+        &(*(p as *const EventObj)).raw
+    };
+    if e.status == 0 {
+        0
+    } else if e.event == RDMA_CM_EVENT_REJECTED {
+        fail(libc::ECONNREFUSED)
+    } else {
+        fail(e.status.abs())
+    }
+}
+
+fn id_obj<'a>(id: *mut rdma_cm_id) -> Option<&'a IdObj> {
+    obj::<_, IdObj>(id, Kind::CmId)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    if !unregister(id, Kind::CmId) {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: registered until now: a leaked Box<IdObj>, freed below.
+    let o = unsafe { &*id.cast::<IdObj>() };
+    // Stop watching its descriptors and drop its undelivered events (and
+    // the connection requests queued for it), under the table's lock: no
+    // worker touches the ID afterwards.
+    let (gone, evs) = {
+        let mut g = lock(watches());
+        let mut gone = Vec::new();
+        for t in g.tokens(|w| w.id == id as usize) {
+            if let Some(w) = g.remove(t) {
+                if let What::Connect { qp, early, .. } = w.what {
+                    // SAFETY: the QP is live while its connect is in the
+                    // table.
+                    unsafe { &*(qp as *const QpObj) }.fail_connect(early);
+                } else {
+                    gone.push(w);
+                }
+            }
+        }
+        let evs = o.chan().take(|e| e.id == id || e.listen_id == id);
+        (gone, evs)
+    };
+    drop(gone);
+    for p in evs {
+        // SAFETY: taken from the queue, not yet freed.
+        let e = unsafe { &(*(p as *const EventObj)).raw };
+        if e.event == RDMA_CM_EVENT_CONNECT_REQUEST && e.listen_id == id {
+            // SAFETY: the request's new ID, never handed out.
+            unsafe { rdma_destroy_id(e.id) };
+        }
+        free_event(p);
+    }
+    // SAFETY: the ID, still allocated.
+    unsafe { ack_kept(id) };
+    // SAFETY: a leaked Box<IdObj>, freed once; no worker uses it. Its own
+    // channel (synchronous ID) is dropped here, outside the table's lock,
+    // which its worker may be waiting for.
+    let b = unsafe { Box::from_raw(id.cast::<IdObj>()) };
+    b.chan().ids.fetch_sub(1, Ordering::SeqCst);
+    drop(b);
+    0
 }
 
 fn to_sockaddr_in(a: SocketAddrV4) -> sockaddr_in {
@@ -309,33 +1009,6 @@ fn set_dst(raw: &mut rdma_cm_id, a: SocketAddrV4) {
     raw.route.addr.__bindgen_anon_2.dst_sin = to_sockaddr_in(a);
 }
 
-fn new_id(
-    chan_raw: *mut rdma_event_channel,
-    chan: &Arc<ChanShared>,
-    context: *mut c_void,
-    ps: rdma_port_space,
-    ctx: *mut ibv_context,
-) -> *mut IdObj {
-    let o = Box::new(IdObj {
-        raw: rdma_cm_id {
-            verbs: ctx,
-            channel: chan_raw,
-            context,
-            ps,
-            port_num: 1,
-            qp_type: IBV_QPT_RC,
-            ..Default::default()
-        },
-        chan: chan.clone(),
-        st: Mutex::new(IdState::default()),
-        workers: Mutex::new(Vec::new()),
-    });
-    chan.ids.fetch_add(1, Ordering::SeqCst);
-    let p = Box::into_raw(o);
-    register(p, Kind::CmId);
-    p
-}
-
 fn the_context() -> Result<*mut ibv_context, c_int> {
     let dev = {
         let mut n = 0;
@@ -361,63 +1034,6 @@ fn the_context() -> Result<*mut ibv_context, c_int> {
     } else {
         Ok(c)
     }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn rdma_create_id(
-    ch: *mut rdma_event_channel,
-    id: *mut *mut rdma_cm_id,
-    context: *mut c_void,
-    ps: rdma_port_space,
-) -> c_int {
-    if id.is_null() {
-        return fail(libc::EINVAL);
-    }
-    if ch.is_null() {
-        // Synchronous IDs (no channel) are not supported.
-        return fail(libc::EOPNOTSUPP);
-    }
-    let Some(c) = obj::<_, ChannelObj>(ch, Kind::EventChannel) else {
-        return fail(libc::EINVAL);
-    };
-    if ps != RDMA_PS_TCP {
-        return fail(libc::EOPNOTSUPP);
-    }
-    let ctx = match the_context() {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let p = new_id(ch, &c.shared, context, ps, ctx);
-    // SAFETY: the caller's out parameter.
-    unsafe { *id = p.cast() };
-    0
-}
-
-fn id_obj<'a>(id: *mut rdma_cm_id) -> Option<&'a IdObj> {
-    obj::<_, IdObj>(id, Kind::CmId)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
-    let Some(o) = id_obj(id) else {
-        return fail(libc::EINVAL);
-    };
-    let workers = std::mem::take(&mut *lock(&o.workers));
-    for w in &workers {
-        w.stop.store(true, Ordering::SeqCst);
-    }
-    for w in workers {
-        let _ = w.handle.join();
-    }
-    if !unregister(id, Kind::CmId) {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: registered until now: a leaked Box<IdObj>, freed once; its
-    // workers are joined.
-    let b = unsafe { Box::from_raw(id.cast::<IdObj>()) };
-    b.chan.ids.fetch_sub(1, Ordering::SeqCst);
-    drop(b);
-    0
 }
 
 #[no_mangle]
@@ -457,7 +1073,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         Ok(l) => l,
         Err(CmError::Io(k)) => {
             return fail(
-                std::io::Error::from(k)
+                io::Error::from(k)
                     .raw_os_error()
                     .unwrap_or(libc::EADDRINUSE),
             )
@@ -468,64 +1084,21 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         SocketAddr::V4(a) => a,
         SocketAddr::V6(_) => src,
     };
+    let fd = match l.event_fd().try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
+    };
     st.src = Some(bound);
     st.listening = true;
     drop(st);
     // SAFETY: the live ID.
     unsafe { set_src(&mut *id, bound) };
-    let me = SendPtr(id);
-    o.spawn(move |stop| listen_worker(me, l, bound, stop));
-    0
-}
-
-fn listen_worker(me: SendPtr<rdma_cm_id>, l: Listener, bound: SocketAddrV4, stop: Arc<AtomicBool>) {
-    let me = me.0;
-    while !stop.load(Ordering::SeqCst) {
-        let req = match l.get_request(Some(STOP_POLL)) {
-            Ok(r) => r,
-            Err(CmError::Timeout) => continue,
-            Err(_) => break,
-        };
-        // SAFETY: the listening ID outlives this worker (joined by
-        // rdma_destroy_id).
-        let parent = unsafe { &*me.cast::<IdObj>() };
-        let peer = match req.peer_addr() {
-            SocketAddr::V4(a) => a,
-            SocketAddr::V6(_) => continue,
-        };
-        let (ird, ord) = req
-            .request()
-            .ird_ord
-            .map(|w| (w.ird, w.ord))
-            .unwrap_or((1, 1));
-        let pdata = req.private_data().to_vec();
-        let child = new_id(
-            parent.raw.channel,
-            &parent.chan,
-            parent.raw.context,
-            parent.raw.ps,
-            parent.raw.verbs,
-        );
-        // SAFETY: just created, not yet handed out.
-        let c = unsafe { &mut *child };
-        set_src(&mut c.raw, bound);
-        set_dst(&mut c.raw, peer);
-        {
-            let mut st = lock(&c.st);
-            st.src = Some(bound);
-            st.dst = Some(peer);
-            st.req = Some(req);
-        }
-        // The peer's ORD is what we serve; its IRD bounds what we issue.
-        parent.chan.push(event(
-            c.ptr(),
-            me,
-            RDMA_CM_EVENT_CONNECT_REQUEST,
-            0,
-            pdata,
-            (ord, ird),
-        ));
+    let chan = o.chan();
+    if let Err((e, _)) = lock(watches()).add(id as usize, &chan, fd, What::Listen { l, bound }) {
+        lock(&o.st).listening = false;
+        return fail(e.raw_os_error().unwrap_or(libc::EMFILE));
     }
+    0
 }
 
 #[no_mangle]
@@ -567,7 +1140,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             set_src(&mut *id, s);
         }
     }
-    o.chan.push(event(
+    o.push(event(
         id,
         null_mut(),
         RDMA_CM_EVENT_ADDR_RESOLVED,
@@ -575,7 +1148,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         Vec::new(),
         (0, 0),
     ));
-    0
+    complete(id, o)
 }
 
 #[no_mangle]
@@ -589,7 +1162,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
     }
     st.route_resolved = true;
     drop(st);
-    o.chan.push(event(
+    o.push(event(
         id,
         null_mut(),
         RDMA_CM_EVENT_ROUTE_RESOLVED,
@@ -597,7 +1170,109 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_
         Vec::new(),
         (0, 0),
     ));
-    0
+    complete(id, o)
+}
+
+/// Destroy the CQs and completion channels the library made for the ID's
+/// QP.
+///
+/// # Safety
+/// `id` is a live ID.
+unsafe fn destroy_cqs(id: *mut rdma_cm_id) {
+    // SAFETY: the live ID; its CQs and channels are the library's.
+    unsafe {
+        let r = &mut *id;
+        if !r.recv_cq.is_null() {
+            ibv_destroy_cq(r.recv_cq);
+        }
+        if !r.send_cq.is_null() && r.send_cq != r.recv_cq {
+            ibv_destroy_cq(r.send_cq);
+        }
+        r.recv_cq = null_mut();
+        r.send_cq = null_mut();
+        if !r.recv_cq_channel.is_null() {
+            ibv_destroy_comp_channel(r.recv_cq_channel);
+        }
+        if !r.send_cq_channel.is_null() && r.send_cq_channel != r.recv_cq_channel {
+            ibv_destroy_comp_channel(r.send_cq_channel);
+        }
+        r.recv_cq_channel = null_mut();
+        r.send_cq_channel = null_mut();
+    }
+}
+
+/// A CQ of `size` entries with a completion channel of its own, its
+/// context the ID (what `rdma_get_send_comp`/`rdma_get_recv_comp` of
+/// rdma_verbs.h expect).
+///
+/// # Safety
+/// `id` is a live ID.
+unsafe fn make_cq(id: *mut rdma_cm_id, size: u32) -> Option<(*mut ibv_comp_channel, *mut ibv_cq)> {
+    // SAFETY: the live ID's context.
+    let ctx = unsafe { (*id).verbs };
+    // SAFETY: our context.
+    let ch = unsafe { ibv_create_comp_channel(ctx) };
+    if ch.is_null() {
+        return None;
+    }
+    let n = c_int::try_from(size).unwrap_or(c_int::MAX);
+    // SAFETY: our context and channel.
+    let cq = unsafe { ibv_create_cq(ctx, n, id.cast(), ch, 0) };
+    if cq.is_null() {
+        let e = errno();
+        // SAFETY: made just above, unused.
+        unsafe { ibv_destroy_comp_channel(ch) };
+        set_errno(e);
+        return None;
+    }
+    Some((ch, cq))
+}
+
+/// Make the CQs `send_cq`/`recv_cq` leave out (null) for an ID without a
+/// QP, one per direction with a completion channel each (their sizes the
+/// queue depths), as librdmacm does, and fill them in.
+///
+/// # Safety
+/// `id` is null or a handle the application passed.
+unsafe fn id_cqs(
+    id: *mut rdma_cm_id,
+    send_cq: &mut *mut ibv_cq,
+    recv_cq: &mut *mut ibv_cq,
+    send_wr: u32,
+    recv_wr: u32,
+) -> Result<(), c_int> {
+    let Some(o) = id_obj(id) else {
+        return Err(libc::EINVAL);
+    };
+    if !o.raw.qp.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the live ID, used by this thread.
+    let r = unsafe { &mut *id };
+    if recv_cq.is_null() && r.recv_cq.is_null() && recv_wr > 0 {
+        // SAFETY: the live ID.
+        let Some((ch, cq)) = (unsafe { make_cq(id, recv_wr) }) else {
+            return Err(errno());
+        };
+        (r.recv_cq_channel, r.recv_cq) = (ch, cq);
+    }
+    if send_cq.is_null() && r.send_cq.is_null() && send_wr > 0 {
+        // SAFETY: the live ID.
+        let Some((ch, cq)) = (unsafe { make_cq(id, send_wr) }) else {
+            let e = errno();
+            // SAFETY: the live ID.
+            unsafe { destroy_cqs(id) };
+            return Err(e);
+        };
+        (r.send_cq_channel, r.send_cq) = (ch, cq);
+    }
+    if recv_cq.is_null() {
+        *recv_cq = r.recv_cq;
+    }
+    if send_cq.is_null() {
+        *send_cq = r.send_cq;
+    }
+    Ok(())
 }
 
 #[no_mangle]
@@ -609,14 +1284,23 @@ pub unsafe extern "C" fn rdma_create_qp(
     if attr.is_null() {
         return fail(libc::EINVAL);
     }
+    {
+        // SAFETY: the caller's attributes.
+        let a = unsafe { &mut *attr };
+        let (sw, rw) = (a.cap.max_send_wr, a.cap.max_recv_wr);
+        // SAFETY: the application's handle.
+        if let Err(e) = unsafe { id_cqs(id, &mut a.send_cq, &mut a.recv_cq, sw, rw) } {
+            return fail(e);
+        }
+    }
     create_id_qp(id, pd, |pd| {
         // SAFETY: forwarded with the caller's attributes.
         unsafe { ibv_create_qp(pd, attr) }
     })
 }
 
-/// The QP of `id` made by `create` in `pd` (or the ID's PD, allocated if
-/// it has none), in INIT.
+/// The QP of `id` made by `create` in `pd` (or the ID's PD), in INIT; the
+/// CQs `id_cqs` made are destroyed if it fails.
 fn create_id_qp(
     id: *mut rdma_cm_id,
     pd: *mut ibv_pd,
@@ -628,29 +1312,22 @@ fn create_id_qp(
     if !o.raw.qp.is_null() {
         return fail(libc::EINVAL);
     }
-    let pd = if pd.is_null() {
-        if o.raw.pd.is_null() {
-            // SAFETY: the ID's context.
-            let p = unsafe { ibv_alloc_pd(o.raw.verbs) };
-            if p.is_null() {
-                return -1;
-            }
-            // SAFETY: the live ID.
-            unsafe { (*id).pd = p };
-        }
-        o.raw.pd
-    } else {
-        pd
-    };
+    let pd = if pd.is_null() { o.raw.pd } else { pd };
     let qp = create(pd);
     if qp.is_null() {
-        return -1;
+        let e = errno();
+        // SAFETY: the live ID.
+        unsafe { destroy_cqs(id) };
+        return fail(e);
     }
     if let Some(q) = obj::<_, QpObj>(qp, Kind::Qp) {
         q.set_state(IBV_QPS_INIT);
     }
-    // SAFETY: the live ID.
-    unsafe { (*id).qp = qp };
+    // SAFETY: the live ID, used by this thread.
+    unsafe {
+        (*id).qp = qp;
+        (*id).pd = pd;
+    }
     0
 }
 
@@ -660,12 +1337,13 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         return;
     };
     let qp = o.raw.qp;
-    if !qp.is_null() {
-        // SAFETY: the ID's QP.
-        unsafe {
+    // SAFETY: the ID's QP, then its library-made CQs.
+    unsafe {
+        if !qp.is_null() {
             ibv_destroy_qp(qp);
             (*id).qp = null_mut();
         }
+        destroy_cqs(id);
     }
 }
 
@@ -710,29 +1388,8 @@ fn cm_errno(e: &CmError) -> c_int {
         CmError::Unreachable => libc::EHOSTUNREACH,
         CmError::Timeout | CmError::MpaTimeout => libc::ETIMEDOUT,
         CmError::Closed => libc::ECONNRESET,
-        CmError::Io(k) => std::io::Error::from(*k).raw_os_error().unwrap_or(libc::EIO),
+        CmError::Io(k) => io::Error::from(*k).raw_os_error().unwrap_or(libc::EIO),
         _ => libc::ECONNABORTED,
-    }
-}
-
-/// After the connection is established: wait for its end and report it
-/// once as DISCONNECTED.
-fn watch(me: *mut rdma_cm_id, chan: &ChanShared, qp: Weak<Qp>, stop: &AtomicBool) {
-    while !stop.load(Ordering::SeqCst) {
-        let Some(q) = qp.upgrade() else {
-            return;
-        };
-        if let Some(CmEvent::Disconnected) = q.wait_event(STOP_POLL) {
-            chan.push(event(
-                me,
-                null_mut(),
-                RDMA_CM_EVENT_DISCONNECTED,
-                0,
-                Vec::new(),
-                (0, 0),
-            ));
-            return;
-        }
     }
 }
 
@@ -755,32 +1412,39 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
         lock(&o.st).req = Some(req);
         return fail(libc::EINVAL);
     };
-    let r = req.accept_with_recvs(init, params, &recv_wrs(&early));
-    match r {
-        Ok(qp) => {
-            let qp = q.finish_connect(qp);
-            let n = qp.negotiated();
-            lock(&o.st).connected = true;
-            o.chan.push(event(
-                id,
-                null_mut(),
-                RDMA_CM_EVENT_ESTABLISHED,
-                0,
-                Vec::new(),
-                (n.ird, n.ord),
-            ));
-            let (me, chan, weak) = (SendPtr(id), o.chan.clone(), Arc::downgrade(&qp));
-            o.spawn(move |stop| {
-                let me = me;
-                watch(me.0, &chan, weak, &stop)
-            });
-            0
-        }
+    let qp = match req.accept_with_recvs(init, params, &recv_wrs(&early)) {
+        Ok(qp) => q.finish_connect(qp),
         Err(e) => {
             q.fail_connect(early);
-            fail(cm_errno(&e))
+            return fail(cm_errno(&e));
         }
+    };
+    let n = qp.negotiated();
+    let fd = match qp.event_fd().try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            qp.disconnect();
+            q.set_state(IBV_QPS_ERR);
+            return fail(e.raw_os_error().unwrap_or(libc::EMFILE));
+        }
+    };
+    lock(&o.st).connected = true;
+    let chan = o.chan();
+    chan.push(event(
+        id,
+        null_mut(),
+        RDMA_CM_EVENT_ESTABLISHED,
+        0,
+        Vec::new(),
+        (n.ird, n.ord),
+    ));
+    let watched = lock(watches()).add(id as usize, &chan, fd, What::Connected(Arc::downgrade(&qp)));
+    if let Err((e, _)) = watched {
+        qp.disconnect();
+        q.set_state(IBV_QPS_ERR);
+        return fail(e.raw_os_error().unwrap_or(libc::EMFILE));
     }
+    complete(id, o)
 }
 
 #[no_mangle]
@@ -821,83 +1485,60 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
     let Some(q) = qp_of(o, param) else {
         return fail(libc::EINVAL);
     };
-    let params = match conn_params(param) {
+    let mut params = match conn_params(param) {
         Ok(p) => p,
         Err(e) => return fail(e),
+    };
+    {
+        let st = lock(&o.st);
+        if !st.connect_pdata.is_empty() {
+            let mut p = st.connect_pdata.clone();
+            p.extend_from_slice(&params.private_data);
+            params.private_data = p;
+        }
+    }
+    let Ok(g) = global() else {
+        return fail(libc::ENODEV);
     };
     let Some((init, early)) = q.begin_connect() else {
         return fail(libc::EINVAL);
     };
-    let Ok(g) = global() else {
-        return fail(libc::ENODEV);
-    };
-    let (me, qp, chan) = (
-        SendPtr(id),
-        SendPtr((q as *const QpObj).cast_mut()),
-        o.chan.clone(),
-    );
-    o.spawn(move |stop| {
-        let (me, qp) = (me, qp);
-        // SAFETY: the QP outlives the connect (see `SendPtr`).
-        let q = unsafe { &*qp.0 };
-        let r = match g
-            .dev
-            .connect_start(SocketAddr::V4(dst), init, params, &recv_wrs(&early))
-        {
-            Ok(mut c) => loop {
-                if let Some(r) = c.poll() {
-                    break r;
-                }
-                if stop.load(Ordering::SeqCst) {
-                    // The ID is being destroyed: abandon the connect.
+    let deadline = Instant::now() + params.timeout;
+    let chan = o.chan();
+    match g
+        .dev
+        .connect_start(SocketAddr::V4(dst), init, params, &recv_wrs(&early))
+    {
+        Ok(c) => {
+            let fd = match c.event_fd().try_clone_to_owned() {
+                Ok(fd) => fd,
+                Err(e) => {
                     q.fail_connect(early);
-                    return;
+                    return fail(e.raw_os_error().unwrap_or(libc::EMFILE));
                 }
-                let mut pfd = libc::pollfd {
-                    fd: c.event_fd().as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one pollfd of an open descriptor.
-                unsafe { libc::poll(&mut pfd, 1, STOP_POLL.as_millis() as c_int) };
-            },
-            Err(e) => Err(e),
-        };
-        match r {
-            Ok(engine_qp) => {
-                let engine_qp = q.finish_connect(engine_qp);
-                let n = engine_qp.negotiated();
-                // SAFETY: the ID outlives its workers.
-                lock(&unsafe { &*me.0.cast::<IdObj>() }.st).connected = true;
-                chan.push(event(
-                    me.0,
-                    null_mut(),
-                    RDMA_CM_EVENT_ESTABLISHED,
-                    0,
-                    engine_qp.peer_private_data(),
-                    (n.ird, n.ord),
-                ));
-                let weak = Arc::downgrade(&engine_qp);
-                drop(engine_qp);
-                watch(me.0, &chan, weak, &stop);
-            }
-            Err(e) => {
-                q.fail_connect(early);
-                let (kind, pdata) = match &e {
-                    CmError::Rejected { private_data } => {
-                        (RDMA_CM_EVENT_REJECTED, private_data.clone())
-                    }
-                    CmError::ConnectionRefused => (RDMA_CM_EVENT_REJECTED, Vec::new()),
-                    CmError::Unreachable | CmError::Timeout | CmError::MpaTimeout => {
-                        (RDMA_CM_EVENT_UNREACHABLE, Vec::new())
-                    }
-                    _ => (RDMA_CM_EVENT_CONNECT_ERROR, Vec::new()),
-                };
-                chan.push(event(me.0, null_mut(), kind, -cm_errno(&e), pdata, (0, 0)));
+            };
+            let what = What::Connect {
+                c: Box::new(c),
+                qp: (q as *const QpObj) as usize,
+                early,
+                deadline,
+            };
+            let watched = lock(watches()).add(id as usize, &chan, fd, what);
+            if let Err((e, what)) = watched {
+                // Dropping the connect abandons it.
+                if let What::Connect { early, .. } = what {
+                    q.fail_connect(early);
+                }
+                return fail(e.raw_os_error().unwrap_or(libc::EMFILE));
             }
         }
-    });
-    0
+        Err(e) => {
+            // Refused on the spot: reported as an event all the same.
+            q.fail_connect(early);
+            chan.push(failure_event(id, &e));
+        }
+    }
+    complete(id, o)
 }
 
 #[no_mangle]
@@ -913,7 +1554,11 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     };
     e.disconnect();
     q.set_state(IBV_QPS_ERR);
-    0
+    // A synchronous ID waits for DISCONNECTED, once.
+    if std::mem::replace(&mut lock(&o.st).disconnected, true) {
+        return 0;
+    }
+    complete(id, o)
 }
 
 #[no_mangle]
@@ -990,16 +1635,236 @@ pub unsafe extern "C" fn rdma_set_option(
     })
 }
 
+/// Move `id` to the channel `(raw, new)`; the caller holds the table's
+/// lock. Its watched descriptors go to the new channel's worker, its
+/// undelivered events (and the connection requests queued for it, whose
+/// new IDs share its channel) to the new channel's queue.
+///
+/// # Safety
+/// `id` is a live ID.
+unsafe fn move_id(
+    g: &mut Watches,
+    id: *mut rdma_cm_id,
+    raw: *mut rdma_event_channel,
+    new: &Arc<ChanShared>,
+) {
+    // SAFETY: the live ID.
+    let o = unsafe { &*id.cast::<IdObj>() };
+    let old = o.chan();
+    if Arc::ptr_eq(&old, new) {
+        return;
+    }
+    for t in g.tokens(|w| w.id == id as usize) {
+        let w = g.map.get_mut(&t).expect("listed above");
+        epoll_del(old.ep.as_raw_fd(), w.fd.as_raw_fd());
+        // The same file again, with room in a new set: a failure would
+        // leave it unwatched, which epoll_ctl does not do for ADD of a
+        // descriptor just removed.
+        let _ = epoll_add(new.ep.as_raw_fd(), w.fd.as_raw_fd(), t);
+        w.chan = new.clone();
+    }
+    let evs = old.take(|e| (e.id == id && e.listen_id.is_null()) || e.listen_id == id);
+    for &p in &evs {
+        // SAFETY: taken from the queue, live.
+        let e = unsafe { &(*(p as *const EventObj)).raw };
+        if e.event == RDMA_CM_EVENT_CONNECT_REQUEST && e.listen_id == id {
+            // SAFETY: the request's new ID, never handed out.
+            let c = unsafe { &*e.id.cast::<IdObj>() };
+            if Arc::ptr_eq(&c.chan(), &old) {
+                // SAFETY: as above.
+                unsafe { move_id(g, e.id, raw, new) };
+            }
+        }
+    }
+    new.put(evs);
+    old.ids.fetch_sub(1, Ordering::SeqCst);
+    new.ids.fetch_add(1, Ordering::SeqCst);
+    *lock(&o.chan) = new.clone();
+    // SAFETY: the live ID; readers of `channel` in workers hold the
+    // table's lock, as the caller does.
+    unsafe { (*id).channel = raw };
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_migrate_id(
     id: *mut rdma_cm_id,
-    _ch: *mut rdma_event_channel,
+    ch: *mut rdma_event_channel,
 ) -> c_int {
-    fail(if is_live(id, Kind::CmId) {
-        libc::EOPNOTSUPP
+    let Some(o) = id_obj(id) else {
+        return fail(libc::EINVAL);
+    };
+    let was_sync = o.sync.load(Ordering::SeqCst);
+    if ch.is_null() && was_sync {
+        return fail(libc::EINVAL);
+    }
+    let (own, raw, new) = if ch.is_null() {
+        // Synchronous from now on, with a channel of its own.
+        match Channel::new() {
+            Ok(c) => {
+                let (r, s) = (c.raw_ptr(), c.shared.clone());
+                (Some(c), r, s)
+            }
+            Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
+        }
     } else {
-        libc::EINVAL
-    })
+        match obj::<_, Channel>(ch, Kind::EventChannel) {
+            Some(c) => (None, ch, c.shared.clone()),
+            None => return fail(libc::EINVAL),
+        }
+    };
+    {
+        let mut g = lock(watches());
+        // SAFETY: the live ID.
+        unsafe { move_id(&mut g, id, raw, &new) };
+        o.sync.store(own.is_some(), Ordering::SeqCst);
+    }
+    if was_sync {
+        // SAFETY: the live ID.
+        unsafe { ack_kept(id) };
+    }
+    // The channel it had of its own is dropped (its worker joined) outside
+    // the table's lock.
+    let old_own = std::mem::replace(&mut *lock(&o.own), own);
+    drop(old_own);
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if id.is_null() || res.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's address information.
+    let r = unsafe { &*res };
+    if r.ai_qp_type != IBV_QPT_RC as c_int {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let mut cm = null_mut();
+    // SAFETY: a synchronous ID.
+    if unsafe {
+        rdma_create_id(
+            null_mut(),
+            &mut cm,
+            null_mut(),
+            r.ai_port_space as rdma_port_space,
+        )
+    } != 0
+    {
+        return -1;
+    }
+    let ok = if r.ai_flags as u32 & RAI_PASSIVE != 0 {
+        // SAFETY: the new ID and the caller's address.
+        let bound = unsafe { rdma_bind_addr(cm, r.ai_src_addr) } == 0;
+        if bound {
+            let o = id_obj(cm).expect("created above");
+            if !pd.is_null() {
+                // SAFETY: the new ID, not yet handed out.
+                unsafe { (*cm).pd = pd };
+            }
+            if !attr.is_null() {
+                // SAFETY: the caller's attributes.
+                let mut a = unsafe { *attr };
+                a.qp_type = IBV_QPT_RC;
+                lock(&o.st).qp_init = Some(a);
+            }
+        }
+        bound
+    } else {
+        // SAFETY: the new ID, the caller's addresses and attributes.
+        unsafe {
+            rdma_resolve_addr(cm, r.ai_src_addr, r.ai_dst_addr, 2000) == 0
+                && rdma_resolve_route(cm, 2000) == 0
+                && (attr.is_null() || {
+                    (*attr).qp_type = IBV_QPT_RC;
+                    rdma_create_qp(cm, pd, attr) == 0
+                })
+        }
+    };
+    if !ok {
+        let e = errno();
+        // SAFETY: the new ID.
+        unsafe { rdma_destroy_ep(cm) };
+        return fail(e);
+    }
+    if r.ai_connect_len > 0 && !r.ai_connect.is_null() {
+        let o = id_obj(cm).expect("created above");
+        // SAFETY: `ai_connect_len` bytes at `ai_connect`.
+        lock(&o.st).connect_pdata =
+            unsafe { std::slice::from_raw_parts(r.ai_connect.cast::<u8>(), r.ai_connect_len) }
+                .to_vec();
+    }
+    // SAFETY: the caller's out parameter.
+    unsafe { *id = cm };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    let Some(o) = id_obj(listen) else {
+        return fail(libc::EINVAL);
+    };
+    if id.is_null() || !o.sync.load(Ordering::SeqCst) {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the live ID.
+    unsafe { ack_kept(listen) };
+    let p = match o.chan().wait(true) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: a live event, now the application's.
+    let e = unsafe { &(*(p as *const EventObj)).raw };
+    let err = if e.event == RDMA_CM_EVENT_REJECTED {
+        Some(libc::ECONNREFUSED)
+    } else if e.status != 0 {
+        Some(e.status.abs())
+    } else if e.event != RDMA_CM_EVENT_CONNECT_REQUEST {
+        Some(libc::EINVAL)
+    } else {
+        None
+    };
+    if let Some(err) = err {
+        // SAFETY: the live ID keeps the event.
+        unsafe { (*listen).event = p as *mut rdma_cm_event };
+        return fail(err);
+    }
+    let child = e.id;
+    let init = lock(&o.st).qp_init;
+    if let Some(mut a) = init {
+        // SAFETY: the request's new ID; a copy of the stored attributes.
+        if unsafe { rdma_create_qp(child, o.raw.pd, &mut a) } != 0 {
+            let err = errno();
+            // SAFETY: the live ID keeps the event.
+            unsafe { (*listen).event = p as *mut rdma_cm_event };
+            return fail(err);
+        }
+    }
+    // SAFETY: the caller's out parameter; the new ID keeps the event.
+    unsafe {
+        *id = child;
+        (*child).event = p as *mut rdma_cm_event;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
+    if !is_live(id, Kind::CmId) {
+        return;
+    }
+    // SAFETY: forwarded; the live ID.
+    unsafe {
+        rdma_destroy_qp(id);
+        rdma_destroy_id(id);
+    }
 }
 
 #[no_mangle]
@@ -1114,6 +1979,11 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     }
     // SAFETY: the caller's attributes.
     let a = unsafe { &mut *attr };
+    let (sw, rw) = (a.cap.max_send_wr, a.cap.max_recv_wr);
+    // SAFETY: the application's handle.
+    if let Err(e) = unsafe { id_cqs(id, &mut a.send_cq, &mut a.recv_cq, sw, rw) } {
+        return fail(e);
+    }
     let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
         a.pd
     } else {
@@ -1128,43 +1998,4 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
         // SAFETY: the caller's attributes, with the ID's context.
         unsafe { crate::qp::create_qp_ex(ctx, a) }
     })
-}
-
-/// The synchronous endpoint API (`rdma_create_ep`, `rdma_get_request`)
-/// is not provided.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_create_ep(
-    id: *mut *mut rdma_cm_id,
-    _res: *mut rdma_addrinfo,
-    _pd: *mut ibv_pd,
-    _attr: *mut ibv_qp_init_attr,
-) -> c_int {
-    fail(if id.is_null() {
-        libc::EINVAL
-    } else {
-        libc::EOPNOTSUPP
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn rdma_get_request(
-    listen: *mut rdma_cm_id,
-    _id: *mut *mut rdma_cm_id,
-) -> c_int {
-    fail(if is_live(listen, Kind::CmId) {
-        libc::EOPNOTSUPP
-    } else {
-        libc::EINVAL
-    })
-}
-
-/// Destroys what `rdma_create_ep` would have created: no ID ever comes
-/// from it, so only IDs of `rdma_create_id` are destroyed here.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
-    // SAFETY: forwarded; a bad handle is refused there.
-    unsafe {
-        rdma_destroy_qp(id);
-        rdma_destroy_id(id);
-    }
 }

@@ -25,7 +25,7 @@ use iwarp_engine::{Access, Mr, Pd, PostError, Qp, QpInit, RecvWr, SendOp, SendWr
 use crate::arena::Arena;
 use crate::sys::*;
 use crate::verbs::{cq_obj, global, CqObj, PdObj};
-use crate::{lock, obj, register, set_errno, unregister, Kind};
+use crate::{is_live, lock, obj, register, set_errno, unregister, Kind};
 
 /// The most inline data one work request carries (`cap.max_inline_data`
 /// of every QP).
@@ -518,6 +518,11 @@ pub(crate) fn qp_by_num(qpn: u32) -> Option<*mut ibv_qp> {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    if !is_live(qp, Kind::Qp) {
+        return libc::EINVAL;
+    }
+    // A connect of the QP is abandoned; no CM worker uses it afterwards.
+    crate::cm::forget_qp(qp);
     if !unregister(qp, Kind::Qp) {
         return libc::EINVAL;
     }

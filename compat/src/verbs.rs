@@ -16,7 +16,6 @@ use std::os::fd::AsRawFd;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{OnceLock, RwLock};
-use std::time::Duration;
 
 use iwarp_engine::iwarp;
 use iwarp_engine::{Access, Cq, Device, Mr, Pd, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC};
@@ -990,9 +989,6 @@ pub unsafe extern "C" fn ibv_port_state_str(s: ibv_port_state) -> *const c_char 
         _ => c"invalid state".as_ptr(),
     }
 }
-
-/// How long a blocking CM wait sleeps before it looks at its stop flag.
-pub(crate) const STOP_POLL: Duration = Duration::from_millis(100);
 
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_ex(

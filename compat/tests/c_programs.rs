@@ -23,7 +23,7 @@ fn build(name: &str) -> PathBuf {
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&out)
         .arg(&src)
-        .args(["-libverbs", "-lrdmacm"])
+        .args(["-pthread", "-libverbs", "-lrdmacm"])
         .status()
         .expect("run cc");
     assert!(st.success(), "cc {}", src.display());
@@ -96,6 +96,31 @@ fn extended_post_api_and_inline_data() {
         "ok refused and aborted batches posted nothing",
         "ok 40 inline sends through a 16-deep queue arrive in order",
         "ok post_send on a destroyed QP -> EINVAL",
+        "all ok",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn connection_manager_edge_cases_and_the_synchronous_api() {
+    let bin = build("cm");
+    let (ok, out, err) = run_preloaded(&bin, Duration::from_secs(120));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    for line in [
+        "ok empty channel: not readable, non-blocking get -> EAGAIN",
+        "ok REJECTED, -ECONNREFUSED, the reject's private data",
+        "ok destroy_id while connecting",
+        "ok no event for the destroyed ID",
+        "ok destroy_qp while connecting -> CONNECT_ERROR, -ECONNABORTED",
+        "ok CONNECT_REQUEST on b, not a",
+        "ok one DISCONNECTED each, none on a",
+        "ok destroy_id while connected",
+        "ok migrate a synchronous ID to NULL -> EINVAL",
+        "ok sync: rdma_connect blocks until established",
+        "ok sync: rdma_disconnect waits for DISCONNECTED",
+        "ok sync: server (rdma_get_request, accept, receive, send, disconnect)",
+        "ok sync: refused connect -> ECONNREFUSED, REJECTED kept",
         "all ok",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
