@@ -1880,6 +1880,37 @@ pub unsafe extern "C" fn rdma_join_multicast(
     })
 }
 
+/// Shared receive queues are not provided (`ibv_create_srq` fails the
+/// same way).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_srq(
+    id: *mut rdma_cm_id,
+    _pd: *mut ibv_pd,
+    _attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    fail(if is_live(id, Kind::CmId) {
+        libc::EOPNOTSUPP
+    } else {
+        libc::EINVAL
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    _attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
+    fail(if is_live(id, Kind::CmId) {
+        libc::EOPNOTSUPP
+    } else {
+        libc::EINVAL
+    })
+}
+
+/// No ID has an SRQ (`rdma_create_srq` fails): nothing to destroy.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_srq(_id: *mut rdma_cm_id) {}
+
 /// rsockets are not provided.
 #[no_mangle]
 pub unsafe extern "C" fn rpoll(

@@ -19,8 +19,11 @@
 //! * [`qp`]: RC queue pairs, the legacy post API (`ibv_post_send`,
 //!   `ibv_post_recv`), the extended one (`ibv_qp_ex`, `ibv_wr_*`) and
 //!   inline data.
-//! * [`cm`]: the connection manager: event channels, IDs, address and
-//!   route resolution, listen, connect, accept, reject, disconnect.
+//! * [`cm`]: the connection manager: event channels (one worker thread
+//!   each, in epoll over the engine's descriptors), IDs, address and
+//!   route resolution, listen, connect, accept, reject, disconnect,
+//!   migration, and synchronous IDs with the endpoint API
+//!   (`rdma_create_ep`, `rdma_get_request`).
 //! * [`config`]: the environment variables that configure the device.
 //!
 //! The design, what is supported and how the rest fails: `docs/compat.md`
