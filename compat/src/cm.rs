@@ -12,8 +12,9 @@
 //! or from the channel's worker: one thread per channel, started with it
 //! and joined when it is destroyed, waiting in `epoll_wait` on the engine
 //! descriptors of the IDs bound to the channel and on an eventfd of its
-//! own that stops it. A listening ID's [`Listener::event_fd`] brings
-//! connection requests (CONNECT_REQUEST, with a new ID), a connecting ID's
+//! own (to stop it, or to have it look at a new connect's deadline). A
+//! listening ID's [`Listener::event_fd`] brings connection requests
+//! (CONNECT_REQUEST, with a new ID), a connecting ID's
 //! [`Connecting::event_fd`] moves the engine's non-blocking connect on
 //! (ESTABLISHED, REJECTED, UNREACHABLE, CONNECT_ERROR), a connected ID's
 //! [`Qp::event_fd`] brings the connection's end (DISCONNECTED). A worker
@@ -133,7 +134,8 @@ struct ChanShared {
     q: Mutex<VecDeque<usize>>,
     /// The worker's epoll set: `ctl` and the watched descriptors.
     ep: OwnedFd,
-    /// Wakes the worker to stop.
+    /// Wakes the worker: to stop, or to look at a new connect's
+    /// deadline.
     ctl: OwnedFd,
     stop: AtomicBool,
     /// IDs on the channel.
@@ -479,6 +481,10 @@ impl Watches {
         if let Err(e) = epoll_add(chan.ep.as_raw_fd(), fd.as_raw_fd(), token) {
             return Err((e, what));
         }
+        if matches!(what, What::Connect { .. }) {
+            // The worker learns the connect's deadline.
+            signal(&chan.ctl);
+        }
         self.map.insert(
             token,
             Watch {
@@ -523,6 +529,12 @@ impl Watches {
 fn run(ch: &Arc<ChanShared>) {
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
     loop {
+        // Checked before each wait: `stop` is set before `ctl` is
+        // signalled, so a signal cleared below with the stop unseen is
+        // seen here.
+        if ch.stop.load(Ordering::SeqCst) {
+            return;
+        }
         let deadline = lock(watches()).next_deadline(ch);
         let ms = deadline.map_or(-1, |d| {
             let left = d.saturating_duration_since(Instant::now());
@@ -530,9 +542,6 @@ fn run(ch: &Arc<ChanShared>) {
         });
         // SAFETY: `evs` has room for 16 events; the epoll fd is open.
         let n = unsafe { libc::epoll_wait(ch.ep.as_raw_fd(), evs.as_mut_ptr(), 16, ms) };
-        if ch.stop.load(Ordering::SeqCst) {
-            return;
-        }
         for e in evs.iter().take(usize::try_from(n).unwrap_or(0)) {
             let token = e.u64;
             if token == CTL {
@@ -1677,6 +1686,8 @@ unsafe fn move_id(
         }
     }
     new.put(evs);
+    // The new worker learns the deadlines of connects it took over.
+    signal(&new.ctl);
     old.ids.fetch_sub(1, Ordering::SeqCst);
     new.ids.fetch_add(1, Ordering::SeqCst);
     *lock(&o.chan) = new.clone();
