@@ -117,6 +117,7 @@ fn connection_manager_edge_cases_and_the_synchronous_api() {
         "ok one DISCONNECTED each, none on a",
         "ok destroy_id while connected",
         "ok migrate a synchronous ID to NULL -> EINVAL",
+        "ok unanswered connect -> UNREACHABLE, -ETIMEDOUT",
         "ok sync: rdma_connect blocks until established",
         "ok sync: rdma_disconnect waits for DISCONNECTED",
         "ok sync: server (rdma_get_request, accept, receive, send, disconnect)",

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <arpa/inet.h>
+#include <sys/socket.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
@@ -145,6 +147,35 @@ static int marker(struct rdma_event_channel *ch, struct sockaddr_in *to)
 		return 0;
 	int ok = expect(ch, m, RDMA_CM_EVENT_ADDR_RESOLVED);
 	return rdma_destroy_id(m) == 0 && ok;
+}
+
+/* A connect whose SYNs nobody answers (a plain TCP listener with a full
+ * accept queue drops them) ends at the connect's deadline with
+ * UNREACHABLE, -ETIMEDOUT: the channel's worker wakes for it although no
+ * descriptor does. */
+static void unanswered_connect(struct rdma_event_channel *ch)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in at = loopback(0);
+	socklen_t len = sizeof at;
+	CHECK(l >= 0 && bind(l, (struct sockaddr *)&at, sizeof at) == 0 && listen(l, 0) == 0 &&
+		      getsockname(l, (struct sockaddr *)&at, &len) == 0,
+	      "a TCP listener with a backlog of 0");
+	/* One connection fills the accept queue; it is never accepted. */
+	int f = socket(AF_INET, SOCK_STREAM, 0);
+	CHECK(f >= 0 && connect(f, (struct sockaddr *)&at, sizeof at) == 0, "its accept queue filled");
+	struct rdma_cm_id *id = start_connect(ch, &at);
+	CHECK(id, "connect to it");
+	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	struct rdma_cm_event *ev = NULL;
+	CHECK(poll(&p, 1, 60000) == 1 && rdma_get_cm_event(ch, &ev) == 0 && ev->id == id &&
+		      ev->event == RDMA_CM_EVENT_UNREACHABLE && ev->status == -ETIMEDOUT,
+	      "unanswered connect -> UNREACHABLE, -ETIMEDOUT");
+	rdma_ack_cm_event(ev);
+	rdma_destroy_qp(id);
+	CHECK(rdma_destroy_id(id) == 0, "destroy it");
+	close(f);
+	close(l);
 }
 
 /* ------------------------------------------------ the synchronous API */
@@ -436,6 +467,7 @@ int main(void)
 	CHECK(rdma_migrate_id(srv, a) == 0 && srv->channel == a, "and back to a channel");
 	CHECK(rdma_destroy_id(srv) == 0, "destroy the listener");
 	CHECK(quiet(a, 0) && quiet(b, 0), "both channels empty");
+	unanswered_connect(b);
 	rdma_destroy_event_channel(a);
 	rdma_destroy_event_channel(b);
 
