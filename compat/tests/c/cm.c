@@ -337,6 +337,12 @@ static void sync_mode(void)
 		      rdma_resolve_addr(s, NULL, (struct sockaddr *)&at, 1000) == 0 &&
 		      rdma_resolve_route(s, 1000) == 0 && rdma_create_qp(s, pd, &qa) == 0,
 	      "sync: create_id without a channel, resolve");
+	struct rdma_cm_event *sev;
+	struct pollfd sp = { .fd = s->channel->fd, .events = POLLIN };
+	errno = 0;
+	CHECK(s->channel && poll(&sp, 1, 0) == 0 && rdma_get_cm_event(s->channel, &sev) == -1 &&
+		      errno == EINVAL,
+	      "sync: its channel polls, rdma_get_cm_event refuses it");
 	errno = 0;
 	CHECK(rdma_connect(s, NULL) == -1 && errno == ECONNREFUSED && s->event &&
 		      s->event->event == RDMA_CM_EVENT_REJECTED && s->event->status == -ECONNREFUSED,
