@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use iwarp_engine::iwarp;
-use iwarp_engine::{Access, Mr, Pd, PostError, Qp, QpInit, RecvWr, SendOp, SendWr, Sge};
+use iwarp_engine::{Access, Mr, Pd, PostError, Qp, QpInit, QpState, RecvWr, SendOp, SendWr, Sge};
 
 use crate::arena::Arena;
 use crate::sys::*;
@@ -135,8 +135,17 @@ impl QpObj {
         unsafe { (&raw mut (*self.raw.get()).qp_base.state).write_volatile(s) };
     }
 
+    /// The verbs state: the connection manager's until the QP is
+    /// connected, then the engine QP's, mapped as the kernel's iWARP
+    /// providers map theirs (closing: SQD, terminating: SQE).
     pub(crate) fn state(&self) -> ibv_qp_state {
-        self.state.load(Ordering::SeqCst)
+        match self.connected.get().map(|q| q.state()) {
+            Some(QpState::Error) => IBV_QPS_ERR,
+            Some(QpState::Terminate) => IBV_QPS_SQE,
+            Some(QpState::Closing) => IBV_QPS_SQD,
+            Some(QpState::Rts) => IBV_QPS_RTS,
+            Some(QpState::Idle | QpState::Connecting) | None => self.state.load(Ordering::SeqCst),
+        }
     }
 
     /// Start connecting: the attributes and the receives posted so far,
@@ -415,6 +424,12 @@ unsafe fn create_qp(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, send_ops: u64) ->
         batch: Mutex::new(Batch::default()),
         inline: Mutex::new(None),
     });
+    // Counted as `QpObj::cqs` lists them (a CQ for both queues once).
+    p.users.fetch_add(1, Ordering::SeqCst);
+    scq.users.fetch_add(1, Ordering::SeqCst);
+    if a.send_cq != a.recv_cq {
+        rcq.users.fetch_add(1, Ordering::SeqCst);
+    }
     register(q, Kind::Qp);
     q.cast()
 }
@@ -530,10 +545,16 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         return libc::EINVAL;
     };
     let id = b.core_id.load(Ordering::SeqCst);
-    if id != u32::MAX {
-        for cq in b.cqs() {
+    for cq in b.cqs() {
+        if id != u32::MAX {
             cq.map_qp_num(id, None);
         }
+        // The CQs and the PD outlive the QP (their destroy refuses
+        // while it lives).
+        cq.users.fetch_sub(1, Ordering::SeqCst);
+    }
+    if let Some(p) = obj::<_, PdObj>(b.raw().pd, Kind::Pd) {
+        p.users.fetch_sub(1, Ordering::SeqCst);
     }
     drop(b);
     0
@@ -589,6 +610,8 @@ pub unsafe extern "C" fn ibv_query_qp(
         return libc::EINVAL;
     }
     let st = q.state();
+    // As libibverbs's ibv_query_qp: `qp->state` follows what was read.
+    q.set_state(st);
     // SAFETY: the caller's out parameters.
     unsafe {
         *attr = ibv_qp_attr {

@@ -414,6 +414,9 @@ pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
 pub(crate) struct PdObj {
     pub(crate) raw: ibv_pd,
     pub(crate) pd: Pd,
+    /// Regions and QPs in the PD: `ibv_dealloc_pd` fails with EBUSY
+    /// while there are any, as rdma-core's does.
+    pub(crate) users: AtomicU32,
 }
 
 #[no_mangle]
@@ -432,6 +435,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             handle: 0,
         },
         pd: g.dev.alloc_pd(),
+        users: AtomicU32::new(0),
     });
     let p = Box::into_raw(o);
     register(p, Kind::Pd);
@@ -440,6 +444,9 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if obj::<_, PdObj>(pd, Kind::Pd).is_some_and(|p| p.users.load(Ordering::SeqCst) > 0) {
+        return libc::EBUSY;
+    }
     if !unregister(pd, Kind::Pd) {
         return libc::EINVAL;
     }
@@ -541,6 +548,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
         },
         _mr: mr,
     });
+    p.users.fetch_add(1, Ordering::SeqCst);
     let r = Box::into_raw(o);
     register(r, Kind::Mr);
     r.cast()
@@ -575,7 +583,12 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         return libc::EINVAL;
     }
     // SAFETY: registered until now: a leaked Box<MrObj>, freed once.
-    drop(unsafe { Box::from_raw(mr.cast::<MrObj>()) });
+    let o = unsafe { Box::from_raw(mr.cast::<MrObj>()) };
+    // The PD outlives its regions (dealloc_pd refuses while they live).
+    if let Some(p) = obj::<_, PdObj>(o.raw.pd, Kind::Pd) {
+        p.users.fetch_sub(1, Ordering::SeqCst);
+    }
+    drop(o);
     0
 }
 
@@ -643,6 +656,9 @@ pub(crate) struct CqObj {
     /// The verbs QP number of each connected QP completing here, by the
     /// engine QP's number in the core (for `ibv_wc::qp_num`).
     qp_nums: RwLock<HashMap<u32, u32>>,
+    /// QPs completing here: `ibv_destroy_cq` fails with EBUSY while there
+    /// are any, as rdma-core's does.
+    pub(crate) users: AtomicU32,
 }
 
 // SAFETY: `raw` holds the application's handles (channel, context,
@@ -710,6 +726,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         cq: g.dev.create_cq(cqe as usize),
         events: AtomicU32::new(0),
         qp_nums: RwLock::new(HashMap::new()),
+        users: AtomicU32::new(0),
     };
     let fd = o.cq.event_fd().as_raw_fd();
     let p = CQS.insert(o);
@@ -732,6 +749,9 @@ pub unsafe extern "C" fn ibv_create_cq(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    if cq_obj(cq).is_some_and(|c| c.users.load(Ordering::SeqCst) > 0) {
+        return libc::EBUSY;
+    }
     if !unregister(cq, Kind::Cq) {
         return libc::EINVAL;
     }

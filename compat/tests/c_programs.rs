@@ -127,3 +127,23 @@ fn connection_manager_edge_cases_and_the_synchronous_api() {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
 }
+
+#[test]
+fn notification_semantics_and_objects_in_use() {
+    let bin = build("busy");
+    let (ok, out, err) = run_preloaded(&bin, Duration::from_secs(60));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    for line in [
+        "ok solicited-only: an unsolicited receive raises nothing",
+        "ok solicited-only: a solicited Send raises one",
+        "ok an arm fires once",
+        "ok any: an unsolicited Send raises one",
+        "ok dealloc_pd with regions and QPs -> EBUSY",
+        "ok destroy_cq used by a QP -> EBUSY",
+        "ok the receive fails with a local protection error",
+        "ok a receive posted in Error completes flushed",
+        "all ok",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
