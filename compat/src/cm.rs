@@ -41,8 +41,8 @@ use std::mem::size_of;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -331,6 +331,22 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel)
 struct EventObj {
     raw: rdma_cm_event,
     pdata: Vec<u8>,
+    /// The ID this event counts against until it is acknowledged (see
+    /// [`IdObj::unacked`]), once `rdma_get_cm_event` handed it out.
+    counted: AtomicUsize,
+}
+
+impl EventObj {
+    /// The ID an event counts against, as librdmacm counts it: a
+    /// connection request against the listening ID, others against
+    /// their own.
+    fn owner(&self) -> *mut rdma_cm_id {
+        if self.raw.event == RDMA_CM_EVENT_CONNECT_REQUEST {
+            self.raw.listen_id
+        } else {
+            self.raw.id
+        }
+    }
 }
 
 fn event(
@@ -350,6 +366,7 @@ fn event(
             ..Default::default()
         },
         pdata,
+        counted: AtomicUsize::new(0),
     });
     let conn = rdma_conn_param {
         private_data: if e.pdata.is_empty() {
@@ -382,6 +399,14 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     let block = flags >= 0 && flags & libc::O_NONBLOCK == 0;
     match c.shared.wait(block) {
         Ok(p) => {
+            // SAFETY: taken from the queue: a live event, now the
+            // application's.
+            let e = unsafe { &*(p as *const EventObj) };
+            let owner = e.owner();
+            if let Some(o) = id_obj(owner) {
+                *lock(&o.unacked) += 1;
+                e.counted.store(owner as usize, Ordering::SeqCst);
+            }
             // SAFETY: the caller's out parameter.
             unsafe { *out = p as *mut rdma_cm_event };
             0
@@ -396,7 +421,16 @@ pub unsafe extern "C" fn rdma_ack_cm_event(ev: *mut rdma_cm_event) -> c_int {
         return fail(libc::EINVAL);
     }
     // SAFETY: registered until now: a leaked Box<EventObj>, freed once.
-    drop(unsafe { Box::from_raw(ev.cast::<EventObj>()) });
+    let e = unsafe { Box::from_raw(ev.cast::<EventObj>()) };
+    let owner = e.counted.load(Ordering::SeqCst) as *mut rdma_cm_id;
+    // The owner waits in rdma_destroy_id for this acknowledgement, so it
+    // is still live.
+    if let Some(o) = id_obj(owner) {
+        let mut n = lock(&o.unacked);
+        *n = n.saturating_sub(1);
+        o.acked.notify_all();
+    }
+    drop(e);
     0
 }
 
@@ -774,6 +808,12 @@ struct IdObj {
     own: Mutex<Option<Box<Channel>>>,
     sync: AtomicBool,
     st: Mutex<IdState>,
+    /// Events `rdma_get_cm_event` handed out for this ID and not yet
+    /// acknowledged: `rdma_destroy_id` waits for them, as librdmacm's
+    /// does (a thread that is still handling one keeps the ID until it
+    /// acknowledges).
+    unacked: Mutex<u32>,
+    acked: Condvar,
 }
 
 impl IdObj {
@@ -842,6 +882,8 @@ fn new_id(
         own: Mutex::new(own),
         sync: AtomicBool::new(sync),
         st: Mutex::new(IdState::default()),
+        unacked: Mutex::new(0),
+        acked: Condvar::new(),
     });
     let p = Box::into_raw(o);
     register(p, Kind::CmId);
@@ -932,6 +974,14 @@ fn id_obj<'a>(id: *mut rdma_cm_id) -> Option<&'a IdObj> {
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    // Events handed out for the ID are acknowledged first (librdmacm:
+    // rdma_destroy_id blocks until then).
+    if let Some(o) = id_obj(id) {
+        let mut n = lock(&o.unacked);
+        while *n > 0 {
+            n = o.acked.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
     if !unregister(id, Kind::CmId) {
         return fail(libc::EINVAL);
     }
