@@ -3,7 +3,6 @@
 
 use std::alloc::Layout;
 use std::collections::hash_map::RandomState;
-use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::SocketAddr;
@@ -1677,7 +1676,8 @@ impl Srq {
     /// The next asynchronous event, if any. Never blocks (in
     /// [`Progress::Manual`] mode events arrive with [`Device::progress`]).
     pub fn poll_event(&self) -> Option<SrqEvent> {
-        lock(&self.inner.ev.m).pop_front()
+        let ev = &self.inner.ev;
+        ev.pop(&mut lock(&ev.m))
     }
 
     /// Wait up to `timeout` for the next asynchronous event.
@@ -1685,7 +1685,26 @@ impl Srq {
         let i = &*self.inner;
         let deadline = Instant::now() + timeout;
         i.shared
-            .wait_for(&i.ev.m, &i.ev.cv, Some(deadline), VecDeque::pop_front)
+            .wait_for(&i.ev.m, &i.ev.cv, Some(deadline), |q| i.ev.pop(q))
+    }
+
+    /// A descriptor readable while an asynchronous event waits for
+    /// [`Self::poll_event`], for poll(2) or epoll: a semaphore eventfd
+    /// (`EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC`) holding one count per
+    /// queued event, taken by `poll_event` and `wait_event` with the event.
+    /// The application must not read it itself. Created on the first call.
+    /// With [`Progress::Manual`], events arrive with [`Device::progress`].
+    ///
+    /// Panics if the eventfd cannot be created (the process is out of file
+    /// descriptors).
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        let ev = &self.inner.ev;
+        let q = lock(&ev.m);
+        let fd = ev
+            .event
+            .get_or_create(|| q.len())
+            .expect("an eventfd for the SRQ");
+        fd.as_fd()
     }
 
     /// This object's handle in the protocol core's

@@ -1168,6 +1168,7 @@ fn srq_shared_by_several_qps(mode: Mode) {
         "limit above capacity"
     );
     let srq = sdev.create_srq(&spd, 16, 4).unwrap();
+    assert!(!readable(srq.event_fd(), 0), "no event yet");
     let rbufs = sdev.reg_mr(&spd, 16 * RBUF, Access::LOCAL_WRITE).unwrap();
     let post = |k: usize| {
         srq.post_recv(&RecvWr {
@@ -1295,10 +1296,12 @@ fn srq_shared_by_several_qps(mode: Mode) {
         assert_eq!(rcqs[n].wait(&mut wc, Some(WAIT)), 1);
         assert_eq!((wc[0].qp, wc[0].status), (sqps[n].id(), WcStatus::Success));
     }
-    assert_eq!(
-        srq.wait_event(WAIT),
-        Some(iwarp_engine::SrqEvent::LimitReached)
-    );
+    // This time through the event fd: readable with the event queued,
+    // not once it is taken.
+    let fd = srq.event_fd();
+    assert!(readable(fd, WAIT.as_millis() as i32), "the event's count");
+    assert_eq!(srq.poll_event(), Some(iwarp_engine::SrqEvent::LimitReached));
+    assert!(!readable(fd, 0), "the count went with the event");
     assert_eq!(srq.poll_event(), None);
     // Client 2's Send takes the last receive, then client 0's finds none.
     for n in [2, 0] {
@@ -1341,6 +1344,18 @@ fn srq_shared_by_several_qps_thread_mode() {
 #[test]
 fn srq_shared_by_several_qps_manual_mode() {
     srq_shared_by_several_qps(Mode::Manual);
+}
+
+/// Whether `fd` becomes readable within `timeout_ms`.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on the stack.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
 }
 
 /// Poll `f` until it holds; panics after [`WAIT`].

@@ -137,7 +137,7 @@ impl Engine {
         for (id, ev) in &self.srqs {
             let mut moved = false;
             while let Some(e) = self.ctx.poll_srq_event(*id) {
-                lock(&ev.m).push_back(e);
+                ev.push(&mut lock(&ev.m), e);
                 moved = true;
                 work += 1;
             }

@@ -124,10 +124,30 @@ pub(crate) enum Released {
 
 /// The asynchronous events of one shared receive queue, shared with the
 /// application's `Srq`: the engine moves them out of the core each pass.
+/// `event` counts the events queued in `m` (`Srq::event_fd`); it changes
+/// only under `m`.
 #[derive(Debug, Default)]
 pub(crate) struct SrqEvents {
     pub(crate) m: Mutex<VecDeque<SrqEvent>>,
     pub(crate) cv: Condvar,
+    pub(crate) event: LazyEventFd,
+}
+
+impl SrqEvents {
+    /// Queue `ev` (the caller holds `m`, as `q`) and count it.
+    pub(crate) fn push(&self, q: &mut VecDeque<SrqEvent>, ev: SrqEvent) {
+        q.push_back(ev);
+        self.event.add();
+    }
+
+    /// Take the oldest event and its count (the caller holds `m`).
+    pub(crate) fn pop(&self, q: &mut VecDeque<SrqEvent>) -> Option<SrqEvent> {
+        let ev = q.pop_front();
+        if ev.is_some() {
+            self.event.take();
+        }
+        ev
+    }
 }
 
 /// Connection-manager state of one QP, shared with the application's `Qp`.
