@@ -23,6 +23,7 @@ use iwarp_engine::iwarp;
 use iwarp_engine::{Access, Mr, Pd, PostError, Qp, QpInit, QpState, RecvWr, SendOp, SendWr, Sge};
 
 use crate::arena::Arena;
+use crate::srq::{srq_obj, SrqObj};
 use crate::sys::*;
 use crate::verbs::{cq_obj, global, CqObj, PdObj};
 use crate::{is_live, lock, obj, register, set_errno, unregister, Kind};
@@ -347,14 +348,17 @@ pub(crate) fn recv_wrs(early: &[EarlyRecv]) -> Vec<RecvWr<'_>> {
         .collect()
 }
 
-fn qp_cap_ok(cap: &ibv_qp_cap) -> bool {
+/// Whether the capacities asked for are possible; the receive ones do
+/// not matter on an SRQ (`on_srq`).
+fn qp_cap_ok(cap: &ibv_qp_cap, on_srq: bool) -> bool {
     cap.max_send_sge as usize <= iwarp::qp::MAX_SGE
-        && cap.max_recv_sge as usize <= iwarp::qp::MAX_SGE
         && cap.max_inline_data as usize <= MAX_INLINE
         && cap.max_send_wr >= 1
-        && cap.max_recv_wr >= 1
         && cap.max_send_wr <= c_int::MAX as u32
-        && cap.max_recv_wr <= c_int::MAX as u32
+        && (on_srq
+            || (cap.max_recv_sge as usize <= iwarp::qp::MAX_SGE
+                && cap.max_recv_wr >= 1
+                && cap.max_recv_wr <= c_int::MAX as u32))
 }
 
 /// Create an RC QP in `pd`; `send_ops` non-zero makes it an extended QP
@@ -371,21 +375,34 @@ unsafe fn create_qp(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, send_ops: u64) ->
         set_errno(libc::EOPNOTSUPP);
         return null_mut();
     }
-    if !a.srq.is_null() {
-        set_errno(libc::EOPNOTSUPP);
-        return null_mut();
-    }
+    // An SRQ of the same PD, if any: the QP's receives come from it.
+    let srq = if a.srq.is_null() {
+        None
+    } else {
+        match obj::<_, SrqObj>(a.srq, Kind::Srq) {
+            Some(s) if s.pd() == pd => Some(s),
+            _ => {
+                set_errno(libc::EINVAL);
+                return null_mut();
+            }
+        }
+    };
     let (Some(scq), Some(rcq)) = (cq_obj(a.send_cq), cq_obj(a.recv_cq)) else {
         set_errno(libc::EINVAL);
         return null_mut();
     };
-    if !qp_cap_ok(&a.cap) {
+    if !qp_cap_ok(&a.cap, srq.is_some()) {
         set_errno(libc::EINVAL);
         return null_mut();
     }
     // The actual capacity (ibv_create_qp(3)): inline data up to the
-    // device's limit whatever was asked.
+    // device's limit whatever was asked; no receive queue of its own on
+    // an SRQ.
     a.cap.max_inline_data = MAX_INLINE as u32;
+    if srq.is_some() {
+        a.cap.max_recv_wr = 0;
+        a.cap.max_recv_sge = 0;
+    }
     let init = QpInit {
         pd: p.pd.clone(),
         send_cq: scq.cq.clone(),
@@ -393,7 +410,7 @@ unsafe fn create_qp(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, send_ops: u64) ->
         sq_depth: a.cap.max_send_wr as usize,
         rq_depth: a.cap.max_recv_wr as usize,
         sig_all: a.sq_sig_all != 0,
-        srq: None,
+        srq: srq.map(|s| s.srq.clone()),
     };
     let mut raw = ibv_qp_ex {
         qp_base: ibv_qp {
@@ -402,6 +419,7 @@ unsafe fn create_qp(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, send_ops: u64) ->
             pd,
             send_cq: a.send_cq,
             recv_cq: a.recv_cq,
+            srq: a.srq,
             qp_num: NEXT_QPN.fetch_add(1, Ordering::SeqCst),
             state: IBV_QPS_RESET,
             qp_type: IBV_QPT_RC,
@@ -429,6 +447,9 @@ unsafe fn create_qp(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, send_ops: u64) ->
     scq.users.fetch_add(1, Ordering::SeqCst);
     if a.send_cq != a.recv_cq {
         rcq.users.fetch_add(1, Ordering::SeqCst);
+    }
+    if let Some(s) = srq {
+        s.attach();
     }
     register(q, Kind::Qp);
     q.cast()
@@ -556,7 +577,12 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     if let Some(p) = obj::<_, PdObj>(b.raw().pd, Kind::Pd) {
         p.users.fetch_sub(1, Ordering::SeqCst);
     }
+    let srq = b.raw().srq;
     drop(b);
+    // Detached once the engine QP (and its handle of the SRQ) is gone.
+    if let Some(s) = srq_obj(srq) {
+        s.detach();
+    }
     0
 }
 
@@ -628,16 +654,16 @@ pub unsafe extern "C" fn ibv_query_qp(
             qp_context: q.raw().qp_context,
             send_cq: q.raw().send_cq,
             recv_cq: q.raw().recv_cq,
+            srq: q.raw().srq,
             cap: q.cap,
             qp_type: IBV_QPT_RC,
             sq_sig_all: c_int::from(q.init.sig_all),
-            ..Default::default()
         };
     }
     0
 }
 
-fn post_errno(e: PostError) -> c_int {
+pub(crate) fn post_errno(e: PostError) -> c_int {
     match e {
         PostError::QueueFull => libc::ENOMEM,
         _ => libc::EINVAL,
@@ -648,7 +674,7 @@ fn post_errno(e: PostError) -> c_int {
 ///
 /// # Safety
 /// `sg_list` points to `num_sge` SGEs when `num_sge > 0`.
-unsafe fn sgl_of(sg_list: *const ibv_sge, num_sge: c_int) -> Result<Vec<Sge>, c_int> {
+pub(crate) unsafe fn sgl_of(sg_list: *const ibv_sge, num_sge: c_int) -> Result<Vec<Sge>, c_int> {
     if num_sge < 0 || num_sge as usize > iwarp::qp::MAX_SGE || (num_sge > 0 && sg_list.is_null()) {
         return Err(libc::EINVAL);
     }
@@ -819,6 +845,10 @@ pub(crate) unsafe extern "C" fn post_recv(
     let Some(q) = qp_obj(qp) else {
         return fail(wr, libc::EINVAL);
     };
+    if q.init.srq.is_some() {
+        // Its receives come from the SRQ (ibv_post_srq_recv).
+        return fail(wr, libc::EINVAL);
+    }
     while let Some(w) = NonNull::new(wr) {
         // SAFETY: the caller's list of work requests.
         let w = unsafe { w.as_ref() };

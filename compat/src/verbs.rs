@@ -105,11 +105,12 @@ fn context() -> Result<*mut ibv_context, i32> {
         c.ops.post_recv = Some(crate::qp::post_recv);
         c.ops.poll_cq = Some(poll_cq);
         c.ops.req_notify_cq = Some(req_notify_cq);
+        c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
         c.cmd_fd = -1;
-        // No asynchronous events are ever raised: a blocking
-        // ibv_get_async_event sleeps on this eventfd.
+        // An epoll instance over the SRQs' event fds, readable while an
+        // asynchronous event waits (crate::srq).
         // SAFETY: plain syscall.
-        c.async_fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        c.async_fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         c.num_comp_vectors = 1;
         c.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
         Raw(Box::into_raw(v))
@@ -118,7 +119,7 @@ fn context() -> Result<*mut ibv_context, i32> {
     Ok(unsafe { &raw mut (*v.0).context })
 }
 
-fn is_context(c: *const ibv_context) -> bool {
+pub(crate) fn is_context(c: *const ibv_context) -> bool {
     !c.is_null() && context().is_ok_and(|p| p.cast_const() == c)
 }
 
@@ -249,7 +250,9 @@ fn device_attr() -> ibv_device_attr {
     a.max_res_rd_atom = ird_ord;
     a.max_qp_init_rd_atom = ird_ord;
     a.atomic_cap = IBV_ATOMIC_HCA;
-    a.max_srq = 0;
+    a.max_srq = max_objects;
+    a.max_srq_wr = c_int::MAX;
+    a.max_srq_sge = iwarp::qp::MAX_SGE as c_int;
     a.max_pkeys = 1;
     a.phys_port_cnt = 1;
     a.device_cap_flags = IBV_DEVICE_MEM_MGT_EXTENSIONS;
@@ -386,26 +389,6 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
 pub unsafe extern "C" fn ibv_fork_init() -> c_int {
     0
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(
-    ctx: *mut ibv_context,
-    _event: *mut ibv_async_event,
-) -> c_int {
-    if !is_context(ctx) {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: `ctx` is our context; its async fd is our eventfd, which is
-    // never written: a blocking read sleeps, a non-blocking one fails
-    // with EAGAIN.
-    let mut v = 0u64;
-    unsafe { libc::read((*ctx).async_fd, (&raw mut v).cast(), 8) };
-    -1
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
 
 // ---------------------------------------------------------------- PD, MR
 
@@ -922,19 +905,6 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_create_srq(
-    pd: *mut ibv_pd,
-    _attr: *mut ibv_srq_init_attr,
-) -> *mut ibv_srq {
-    set_errno(if is_live(pd, Kind::Pd) {
-        libc::EOPNOTSUPP
-    } else {
-        libc::EINVAL
-    });
-    null_mut()
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, _attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     set_errno(if is_live(pd, Kind::Pd) {
         libc::EOPNOTSUPP
@@ -1052,14 +1022,9 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     unsafe { ibv_create_ah(pd, null_mut()) }
 }
 
-/// No address handle or SRQ is ever created: every handle is bad.
+/// No address handle is ever created: every handle is bad.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(_ah: *mut ibv_ah) -> c_int {
-    libc::EINVAL
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
     libc::EINVAL
 }
 
