@@ -73,7 +73,8 @@ fn error_paths_fail_the_rdma_core_way() {
     assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
     for line in [
         "ok dealloc_pd bad handle -> EINVAL",
-        "ok create_srq -> EOPNOTSUPP",
+        "ok create_srq of 0 receives -> EINVAL",
+        "ok create_srq_ex XRC -> EOPNOTSUPP",
         "ok get_cm_event non-blocking, empty -> EAGAIN",
         "ok REJECTED with the reject's private data",
         "all ok",
@@ -142,6 +143,34 @@ fn notification_semantics_and_objects_in_use() {
         "ok destroy_cq used by a QP -> EBUSY",
         "ok the receive fails with a local protection error",
         "ok a receive posted in Error completes flushed",
+        "all ok",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn shared_receive_queue_and_async_events() {
+    let bin = build("srq");
+    let (ok, out, err) = run_preloaded(&bin, Duration::from_secs(60));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    for line in [
+        "ok query_device: SRQ limits",
+        "ok modify_srq MAX_WR -> EOPNOTSUPP",
+        "ok get_async_event non-blocking, none -> EAGAIN",
+        "ok rdma_create_qp on the SRQ: no receive queue of its own",
+        "ok ibv_create_qp_ex on the SRQ",
+        "ok post_recv on a QP of the SRQ -> EINVAL",
+        "ok destroy_srq while QPs use it -> EBUSY",
+        "ok the oldest receive, on the consuming QP's CQ with its qp_num",
+        "ok 4 left: no event",
+        "ok async_fd readable with the limit event",
+        "ok get_async_event: SRQ_LIMIT_REACHED with the SRQ",
+        "ok one event only",
+        "ok the Terminate moved client 0's QP to Error: its Sends are flushed",
+        "ok the other QPs go on",
+        "ok destroy_srq with receives outstanding",
+        "ok post_srq_recv on a destroyed SRQ -> EINVAL",
         "all ok",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");

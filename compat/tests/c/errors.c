@@ -94,9 +94,14 @@ int main(void)
 	CHECK(ibv_resize_cq(cq, 32) == EOPNOTSUPP, "resize_cq -> EOPNOTSUPP");
 	CHECK(ibv_destroy_cq((struct ibv_cq *)bogus) == EINVAL, "destroy_cq bad handle -> EINVAL");
 
-	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 0, .max_sge = 1 } };
 	errno = 0;
-	CHECK(!ibv_create_srq(pd, &sa) && errno == EOPNOTSUPP, "create_srq -> EOPNOTSUPP");
+	CHECK(!ibv_create_srq(pd, &sa) && errno == EINVAL, "create_srq of 0 receives -> EINVAL");
+	struct ibv_srq_init_attr_ex sx = { .attr = { .max_wr = 4, .max_sge = 1 },
+					   .comp_mask = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE,
+					   .srq_type = IBV_SRQT_XRC, .pd = pd };
+	errno = 0;
+	CHECK(!ibv_create_srq_ex(ctx, &sx) && errno == EOPNOTSUPP, "create_srq_ex XRC -> EOPNOTSUPP");
 
 	struct ibv_qp_init_attr qa = {
 		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
