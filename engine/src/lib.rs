@@ -13,7 +13,7 @@
 //!   without taking the device lock.
 //! * [`Srq`]: shared receive queues, one queue of posted receives for
 //!   many QPs ([`QpInit::srq`]), with the limit event of verbs
-//!   ([`SrqEvent::LimitReached`], [`Srq::wait_event`]). It lives in the
+//!   ([`SrqEvent::LimitReached`], [`Srq::wait_event`], [`Srq::event_fd`]). It lives in the
 //!   device's one verbs context, so QPs of every engine of a multi-core
 //!   AF_XDP device take from it under the device lock; posts reach it
 //!   through a lock-free queue, as a QP's do.
