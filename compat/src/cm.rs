@@ -1351,11 +1351,22 @@ pub unsafe extern "C" fn rdma_create_qp(
         if let Err(e) = unsafe { id_cqs(id, &mut a.send_cq, &mut a.recv_cq, sw, rw) } {
             return fail(e);
         }
+        id_srq(id, &mut a.srq);
     }
     create_id_qp(id, pd, |pd| {
         // SAFETY: forwarded with the caller's attributes.
         unsafe { ibv_create_qp(pd, attr) }
     })
+}
+
+/// A QP created on `id` without an SRQ of its own takes the ID's
+/// (`rdma_create_srq`), as in librdmacm.
+fn id_srq(id: *mut rdma_cm_id, srq: &mut *mut ibv_srq) {
+    if srq.is_null() {
+        if let Some(o) = id_obj(id) {
+            *srq = o.raw.srq;
+        }
+    }
 }
 
 /// The QP of `id` made by `create` in `pd` (or the ID's PD), in INIT; the
@@ -1924,6 +1935,7 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
     // SAFETY: forwarded; the live ID.
     unsafe {
         rdma_destroy_qp(id);
+        rdma_destroy_srq(id);
         rdma_destroy_id(id);
     }
 }
@@ -1941,36 +1953,77 @@ pub unsafe extern "C" fn rdma_join_multicast(
     })
 }
 
-/// Shared receive queues are not provided (`ibv_create_srq` fails the
-/// same way).
+/// The SRQ of `id` (`id->srq`), made with `ibv_create_srq` in `pd` or,
+/// when it is NULL, the ID's PD. QPs the ID creates afterwards without an
+/// SRQ of their own take it, as in librdmacm.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_srq(
     id: *mut rdma_cm_id,
-    _pd: *mut ibv_pd,
-    _attr: *mut ibv_srq_init_attr,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
 ) -> c_int {
-    fail(if is_live(id, Kind::CmId) {
-        libc::EOPNOTSUPP
-    } else {
-        libc::EINVAL
-    })
+    let Some(o) = id_obj(id) else {
+        return fail(libc::EINVAL);
+    };
+    if attr.is_null() || !o.raw.srq.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let pd = if pd.is_null() { o.raw.pd } else { pd };
+    // SAFETY: forwarded with the caller's attributes; the PD is checked
+    // there.
+    let srq = unsafe { crate::srq::ibv_create_srq(pd, attr) };
+    if srq.is_null() {
+        return fail(errno());
+    }
+    // SAFETY: the live ID, used by this thread.
+    unsafe { (*id).srq = srq };
+    0
 }
 
+/// `rdma_create_srq` with extended attributes: basic SRQs only (XRC and
+/// tag-matching ones fail with EOPNOTSUPP, as `ibv_create_srq_ex` does).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_create_srq_ex(
     id: *mut rdma_cm_id,
-    _attr: *mut ibv_srq_init_attr_ex,
+    attr: *mut ibv_srq_init_attr_ex,
 ) -> c_int {
-    fail(if is_live(id, Kind::CmId) {
-        libc::EOPNOTSUPP
+    if !is_live(id, Kind::CmId) || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes.
+    let a = unsafe { &mut *attr };
+    let known = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE;
+    if a.comp_mask & !known != 0
+        || (a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && a.srq_type != IBV_SRQT_BASIC)
+    {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let pd = if a.comp_mask & IBV_SRQ_INIT_ATTR_PD != 0 {
+        a.pd
     } else {
-        libc::EINVAL
-    })
+        null_mut()
+    };
+    // SAFETY: `ibv_srq_init_attr` is the start of `ibv_srq_init_attr_ex`
+    // (verbs.h's ibv_create_srq_ex makes the same cast).
+    unsafe { rdma_create_srq(id, pd, attr.cast()) }
 }
 
-/// No ID has an SRQ (`rdma_create_srq` fails): nothing to destroy.
+/// Destroy the ID's SRQ, if it has one.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_destroy_srq(_id: *mut rdma_cm_id) {}
+pub unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
+    let Some(o) = id_obj(id) else {
+        return;
+    };
+    let srq = o.raw.srq;
+    if srq.is_null() {
+        return;
+    }
+    // SAFETY: the ID's SRQ; the live ID, used by this thread.
+    unsafe {
+        crate::srq::ibv_destroy_srq(srq);
+        (*id).srq = null_mut();
+    }
+}
 
 /// rsockets are not provided.
 #[no_mangle]
@@ -2076,6 +2129,7 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     if let Err(e) = unsafe { id_cqs(id, &mut a.send_cq, &mut a.recv_cq, sw, rw) } {
         return fail(e);
     }
+    id_srq(id, &mut a.srq);
     let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
         a.pd
     } else {

@@ -160,6 +160,8 @@ fn shared_receive_queue_and_async_events() {
         "ok get_async_event non-blocking, none -> EAGAIN",
         "ok rdma_create_qp on the SRQ: no receive queue of its own",
         "ok ibv_create_qp_ex on the SRQ",
+        "ok rdma_create_qp without an SRQ takes the ID's",
+        "ok rdma_create_srq_ex XRC -> EOPNOTSUPP",
         "ok post_recv on a QP of the SRQ -> EINVAL",
         "ok destroy_srq while QPs use it -> EBUSY",
         "ok the oldest receive, on the consuming QP's CQ with its qp_num",

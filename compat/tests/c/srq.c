@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 
 #define CHECK(cond, what)                                                    \
 	do {                                                                 \
@@ -198,6 +199,30 @@ int main(void)
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	struct rdma_cm_id *srv, *cli[QPS], *child[QPS];
 	CHECK(ch && rdma_create_id(ch, &srv, NULL, RDMA_PS_TCP) == 0, "create listening id");
+
+	/* An ID's own SRQ (rdma_create_srq): its QPs take it. */
+	struct rdma_cm_id *tmp;
+	CHECK(rdma_create_id(ch, &tmp, NULL, RDMA_PS_TCP) == 0, "create id");
+	struct ibv_srq_init_attr ia = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	CHECK(rdma_create_srq(tmp, pd, &ia) == 0 && tmp->srq && tmp->srq->pd == pd,
+	      "rdma_create_srq sets id->srq");
+	errno = 0;
+	CHECK(rdma_create_srq(tmp, pd, &ia) == -1 && errno == EINVAL, "a second rdma_create_srq -> EINVAL");
+	struct ibv_qp_init_attr ta = {
+		.send_cq = rcq[0], .recv_cq = rcq[0], .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	CHECK(rdma_create_qp(tmp, pd, &ta) == 0 && tmp->qp->srq == tmp->srq,
+	      "rdma_create_qp without an SRQ takes the ID's");
+	rdma_destroy_qp(tmp);
+	rdma_destroy_srq(tmp);
+	CHECK(!tmp->srq, "rdma_destroy_srq");
+	struct ibv_srq_init_attr_ex ix = { .attr = { .max_wr = 4, .max_sge = 1 },
+					   .comp_mask = IBV_SRQ_INIT_ATTR_TYPE, .srq_type = IBV_SRQT_XRC };
+	errno = 0;
+	CHECK(rdma_create_srq_ex(tmp, &ix) == -1 && errno == EOPNOTSUPP && !tmp->srq,
+	      "rdma_create_srq_ex XRC -> EOPNOTSUPP");
+	rdma_destroy_id(tmp);
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	CHECK(rdma_bind_addr(srv, (struct sockaddr *)&sin) == 0 && rdma_listen(srv, QPS) == 0, "listen");
 	sin.sin_port = rdma_get_src_port(srv);
