@@ -139,6 +139,8 @@ pub unsafe extern "C" fn ibv_create_srq(
         return null_mut();
     }
     register(s, Kind::Srq);
+    // The PD outlives the SRQ (its dealloc refuses while it lives).
+    p.users.fetch_add(1, Ordering::SeqCst);
     // The actual attributes: as asked.
     a.attr.max_wr = max_wr;
     a.attr.max_sge = max_sge;
@@ -220,6 +222,9 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             null_mut(),
         )
     };
+    if let Some(p) = obj::<_, PdObj>(b.raw.pd, Kind::Pd) {
+        p.users.fetch_sub(1, Ordering::SeqCst);
+    }
     // The engine discards the receives no QP took.
     drop(b);
     0

@@ -397,7 +397,7 @@ pub unsafe extern "C" fn ibv_fork_init() -> c_int {
 pub(crate) struct PdObj {
     pub(crate) raw: ibv_pd,
     pub(crate) pd: Pd,
-    /// Regions and QPs in the PD: `ibv_dealloc_pd` fails with EBUSY
+    /// Regions, QPs and SRQs in the PD: `ibv_dealloc_pd` fails with EBUSY
     /// while there are any, as rdma-core's does.
     pub(crate) users: AtomicU32,
 }

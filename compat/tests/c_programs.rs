@@ -156,6 +156,7 @@ fn shared_receive_queue_and_async_events() {
     assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
     for line in [
         "ok query_device: SRQ limits",
+        "ok dealloc_pd with an SRQ in it -> EBUSY",
         "ok modify_srq MAX_WR -> EOPNOTSUPP",
         "ok get_async_event non-blocking, none -> EAGAIN",
         "ok rdma_create_qp on the SRQ: no receive queue of its own",

@@ -150,6 +150,9 @@ int main(void)
 	srq = ibv_create_srq(pd, &sa);
 	CHECK(srq && srq->pd == pd && srq->context == ctx, "create_srq");
 	struct ibv_srq_attr qa;
+	struct ibv_srq *other = ibv_create_srq(pd2, &sa);
+	CHECK(other && ibv_dealloc_pd(pd2) == EBUSY, "dealloc_pd with an SRQ in it -> EBUSY");
+	CHECK(ibv_destroy_srq(other) == 0, "destroy_srq");
 	CHECK(ibv_query_srq(srq, &qa) == 0 && qa.max_wr == 16 && qa.max_sge == 1 &&
 	      qa.srq_limit == 0, "query_srq: 16 x 1, limit disarmed at creation");
 	qa.max_wr = 32;
