@@ -1176,15 +1176,19 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         (Err(e), _) | (_, Err(e)) => return fail(e),
         _ => return fail(libc::EINVAL),
     };
-    // The source the kernel would route from.
-    let s = s.or_else(|| {
-        let u = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-        u.connect(d).ok()?;
-        match u.local_addr().ok()? {
-            SocketAddr::V4(a) => Some(SocketAddrV4::new(*a.ip(), 0)),
-            SocketAddr::V6(_) => None,
-        }
-    });
+    // The AF_XDP engine's own address, else the source the kernel would
+    // route from.
+    let engine_ip = global().ok().and_then(|g| g.cfg.local_ip());
+    let s = s
+        .or(engine_ip.map(|ip| SocketAddrV4::new(ip, 0)))
+        .or_else(|| {
+            let u = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+            u.connect(d).ok()?;
+            match u.local_addr().ok()? {
+                SocketAddr::V4(a) => Some(SocketAddrV4::new(*a.ip(), 0)),
+                SocketAddr::V6(_) => None,
+            }
+        });
     let mut st = lock(&o.st);
     st.dst = Some(d);
     if let Some(s) = s {
