@@ -27,6 +27,8 @@
 //!   migration, and synchronous IDs with the endpoint API
 //!   (`rdma_create_ep`, `rdma_get_request`).
 //! * [`config`]: the environment variables that configure the device.
+//! * `exit`: on the AF_XDP backend, the connections get a moment to
+//!   close when the process exits.
 //!
 //! The design, what is supported and how the rest fails: `docs/compat.md`
 //! of the repository.
@@ -39,6 +41,7 @@
 mod arena;
 pub mod cm;
 pub mod config;
+mod exit;
 mod logging;
 pub mod qp;
 pub mod srq;

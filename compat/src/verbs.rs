@@ -40,11 +40,18 @@ pub(crate) struct Global {
     pub(crate) cfg: Config,
 }
 
+/// The process's device once [`global`] opened it.
+static GLOBAL: OnceLock<Result<Global, i32>> = OnceLock::new();
+
+/// The engine device if it is open, without opening it.
+pub(crate) fn opened() -> Option<&'static Global> {
+    GLOBAL.get()?.as_ref().ok()
+}
+
 /// The engine device, opened on first use; the errno of the failure
 /// otherwise (ENODEV).
 pub(crate) fn global() -> Result<&'static Global, i32> {
-    static G: OnceLock<Result<Global, i32>> = OnceLock::new();
-    G.get_or_init(|| {
+    GLOBAL.get_or_init(|| {
         crate::logging::init();
         let cfg = Config::from_env().map_err(|e| {
             eprintln!("libiwarp_compat: {e}");
