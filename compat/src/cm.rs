@@ -46,8 +46,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use iwarp_engine::{CmError, CmEvent, ConnParams, ConnRequest, Connecting, Listener, Qp};
+use iwarp_engine::{CmError, CmEvent, ConnParams, ConnRequest, Connecting, Listener, Qp, QpInit};
 
+use crate::config::CONNECT_RETRY_PAUSE;
 use crate::qp::EarlyRecv;
 use crate::sys::*;
 use crate::verbs::{
@@ -472,9 +473,38 @@ enum What {
         qp: usize,
         early: Vec<EarlyRecv>,
         deadline: Instant,
+        retry: Option<Box<Retry>>,
     },
     /// An established connection ([`Qp::event_fd`]).
     Connected(Weak<Qp>),
+}
+
+/// `IWARP_COMPAT_CONNECT_RETRY`: what a refused connect starts again
+/// with, and until when.
+struct Retry {
+    dst: SocketAddr,
+    init: QpInit,
+    params: ConnParams,
+    until: Instant,
+}
+
+impl Retry {
+    /// Start the connect again if the peer refused it and the time is not
+    /// up, after [`CONNECT_RETRY_PAUSE`] (which the caller spends
+    /// waiting).
+    fn again(&self, e: &CmError, early: &[EarlyRecv]) -> Option<Result<Connecting, CmError>> {
+        if !matches!(e, CmError::ConnectionRefused) || Instant::now() >= self.until {
+            return None;
+        }
+        std::thread::sleep(CONNECT_RETRY_PAUSE);
+        let g = global().ok()?;
+        Some(g.dev.connect_start(
+            self.dst,
+            self.init.clone(),
+            self.params.clone(),
+            &recv_wrs(early),
+        ))
+    }
 }
 
 /// A watched descriptor: a duplicate of the engine's, owned here, so it
@@ -694,7 +724,10 @@ fn conn_request(parent: usize, chan: &Arc<ChanShared>, bound: SocketAddrV4, req:
 /// The outcome of a connect: ESTABLISHED (and the connection watched), or
 /// the event of the failure.
 fn connect_done(g: &mut Watches, w: Watch, r: Result<Qp, CmError>) {
-    let What::Connect { qp, early, .. } = w.what else {
+    let What::Connect {
+        qp, early, retry, ..
+    } = w.what
+    else {
         return;
     };
     // SAFETY: the QP is live while its connect is in the table
@@ -704,6 +737,11 @@ fn connect_done(g: &mut Watches, w: Watch, r: Result<Qp, CmError>) {
     let id = w.id as *mut rdma_cm_id;
     match r {
         Ok(engine_qp) => {
+            // IWARP_COMPAT_CONNECT_DELAY (0 unless set; the workers pause
+            // meanwhile).
+            if let Ok(g) = global() {
+                std::thread::sleep(g.cfg.connect_delay);
+            }
             let engine_qp = q.finish_connect(engine_qp);
             let n = engine_qp.negotiated();
             // SAFETY: the ID is live while its entry was in the table.
@@ -734,6 +772,32 @@ fn connect_done(g: &mut Watches, w: Watch, r: Result<Qp, CmError>) {
             }
         }
         Err(e) => {
+            // IWARP_COMPAT_CONNECT_RETRY: a refused connect starts again
+            // (the workers pause meanwhile).
+            if let Some(Ok(c)) = retry.as_ref().and_then(|rt| rt.again(&e, &early)) {
+                if let Ok(fd) = c.event_fd().try_clone_to_owned() {
+                    let deadline = Instant::now()
+                        + retry
+                            .as_ref()
+                            .map_or(Duration::ZERO, |rt| rt.params.timeout);
+                    let what = What::Connect {
+                        c: Box::new(c),
+                        qp,
+                        early,
+                        deadline,
+                        retry,
+                    };
+                    match g.add(w.id, &w.chan, fd, what) {
+                        Ok(()) => return,
+                        Err((_, What::Connect { early, .. })) => {
+                            q.fail_connect(early);
+                            w.chan.push(failure_event(id, &e));
+                            return;
+                        }
+                        Err(_) => return,
+                    }
+                }
+            }
             q.fail_connect(early);
             w.chan.push(failure_event(id, &e));
         }
@@ -1577,12 +1641,29 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
     let Some((init, early)) = q.begin_connect() else {
         return fail(libc::EINVAL);
     };
-    let deadline = Instant::now() + params.timeout;
     let chan = o.chan();
-    match g
+    let retry = (!g.cfg.connect_retry.is_zero()).then(|| {
+        Box::new(Retry {
+            dst: SocketAddr::V4(dst),
+            init: init.clone(),
+            params: params.clone(),
+            until: Instant::now() + g.cfg.connect_retry,
+        })
+    });
+    let timeout = params.timeout;
+    let mut started = g
         .dev
-        .connect_start(SocketAddr::V4(dst), init, params, &recv_wrs(&early))
-    {
+        .connect_start(SocketAddr::V4(dst), init, params, &recv_wrs(&early));
+    // Refused on the spot (loopback): with IWARP_COMPAT_CONNECT_RETRY the
+    // call itself waits and starts again.
+    while let (Err(e), Some(rt)) = (&started, &retry) {
+        match rt.again(e, &early) {
+            Some(r) => started = r,
+            None => break,
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    match started {
         Ok(c) => {
             let fd = match c.event_fd().try_clone_to_owned() {
                 Ok(fd) => fd,
@@ -1596,6 +1677,7 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
                 qp: (q as *const QpObj) as usize,
                 early,
                 deadline,
+                retry,
             };
             let watched = lock(watches()).add(id as usize, &chan, fd, what);
             if let Err((e, what)) = watched {

@@ -6,6 +6,9 @@
 //! | `IWARP_COMPAT_BACKEND` | `kernel`, `afxdp` | `kernel` | the engine's backend: kernel TCP sockets (unprivileged), or AF_XDP with the user-space TCP (root) |
 //! | `IWARP_COMPAT_CRC` | `0`, `1` | `0` | ask for MPA CRC32c on every connection (used if either side asks) |
 //! | `IWARP_COMPAT_MARKERS` | `0`, `1` | `0` | ask the peer for MPA markers |
+//! | `IWARP_COMPAT_P2P` | `0`, `1` | `1` | connections the library initiates ask for RFC 6581 peer-to-peer mode ([`Config::conn_params`]) |
+//! | `IWARP_COMPAT_CONNECT_DELAY` | milliseconds, 0 to 10000 | `0` | `rdma_connect`: hold the ESTABLISHED event this long after the connection is established, so the application's first message leaves that much later (Linux siw 6.1 as responder loses its first RDMA Read Request when the initiator's first FPDU arrives within a millisecond of its MPA Reply; librdmacm's `rping` over a kernel RNIC sends about 8 ms after it) |
+//! | `IWARP_COMPAT_CONNECT_RETRY` | milliseconds, 0 to 60000 | `0` | `rdma_connect`: a connect the peer refuses (TCP reset: nobody listens) is tried again every 100 ms for this long before REJECTED is reported (perftest's client connects its test QP as soon as the handshake lets it, while its server listens only after the handshake, and perftest's own retry reuses the IDs it has destroyed) |
 //! | `IWARP_COMPAT_CPU` | a CPU number | not pinned | pin the engine's progress thread (AF_XDP: the first engine's, unless `IWARP_COMPAT_XDP_CPUS` names one) |
 //! | `IWARP_COMPAT_BUSY_POLL` | `0`, `1` | `0` | the progress threads spin instead of sleeping |
 //!
@@ -29,6 +32,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use iwarp_engine::xdp::AttachMode;
 use iwarp_engine::{Backend, ConnParams, DeviceConfig, Progress, XdpConfig};
@@ -44,7 +48,18 @@ pub struct Config {
     pub crc: bool,
     /// MPA markers requested on every connection.
     pub markers: bool,
+    /// RFC 6581 peer-to-peer mode asked for by the connections the
+    /// library initiates.
+    pub p2p: bool,
+    /// How long `rdma_connect` holds the ESTABLISHED event back.
+    pub connect_delay: Duration,
+    /// How long `rdma_connect` tries again a connect the peer refused.
+    pub connect_retry: Duration,
 }
+
+/// The pause between two attempts of a refused connect
+/// (`IWARP_COMPAT_CONNECT_RETRY`).
+pub const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// What the configuration takes from an interface when the environment
 /// leaves it out ([`Iface::of`]).
@@ -171,7 +186,11 @@ fn xdp_config(
 ) -> Result<XdpConfig, String> {
     let ifname = match get("IWARP_COMPAT_XDP_IF") {
         Some(v) if !v.is_empty() && v.len() < 16 && !v.contains(['/', ' ']) => v,
-        Some(v) => return Err(format!("IWARP_COMPAT_XDP_IF={v}: expected an interface name")),
+        Some(v) => {
+            return Err(format!(
+                "IWARP_COMPAT_XDP_IF={v}: expected an interface name"
+            ))
+        }
         None => {
             return Err(
                 "IWARP_COMPAT_BACKEND=afxdp needs IWARP_COMPAT_XDP_IF (the interface)".to_string(),
@@ -283,6 +302,25 @@ impl Config {
             },
             crc: flag("IWARP_COMPAT_CRC", &get)?,
             markers: flag("IWARP_COMPAT_MARKERS", &get)?,
+            p2p: get("IWARP_COMPAT_P2P").is_none() || flag("IWARP_COMPAT_P2P", &get)?,
+            connect_delay: Duration::from_millis(
+                number(
+                    "IWARP_COMPAT_CONNECT_DELAY",
+                    0..=10_000,
+                    "milliseconds from 0 to 10000",
+                    &get,
+                )?
+                .unwrap_or(0),
+            ),
+            connect_retry: Duration::from_millis(
+                number(
+                    "IWARP_COMPAT_CONNECT_RETRY",
+                    0..=60_000,
+                    "milliseconds from 0 to 60000",
+                    &get,
+                )?
+                .unwrap_or(0),
+            ),
         })
     }
 
@@ -302,17 +340,18 @@ impl Config {
 
     /// The connection parameters every connection starts from.
     ///
-    /// Connections the library initiates ask for RFC 6581 peer-to-peer
-    /// mode: the initiator's first FPDU is a ready-to-receive message, so
-    /// the responder, which RFC 5044 §7.1.2 keeps silent until that first
-    /// FPDU arrives, may send first (perftest's `ib_write_lat` server
-    /// writes before its client does). A responder without P2P answers
-    /// without it and the connection goes on as in RFC 5044.
+    /// Unless `IWARP_COMPAT_P2P=0`, connections the library initiates ask
+    /// for RFC 6581 peer-to-peer mode: the initiator's first FPDU is a
+    /// ready-to-receive message, so the responder, which RFC 5044 §7.1.2
+    /// keeps silent until that first FPDU arrives, may send first
+    /// (perftest's `ib_write_lat` server writes before its client does).
+    /// A responder without P2P answers without it and the connection goes
+    /// on as in RFC 5044.
     pub fn conn_params(&self) -> ConnParams {
         ConnParams {
             crc: self.crc,
             markers: self.markers,
-            p2p: true,
+            p2p: self.p2p,
             ..ConnParams::default()
         }
     }
@@ -383,6 +422,8 @@ mod tests {
         assert_eq!(c.device.progress, Progress::Thread { cpu: None });
         assert!(!c.crc && !c.markers && !c.device.busy_poll);
         assert!(c.conn_params().p2p);
+        assert_eq!(c.connect_delay, Duration::ZERO);
+        assert_eq!(c.connect_retry, Duration::ZERO);
         assert_eq!(c.local_ip(), None);
     }
 
@@ -398,6 +439,27 @@ mod tests {
         assert!(c.crc && c.markers && c.device.busy_poll);
         assert_eq!(c.device.progress, Progress::Thread { cpu: Some(1) });
         assert!(c.conn_params().crc && c.conn_params().markers);
+        assert!(c.conn_params().p2p);
+        let c = cfg(&[("IWARP_COMPAT_P2P", "0")]).unwrap();
+        assert!(!c.p2p && !c.conn_params().p2p);
+        assert!(cfg(&[("IWARP_COMPAT_P2P", "1")]).unwrap().conn_params().p2p);
+        assert!(cfg(&[("IWARP_COMPAT_P2P", "no")]).is_err());
+        assert_eq!(
+            cfg(&[("IWARP_COMPAT_CONNECT_DELAY", "20")])
+                .unwrap()
+                .connect_delay,
+            Duration::from_millis(20)
+        );
+        assert!(cfg(&[("IWARP_COMPAT_CONNECT_DELAY", "-1")]).is_err());
+        assert!(cfg(&[("IWARP_COMPAT_CONNECT_DELAY", "10001")]).is_err());
+        assert_eq!(
+            cfg(&[("IWARP_COMPAT_CONNECT_RETRY", "5000")])
+                .unwrap()
+                .connect_retry,
+            Duration::from_secs(5)
+        );
+        assert!(cfg(&[("IWARP_COMPAT_CONNECT_RETRY", "60001")]).is_err());
+        assert!(cfg(&[("IWARP_COMPAT_CONNECT_RETRY", "soon")]).is_err());
         assert!(cfg(&[("IWARP_COMPAT_BACKEND", "xdp")]).is_err());
         assert!(cfg(&[("IWARP_COMPAT_CRC", "yes")]).is_err());
         assert!(cfg(&[("IWARP_COMPAT_CPU", "x")]).is_err());
@@ -467,11 +529,19 @@ mod tests {
         assert_eq!(x.mtu, 3506);
         assert_eq!(x.ip, Ipv4Addr::new(198, 18, 7, 1));
         assert_eq!(
-            xdp(&[("IWARP_COMPAT_XDP_IF", "veth0"), ("IWARP_COMPAT_XDP_MODE", "generic")]).attach,
+            xdp(&[
+                ("IWARP_COMPAT_XDP_IF", "veth0"),
+                ("IWARP_COMPAT_XDP_MODE", "generic")
+            ])
+            .attach,
             AttachMode::Generic
         );
         assert_eq!(
-            xdp(&[("IWARP_COMPAT_XDP_IF", "veth0"), ("IWARP_COMPAT_XDP_MODE", "auto")]).attach,
+            xdp(&[
+                ("IWARP_COMPAT_XDP_IF", "veth0"),
+                ("IWARP_COMPAT_XDP_MODE", "auto")
+            ])
+            .attach,
             AttachMode::Auto
         );
     }

@@ -51,20 +51,21 @@ pub(crate) fn opened() -> Option<&'static Global> {
 /// The engine device, opened on first use; the errno of the failure
 /// otherwise (ENODEV).
 pub(crate) fn global() -> Result<&'static Global, i32> {
-    GLOBAL.get_or_init(|| {
-        crate::logging::init();
-        let cfg = Config::from_env().map_err(|e| {
-            eprintln!("libiwarp_compat: {e}");
-            libc::ENODEV
-        })?;
-        let dev = Device::open(cfg.backend.clone(), cfg.device).map_err(|e| {
-            eprintln!("libiwarp_compat: opening the device failed: {e}");
-            libc::ENODEV
-        })?;
-        Ok(Global { dev, cfg })
-    })
-    .as_ref()
-    .map_err(|&e| e)
+    GLOBAL
+        .get_or_init(|| {
+            crate::logging::init();
+            let cfg = Config::from_env().map_err(|e| {
+                eprintln!("libiwarp_compat: {e}");
+                libc::ENODEV
+            })?;
+            let dev = Device::open(cfg.backend.clone(), cfg.device).map_err(|e| {
+                eprintln!("libiwarp_compat: opening the device failed: {e}");
+                libc::ENODEV
+            })?;
+            Ok(Global { dev, cfg })
+        })
+        .as_ref()
+        .map_err(|&e| e)
 }
 
 /// A raw pointer made `Send + Sync` for a process-wide static.
