@@ -390,6 +390,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     out: *mut *mut rdma_cm_event,
 ) -> c_int {
     let Some(c) = obj::<_, Channel>(ch, Kind::EventChannel) else {
+        crate::exit::wait_if_exiting();
         return fail(libc::EINVAL);
     };
     if out.is_null() {
@@ -398,7 +399,11 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     // SAFETY: F_GETFL on the channel's open descriptor.
     let flags = unsafe { libc::fcntl(c.raw.fd, libc::F_GETFL) };
     let block = flags >= 0 && flags & libc::O_NONBLOCK == 0;
-    match c.shared.wait(block) {
+    // Another thread may destroy the channel while this call waits (rping
+    // leaves its CM thread waiting when it exits): the call holds its own
+    // reference to the queue, not the channel's.
+    let shared = c.shared.clone();
+    match shared.wait(block) {
         Ok(p) => {
             // SAFETY: taken from the queue: a live event, now the
             // application's.

@@ -9,7 +9,15 @@
 //! engine finish its connections first: it waits until the device drives
 //! none, at most [`EXIT_GRACE`]. Connections the application left
 //! established are still open at the deadline and end with the process.
+//!
+//! The application's other threads run on meanwhile. One still waiting
+//! for CM events on a channel the main thread has destroyed (rping's CM
+//! thread) would find the channel gone and end the process with its own
+//! error status; while the finalizer waits, a call on a destroyed channel
+//! waits for the process's end instead ([`wait_if_exiting`]), as the
+//! thread would have without the wait.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use iwarp_engine::Backend;
@@ -24,12 +32,24 @@ const EXIT_POLL: Duration = Duration::from_millis(2);
 #[link_section = ".fini_array"]
 static AT_EXIT: extern "C" fn() = at_exit;
 
+/// The finalizer is waiting for the connections.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn at_exit() {
     let Some(g) = crate::verbs::opened() else {
         return;
     };
     if matches!(g.cfg.backend, Backend::AfXdp(_)) {
+        EXITING.store(true, Ordering::SeqCst);
         drain(|| g.dev.stats().connections, EXIT_GRACE);
+    }
+}
+
+/// While the process exits, block the calling thread until it ends;
+/// otherwise return at once.
+pub(crate) fn wait_if_exiting() {
+    while EXITING.load(Ordering::SeqCst) {
+        std::thread::park();
     }
 }
 
