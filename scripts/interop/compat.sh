@@ -24,7 +24,10 @@
 # again for it, and perftest's own retry reuses destroyed IDs (iwarp-perf
 # retries likewise). The VM rping server may exit 255 after a complete exchange (an rping
 # CM-thread race, see rping.sh): its status is not checked when the host
-# client verified the data.
+# client verified the data. Likewise the VM's perftest may fail perftest's
+# closing handshake after the results are printed, when our side
+# disconnects right after it (siw's close race): that is noted, not
+# judged.
 # Prints `PASS name` / `FAIL name: why`; always exits 0 (scripts/interop/run
 # counts the lines).
 #   COMPAT_FILTER=REGEX   run only scenarios whose name matches
@@ -113,8 +116,23 @@ judge_rping() {
     fi
 }
 
+# The VM's part of the log (its console's last lines).
+vm_part() { sed -n '/^---- VM console (tail) ----$/,$p' "$1"; }
+
 judge_perf() {
     local log="$1" rc="$2" crc="$4"
+    # perftest ends with a handshake on its first connection, then each
+    # side disconnects; siw sometimes fails the VM's last work request
+    # when our side disconnects right after that handshake ("Bad wc
+    # status", "Failed to close connection") after the results are
+    # printed (the project's iwarp-perf waits for the peer to close
+    # first). That close is not judged.
+    if ((rc != 0)) && [[ "$(host_rc "$log")" == 0 && "$(vm_rc "$log")" == 1 ]] &&
+        vm_part "$log" | grep -q '^Failed to close connection between server and client' &&
+        grep -Eq "^ *$SIZE +[0-9]+ " "$log"; then
+        echo "  note $(basename "$log" .log): the VM's perftest failed its closing handshake after the results (siw's close race); not judged" >&2
+        rc=0
+    fi
     if ((rc != 0)); then
         echo "host rc=$(host_rc "$log") vm rc=$(vm_rc "$log") $(grep -m1 -i 'error\|failed' "$log")"
     elif ! grep -q 'Device *: iwarp0' "$log"; then
