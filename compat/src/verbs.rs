@@ -892,20 +892,33 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     if n < 0 || (n > 0 && wc.is_null()) {
         return -libc::EINVAL;
     }
-    let mut buf = [EMPTY_WC; 16];
-    let mut done = 0usize;
     let want = n as usize;
+    if want == 0 {
+        return 0;
+    }
+    // The empty poll, which applications repeat in a tight loop, costs
+    // one queue look and a spin-loop hint: the engine's progress thread
+    // may share the core (or its sibling) with the polling thread.
+    let mut first = [EMPTY_WC; 1];
+    if q.cq.poll(&mut first) == 0 {
+        std::hint::spin_loop();
+        return 0;
+    }
+    let nums = q.qp_nums.read().unwrap_or_else(|e| e.into_inner());
+    let num = |w: &WorkCompletion| nums.get(&w.qp.raw()).copied().unwrap_or(0);
+    // SAFETY: the caller's array holds `n` >= 1 entries.
+    unsafe { wc.write(to_ibv_wc(&first[0], num(&first[0]))) };
+    let mut done = 1usize;
+    let mut buf = [EMPTY_WC; 16];
     while done < want {
         let room = (want - done).min(16);
         let k = q.cq.poll(&mut buf[..room]);
         if k == 0 {
             break;
         }
-        let nums = q.qp_nums.read().unwrap_or_else(|e| e.into_inner());
         for w in &buf[..k] {
-            let num = nums.get(&w.qp.raw()).copied().unwrap_or(0);
             // SAFETY: the caller's array holds `n` entries; done < n.
-            unsafe { wc.add(done).write(to_ibv_wc(w, num)) };
+            unsafe { wc.add(done).write(to_ibv_wc(w, num(w))) };
             done += 1;
         }
     }
