@@ -75,6 +75,20 @@ pub(crate) fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// A post call's failure at `wr`: `*bad = wr` (when `bad` is given), as
+/// the post functions of verbs.h report the first work request not
+/// posted; returns `e`.
+///
+/// # Safety
+/// `bad` is null or the application's out parameter of a post call.
+pub(crate) unsafe fn fail_at<T>(bad: *mut *mut T, wr: *mut T, e: i32) -> i32 {
+    if !bad.is_null() {
+        // SAFETY: the application's out parameter (the contract).
+        unsafe { *bad = wr };
+    }
+    e
+}
+
 /// Lock a mutex, ignoring poisoning (a panicking application thread must
 /// not make every later call fail).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

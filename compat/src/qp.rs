@@ -26,7 +26,7 @@ use crate::arena::Arena;
 use crate::srq::{srq_obj, SrqObj};
 use crate::sys::*;
 use crate::verbs::{cq_obj, global, CqObj, PdObj};
-use crate::{is_live, lock, obj, register, set_errno, unregister, Kind};
+use crate::{fail_at, is_live, lock, obj, register, set_errno, unregister, Kind};
 
 /// The most inline data one work request carries (`cap.max_inline_data`
 /// of every QP).
@@ -773,11 +773,8 @@ pub(crate) unsafe extern "C" fn post_send(
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
     let fail = |wr: *mut ibv_send_wr, e: c_int| {
-        if !bad.is_null() {
-            // SAFETY: the caller's out parameter.
-            unsafe { *bad = wr };
-        }
-        e
+        // SAFETY: `bad` is the caller's out parameter.
+        unsafe { fail_at(bad, wr, e) }
     };
     let Some(q) = qp_obj(qp) else {
         return fail(wr, libc::EINVAL);
@@ -836,11 +833,8 @@ pub(crate) unsafe extern "C" fn post_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     let fail = |wr: *mut ibv_recv_wr, e: c_int| {
-        if !bad.is_null() {
-            // SAFETY: the caller's out parameter.
-            unsafe { *bad = wr };
-        }
-        e
+        // SAFETY: `bad` is the caller's out parameter.
+        unsafe { fail_at(bad, wr, e) }
     };
     let Some(q) = qp_obj(qp) else {
         return fail(wr, libc::EINVAL);

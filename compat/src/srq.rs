@@ -28,7 +28,7 @@ use crate::arena::Arena;
 use crate::qp::{post_errno, sgl_of};
 use crate::sys::*;
 use crate::verbs::{global, PdObj};
-use crate::{obj, register, set_errno, unregister, Kind};
+use crate::{fail_at, obj, register, set_errno, unregister, Kind};
 
 /// A shared receive queue.
 #[repr(C)]
@@ -237,11 +237,8 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     let fail = |wr: *mut ibv_recv_wr, e: c_int| {
-        if !bad.is_null() {
-            // SAFETY: the caller's out parameter.
-            unsafe { *bad = wr };
-        }
-        e
+        // SAFETY: `bad` is the caller's out parameter.
+        unsafe { fail_at(bad, wr, e) }
     };
     let Some(s) = srq_obj(srq) else {
         return fail(wr, libc::EINVAL);

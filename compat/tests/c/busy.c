@@ -16,39 +16,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
-#define CHECK(cond, what)                                                    \
-	do {                                                                 \
-		if (!(cond)) {                                               \
-			fprintf(stderr, "FAIL %s (errno %d %s) at line %d\n", \
-				what, errno, strerror(errno), __LINE__);     \
-			exit(1);                                             \
-		}                                                            \
-		printf("ok %s\n", what);                                     \
-	} while (0)
-
-static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
-{
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	struct rdma_cm_event *ev = NULL;
-	if (poll(&p, 1, 10000) != 1)
-		return NULL;
-	if (rdma_get_cm_event(ch, &ev))
-		return NULL;
-	return ev;
-}
-
-/* One completion within 10 s; 0 if none came. */
-static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
-{
-	for (int i = 0; i < 100000; i++) {
-		int n = ibv_poll_cq(cq, 1, wc);
-		if (n != 0)
-			return n;
-		struct timespec ts = { 0, 100000 };
-		nanosleep(&ts, NULL);
-	}
-	return 0;
-}
+#include "common.h"
 
 static struct ibv_comp_channel *cc;
 static struct ibv_cq *scq, *ccq;

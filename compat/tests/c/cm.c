@@ -19,28 +19,7 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
-#define CHECK(cond, what)                                                    \
-	do {                                                                 \
-		if (!(cond)) {                                               \
-			fprintf(stderr, "FAIL %s (errno %d %s) at line %d\n", \
-				what, errno, strerror(errno), __LINE__);     \
-			exit(1);                                             \
-		}                                                            \
-		printf("ok %s\n", what);                                     \
-		fflush(stdout);                                              \
-	} while (0)
-
-/* The next event of a channel, waiting up to 10 s in poll(2). */
-static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
-{
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	struct rdma_cm_event *ev = NULL;
-	if (poll(&p, 1, 10000) != 1)
-		return NULL;
-	if (rdma_get_cm_event(ch, &ev))
-		return NULL;
-	return ev;
-}
+#include "common.h"
 
 /* The next event must be `type` for `id`; it is acked. */
 static int expect(struct rdma_event_channel *ch, struct rdma_cm_id *id, enum rdma_cm_event_type type)

@@ -12,26 +12,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
-#define CHECK(cond, what)                                                    \
-	do {                                                                 \
-		if (!(cond)) {                                               \
-			fprintf(stderr, "FAIL %s (errno %d %s) at line %d\n", \
-				what, errno, strerror(errno), __LINE__);     \
-			exit(1);                                             \
-		}                                                            \
-		printf("ok %s\n", what);                                     \
-	} while (0)
-
-static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
-{
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	struct rdma_cm_event *ev = NULL;
-	if (poll(&p, 1, 10000) != 1)
-		return NULL;
-	if (rdma_get_cm_event(ch, &ev))
-		return NULL;
-	return ev;
-}
+#include "common.h"
 
 int main(void)
 {

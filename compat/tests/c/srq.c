@@ -17,43 +17,11 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
-#define CHECK(cond, what)                                                    \
-	do {                                                                 \
-		if (!(cond)) {                                               \
-			fprintf(stderr, "FAIL %s (errno %d %s) at line %d\n", \
-				what, errno, strerror(errno), __LINE__);     \
-			exit(1);                                             \
-		}                                                            \
-		printf("ok %s\n", what);                                     \
-	} while (0)
+#include "common.h"
 
 #define QPS 3
 #define SLOT 256
 #define SLOTS 16
-
-static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
-{
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	struct rdma_cm_event *ev = NULL;
-	if (poll(&p, 1, 10000) != 1)
-		return NULL;
-	if (rdma_get_cm_event(ch, &ev))
-		return NULL;
-	return ev;
-}
-
-/* One completion within 10 s; 0 if none came. */
-static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
-{
-	for (int i = 0; i < 100000; i++) {
-		int n = ibv_poll_cq(cq, 1, wc);
-		if (n != 0)
-			return n;
-		struct timespec ts = { 0, 100000 };
-		nanosleep(&ts, NULL);
-	}
-	return 0;
-}
 
 static struct ibv_srq *srq;
 static char *rbuf, *cbuf;
