@@ -1784,16 +1784,30 @@ pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_set_option(
     id: *mut rdma_cm_id,
-    _level: c_int,
-    _optname: c_int,
-    _optval: *mut c_void,
-    _optlen: usize,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
 ) -> c_int {
-    fail(if is_live(id, Kind::CmId) {
-        libc::EOPNOTSUPP
-    } else {
-        libc::EINVAL
-    })
+    if !is_live(id, Kind::CmId) {
+        return fail(libc::EINVAL);
+    }
+    let (level, optname) = (level as u32, optname as u32);
+    // The ID options are accepted and change nothing: the type of
+    // service and the ACK timeout have no counterpart on these
+    // connections, listeners always reuse addresses, and only IPv4 is
+    // served. Their values are checked as the kernel checks them.
+    let size = match (level, optname) {
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_ACK_TIMEOUT) => size_of::<u8>(),
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) => size_of::<c_int>(),
+        // InfiniBand path records mean nothing to an iWARP ID.
+        (RDMA_OPTION_IB, _) => return fail(libc::EINVAL),
+        _ => return fail(libc::ENOSYS),
+    };
+    if optval.is_null() || optlen != size {
+        return fail(libc::EINVAL);
+    }
+    0
 }
 
 /// Move `id` to the channel `(raw, new)`; the caller holds the table's

@@ -77,6 +77,8 @@ fn error_paths_fail_the_rdma_core_way() {
         "ok create_srq_ex XRC -> EOPNOTSUPP",
         "ok get_cm_event non-blocking, empty -> EAGAIN",
         "ok REJECTED with the reject's private data",
+        "ok set_option TOS, REUSEADDR, AFONLY accepted",
+        "ok set_option unknown -> ENOSYS",
         "all ok",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,7 +141,21 @@ int main(void)
 	CHECK(rdma_create_id(ch, &srv, (void *)0x5, RDMA_PS_TCP) == 0, "create_id server");
 	CHECK(rdma_create_id(ch, &cli, NULL, RDMA_PS_TCP) == 0, "create_id client");
 	errno = 0;
-	CHECK(rdma_set_option(cli, 0, 0, NULL, 0) == -1 && errno == EOPNOTSUPP, "set_option -> EOPNOTSUPP");
+	uint8_t tos = 0x10;
+	int one = 1;
+	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) == 0 &&
+	      rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one) == 0 &&
+	      rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &one, sizeof one) == 0,
+	      "set_option TOS, REUSEADDR, AFONLY accepted");
+	errno = 0;
+	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &one, sizeof one) == -1 && errno == EINVAL,
+	      "set_option TOS with an int -> EINVAL");
+	errno = 0;
+	CHECK(rdma_set_option(cli, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, &one, sizeof one) == -1 && errno == EINVAL,
+	      "set_option IB path -> EINVAL");
+	errno = 0;
+	CHECK(rdma_set_option(cli, RDMA_OPTION_ID, 99, &one, sizeof one) == -1 && errno == ENOSYS,
+	      "set_option unknown -> ENOSYS");
 	errno = 0;
 	CHECK(rdma_resolve_route(cli, 1000) == -1 && errno == EINVAL, "resolve_route before addr -> EINVAL");
 	errno = 0;
