@@ -11,17 +11,21 @@ perftest_clock_failed() {
 
 # perftest_run NAME LOG CMD...: run CMD with its output in LOG; when it
 # failed because the VM's perftest could not measure its clock
-# (perftest_clock_failed), say so and run it once more. Every other
-# failure stands at once. Returns CMD's exit status.
+# (perftest_clock_failed), say so and run it again, up to
+# PERFTEST_ATTEMPTS times in all (default 3), a few seconds apart so that
+# a burst of load on the host has passed. Every other failure stands at
+# once. Returns CMD's last exit status.
 perftest_run() {
-    local name="$1" log="$2" rc
+    local name="$1" log="$2" rc attempt=1
     shift 2
     "$@" >"$log" 2>&1
     rc=$?
-    if ((rc != 0)) && perftest_clock_failed "$log"; then
-        echo "  note $name: the VM's perftest could not measure its clock (r^2 < 0.9); running it again"
+    while ((rc != 0 && attempt < ${PERFTEST_ATTEMPTS:-3})) && perftest_clock_failed "$log"; do
+        attempt=$((attempt + 1))
+        echo "  note $name: the VM's perftest could not measure its clock (r^2 < 0.9); attempt $attempt"
+        sleep 5
         "$@" >"$log" 2>&1
         rc=$?
-    fi
+    done
     return "$rc"
 }
