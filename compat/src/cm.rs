@@ -21,7 +21,9 @@
 //! wakes only for those descriptors, and at the deadline of a connect
 //! under way.
 //!
-//! The watched descriptors of all channels are one table under one lock.
+//! The watched descriptors of all channels are one table under one lock,
+//! indexed by ID, by connecting QP and by each channel's connect
+//! deadlines, so that no wake and no call walks other IDs' entries.
 //! A worker handles a descriptor with the lock held and only while its
 //! entry is in the table; `rdma_destroy_id`, `rdma_migrate_id` and
 //! `ibv_destroy_qp` change the table under the same lock (and drop the
@@ -34,7 +36,7 @@
 //! `rdma_accept`, `rdma_disconnect`, `rdma_get_request`) wait for it, keep
 //! it in `id->event` until the next such call, and fail as the event says.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io;
 use std::mem::size_of;
@@ -523,16 +525,32 @@ struct Watch {
     what: What,
 }
 
+/// The watched descriptors of every channel, with the indexes that let
+/// each operation find its entries without walking the others: an ID's
+/// entries, a QP's connect, and each channel's connect deadlines in
+/// order.
 #[derive(Default)]
 struct Watches {
     next: u64,
     map: HashMap<u64, Watch>,
+    /// The tokens of each ID's entries (`IdObj` address → tokens).
+    by_id: HashMap<usize, Vec<u64>>,
+    /// The token of each QP's connect under way (`QpObj` address).
+    by_qp: HashMap<usize, u64>,
+    /// The connects under way of each channel (`ChanShared` address), by
+    /// deadline.
+    deadlines: HashMap<usize, BTreeSet<(Instant, u64)>>,
 }
 
 /// The watched descriptors of every channel.
 fn watches() -> &'static Mutex<Watches> {
     static W: OnceLock<Mutex<Watches>> = OnceLock::new();
     W.get_or_init(Default::default)
+}
+
+/// The key of a channel in [`Watches::deadlines`].
+fn chan_key(chan: &Arc<ChanShared>) -> usize {
+    Arc::as_ptr(chan) as usize
 }
 
 impl Watches {
@@ -550,10 +568,16 @@ impl Watches {
         if let Err(e) = epoll_add(chan.ep.as_raw_fd(), fd.as_raw_fd(), token) {
             return Err((e, what));
         }
-        if matches!(what, What::Connect { .. }) {
+        if let What::Connect { qp, deadline, .. } = what {
+            self.by_qp.insert(qp, token);
+            self.deadlines
+                .entry(chan_key(chan))
+                .or_default()
+                .insert((deadline, token));
             // The worker learns the connect's deadline.
             signal(&chan.ctl);
         }
+        self.by_id.entry(id).or_default().push(token);
         self.map.insert(
             token,
             Watch {
@@ -569,28 +593,64 @@ impl Watches {
     fn remove(&mut self, token: u64) -> Option<Watch> {
         let w = self.map.remove(&token)?;
         epoll_del(w.chan.ep.as_raw_fd(), w.fd.as_raw_fd());
+        if let Some(ts) = self.by_id.get_mut(&w.id) {
+            ts.retain(|&t| t != token);
+            if ts.is_empty() {
+                self.by_id.remove(&w.id);
+            }
+        }
+        if let What::Connect { qp, deadline, .. } = w.what {
+            self.by_qp.remove(&qp);
+            self.forget_deadline(chan_key(&w.chan), deadline, token);
+        }
         Some(w)
     }
 
-    fn tokens(&self, pick: impl Fn(&Watch) -> bool) -> Vec<u64> {
-        self.map
-            .iter()
-            .filter(|(_, w)| pick(w))
-            .map(|(&t, _)| t)
-            .collect()
+    fn forget_deadline(&mut self, chan: usize, deadline: Instant, token: u64) {
+        if let Some(d) = self.deadlines.get_mut(&chan) {
+            d.remove(&(deadline, token));
+            if d.is_empty() {
+                self.deadlines.remove(&chan);
+            }
+        }
+    }
+
+    /// The tokens of `id`'s entries.
+    fn of_id(&self, id: usize) -> Vec<u64> {
+        self.by_id.get(&id).cloned().unwrap_or_default()
+    }
+
+    /// Entry `token` is watched by `new`'s worker from now on (the caller
+    /// moves its descriptor between the epoll sets).
+    fn rechan(&mut self, token: u64, new: &Arc<ChanShared>) {
+        let Some(w) = self.map.get_mut(&token) else {
+            return;
+        };
+        let old = std::mem::replace(&mut w.chan, new.clone());
+        if let What::Connect { deadline, .. } = w.what {
+            self.forget_deadline(chan_key(&old), deadline, token);
+            self.deadlines
+                .entry(chan_key(new))
+                .or_default()
+                .insert((deadline, token));
+        }
     }
 
     /// When the worker of `chan` must look at a connect whose descriptor
     /// stays quiet (its timeout).
     fn next_deadline(&self, chan: &Arc<ChanShared>) -> Option<Instant> {
-        self.map
-            .values()
-            .filter(|w| Arc::ptr_eq(&w.chan, chan))
-            .filter_map(|w| match w.what {
-                What::Connect { deadline, .. } => Some(deadline),
-                _ => None,
-            })
-            .min()
+        let d = self.deadlines.get(&chan_key(chan))?;
+        d.first().map(|&(at, _)| at)
+    }
+
+    /// The connects of `chan` whose deadline is `now` or earlier.
+    fn due(&self, chan: &Arc<ChanShared>, now: Instant) -> Vec<u64> {
+        self.deadlines.get(&chan_key(chan)).map_or_else(Vec::new, |d| {
+            d.iter()
+                .take_while(|&&(at, _)| at <= now)
+                .map(|&(_, t)| t)
+                .collect()
+        })
     }
 }
 
@@ -622,10 +682,7 @@ fn run(ch: &Arc<ChanShared>) {
         if n == 0 {
             // A connect's deadline: its poll reports the timeout.
             let now = Instant::now();
-            let due = lock(watches()).tokens(|w| {
-                Arc::ptr_eq(&w.chan, ch)
-                    && matches!(w.what, What::Connect { deadline, .. } if deadline <= now)
-            });
+            let due = lock(watches()).due(ch, now);
             for t in due {
                 handle(t);
             }
@@ -830,8 +887,7 @@ fn failure_event(id: *mut rdma_cm_id, e: &CmError) -> Box<EventObj> {
 /// after this returns.
 pub(crate) fn forget_qp(qp: *const ibv_qp) {
     let mut g = lock(watches());
-    let ts = g.tokens(|w| matches!(w.what, What::Connect { qp: q, .. } if q == qp as usize));
-    for t in ts {
+    if let Some(t) = g.by_qp.get(&(qp as usize)).copied() {
         if let Some(w) = g.remove(t) {
             w.chan.push(event(
                 w.id as *mut rdma_cm_id,
@@ -1062,7 +1118,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     let (gone, evs) = {
         let mut g = lock(watches());
         let mut gone = Vec::new();
-        for t in g.tokens(|w| w.id == id as usize) {
+        for t in g.of_id(id as usize) {
             if let Some(w) = g.remove(t) {
                 if let What::Connect { qp, early, .. } = w.what {
                     // SAFETY: the QP is live while its connect is in the
@@ -1829,14 +1885,14 @@ unsafe fn move_id(
     if Arc::ptr_eq(&old, new) {
         return;
     }
-    for t in g.tokens(|w| w.id == id as usize) {
-        let w = g.map.get_mut(&t).expect("listed above");
+    for t in g.of_id(id as usize) {
+        let w = g.map.get(&t).expect("indexed");
         epoll_del(old.ep.as_raw_fd(), w.fd.as_raw_fd());
         // The same file again, with room in a new set: a failure would
         // leave it unwatched, which epoll_ctl does not do for ADD of a
         // descriptor just removed.
         let _ = epoll_add(new.ep.as_raw_fd(), w.fd.as_raw_fd(), t);
-        w.chan = new.clone();
+        g.rechan(t, new);
     }
     let evs = old.take(|e| (e.id == id && e.listen_id.is_null()) || e.listen_id == id);
     for &p in &evs {
