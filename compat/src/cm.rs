@@ -48,7 +48,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use iwarp_engine::{CmError, CmEvent, ConnParams, ConnRequest, Connecting, Listener, Qp, QpInit};
+use iwarp_engine::{
+    CmError, CmEvent, ConnParams, ConnRequest, Connecting, Listener, Negotiated, Qp, QpInit,
+};
 
 use crate::config::CONNECT_RETRY_PAUSE;
 use crate::qp::EarlyRecv;
@@ -352,13 +354,22 @@ impl EventObj {
     }
 }
 
+/// `responder_resources` and `initiator_depth` of an ESTABLISHED event, as
+/// the kernel's iWARP connection manager gives them: the QP's negotiated
+/// ORD and IRD in that order (its `initiator_depth` carries the IRD).
+fn established_resources(n: &Negotiated) -> (u16, u16) {
+    (n.ord, n.ird)
+}
+
+/// An event for `id`; `resources_depth` is the `responder_resources` and
+/// `initiator_depth` of its connection parameters.
 fn event(
     id: *mut rdma_cm_id,
     listen_id: *mut rdma_cm_id,
     kind: rdma_cm_event_type,
     status: c_int,
     pdata: Vec<u8>,
-    ird_ord: (u16, u16),
+    resources_depth: (u16, u16),
 ) -> Box<EventObj> {
     let mut e = Box::new(EventObj {
         raw: rdma_cm_event {
@@ -378,8 +389,8 @@ fn event(
             e.pdata.as_ptr().cast()
         },
         private_data_len: e.pdata.len().min(255) as u8,
-        responder_resources: ird_ord.0.min(255) as u8,
-        initiator_depth: ird_ord.1.min(255) as u8,
+        responder_resources: resources_depth.0.min(255) as u8,
+        initiator_depth: resources_depth.1.min(255) as u8,
         ..Default::default()
     };
     e.raw.param.conn = conn;
@@ -645,12 +656,14 @@ impl Watches {
 
     /// The connects of `chan` whose deadline is `now` or earlier.
     fn due(&self, chan: &Arc<ChanShared>, now: Instant) -> Vec<u64> {
-        self.deadlines.get(&chan_key(chan)).map_or_else(Vec::new, |d| {
-            d.iter()
-                .take_while(|&&(at, _)| at <= now)
-                .map(|&(_, t)| t)
-                .collect()
-        })
+        self.deadlines
+            .get(&chan_key(chan))
+            .map_or_else(Vec::new, |d| {
+                d.iter()
+                    .take_while(|&&(at, _)| at <= now)
+                    .map(|&(_, t)| t)
+                    .collect()
+            })
     }
 }
 
@@ -814,7 +827,7 @@ fn connect_done(g: &mut Watches, w: Watch, r: Result<Qp, CmError>) {
                 RDMA_CM_EVENT_ESTABLISHED,
                 0,
                 engine_qp.peer_private_data(),
-                (n.ird, n.ord),
+                established_resources(&n),
             ));
             let watched = match engine_qp.event_fd().try_clone_to_owned() {
                 Ok(fd) => g
@@ -1635,7 +1648,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_
         RDMA_CM_EVENT_ESTABLISHED,
         0,
         Vec::new(),
-        (n.ird, n.ord),
+        established_resources(&n),
     ));
     let watched = lock(watches()).add(id as usize, &chan, fd, What::Connected(Arc::downgrade(&qp)));
     if let Err((e, _)) = watched {

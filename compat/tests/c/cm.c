@@ -1,10 +1,10 @@
 /* Connection manager edge cases of libiwarp_compat, run under LD_PRELOAD by
  * tests/c_programs.rs: non-blocking event channels, IDs and QPs destroyed
  * while they connect or are connected, rdma_migrate_id, reject with
- * private data, a refused connect, and the synchronous API
- * (rdma_create_ep, rdma_get_request, blocking calls on IDs without an
- * event channel) with the rdma_verbs.h helpers. Prints one line per check;
- * exits non-zero on the first failure. */
+ * private data, IRD and ORD in the events, a refused connect, and the
+ * synchronous API (rdma_create_ep, rdma_get_request, blocking calls on IDs
+ * without an event channel) with the rdma_verbs.h helpers. Prints one line
+ * per check; exits non-zero on the first failure. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -361,6 +361,48 @@ int main(void)
 	CHECK(rdma_destroy_id(child) == 0, "destroy the rejected ID");
 	rdma_destroy_qp(cli);
 	CHECK(rdma_destroy_id(cli) == 0, "destroy the rejected client");
+
+	/* IRD and ORD in the events, as the kernel's iWARP connection manager
+	 * gives them: CONNECT_REQUEST carries the peer's ORD as
+	 * responder_resources and its IRD as initiator_depth; ESTABLISHED
+	 * carries the QP's own IRD as initiator_depth and its ORD as
+	 * responder_resources. The client asks for IRD 3, ORD 2. */
+	{
+		struct rdma_cm_id *c;
+		struct ibv_qp_init_attr cqa = qp_attr();
+		struct rdma_conn_param cp = { .responder_resources = 3, .initiator_depth = 2 };
+		CHECK(rdma_create_id(b, &c, NULL, RDMA_PS_TCP) == 0 &&
+			      rdma_resolve_addr(c, NULL, (struct sockaddr *)&at, 1000) == 0 &&
+			      expect(b, c, RDMA_CM_EVENT_ADDR_RESOLVED) && rdma_resolve_route(c, 1000) == 0 &&
+			      expect(b, c, RDMA_CM_EVENT_ROUTE_RESOLVED) && rdma_create_qp(c, pd, &cqa) == 0 &&
+			      rdma_connect(c, &cp) == 0,
+		      "connect with IRD 3, ORD 2");
+		ev = next_event(a);
+		CHECK(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
+		CHECK(ev->param.conn.responder_resources == 2 && ev->param.conn.initiator_depth == 3,
+		      "request: responder_resources = the peer's ORD, initiator_depth = its IRD");
+		struct rdma_cm_id *s = ev->id;
+		rdma_ack_cm_event(ev);
+		struct ibv_qp_init_attr sqa = qp_attr();
+		struct rdma_conn_param ap = { .responder_resources = 2, .initiator_depth = 3 };
+		CHECK(rdma_create_qp(s, pd, &sqa) == 0 && rdma_accept(s, &ap) == 0, "accept with IRD 2, ORD 3");
+		ev = next_event(a);
+		CHECK(ev && ev->id == s && ev->event == RDMA_CM_EVENT_ESTABLISHED, "server ESTABLISHED");
+		CHECK(ev->param.conn.initiator_depth == 2 && ev->param.conn.responder_resources == 3,
+		      "server: initiator_depth = its IRD, responder_resources = its ORD");
+		rdma_ack_cm_event(ev);
+		ev = next_event(b);
+		CHECK(ev && ev->id == c && ev->event == RDMA_CM_EVENT_ESTABLISHED, "client ESTABLISHED");
+		CHECK(ev->param.conn.initiator_depth == 3 && ev->param.conn.responder_resources == 2,
+		      "client: initiator_depth = its IRD, responder_resources = its ORD");
+		rdma_ack_cm_event(ev);
+		CHECK(rdma_disconnect(c) == 0 && expect(b, c, RDMA_CM_EVENT_DISCONNECTED) &&
+			      expect(a, s, RDMA_CM_EVENT_DISCONNECTED),
+		      "disconnect");
+		rdma_destroy_qp(c);
+		rdma_destroy_qp(s);
+		CHECK(rdma_destroy_id(c) == 0 && rdma_destroy_id(s) == 0, "destroy both");
+	}
 
 	/* Destroy an ID while it connects: the server has the request, the
 	 * client waits for the MPA reply. No event for it afterwards. */
