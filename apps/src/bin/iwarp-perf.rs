@@ -130,8 +130,10 @@ struct Opts {
     /// inline sends, the data is sent as normal (non-inline) data.
     #[arg(short = 'I', long = "inline_size")]
     inline_size: Option<u32>,
-    /// Poll as perftest does: completions (and write_lat's incoming byte)
-    /// in a loop that never yields the core. Without it, bandwidth tests
+    /// Poll as perftest does: completions (and write_lat's incoming byte,
+    /// and the comm connection's messages, where a bandwidth server waits
+    /// for the whole run) in a loop that never yields the core. Without
+    /// it, bandwidth tests
     /// sleep until a completion arrives and the latency tests' polling
     /// loops yield the core every 256 empty polls.
     #[arg(long)]
@@ -371,11 +373,14 @@ struct Comm {
     stash: Vec<WorkCompletion>,
     /// How long a wait for the peer may take.
     timeout: Duration,
+    /// `--spin`: wait by polling without yielding, as perftest's own
+    /// comm connection does (a bw server spends the whole run there).
+    spin: bool,
 }
 
 impl Comm {
     /// `qp` was connected with [`Self::recv_sge`] posted (`COMM_RECV`).
-    fn new(qp: Qp, cq: Cq, mr: Mr, side: Side, timeout: Duration) -> Self {
+    fn new(qp: Qp, cq: Cq, mr: Mr, side: Side, timeout: Duration, spin: bool) -> Self {
         Self {
             qp,
             cq,
@@ -383,6 +388,7 @@ impl Comm {
             side,
             stash: Vec::new(),
             timeout,
+            spin,
         }
     }
 
@@ -413,7 +419,13 @@ impl Comm {
             if left.is_zero() {
                 return Err("comm: timed out waiting for the peer".into());
             }
-            let n = self.cq.wait(&mut wcs, Some(left));
+            let n = if self.spin {
+                // Back to the deadline check at least once a second.
+                let until = Instant::now() + left.min(Duration::from_secs(1));
+                spin_wcs_until(&self.cq, &mut wcs, Some(until), false)?
+            } else {
+                self.cq.wait(&mut wcs, Some(left))
+            };
             let mut found = None;
             for wc in &wcs[..n] {
                 if wc.status != WcStatus::Success {
@@ -914,7 +926,14 @@ fn run_test(cfg: &Cfg, dev: &Device, mut server: Option<(&mut Accepting, ConnReq
             qp
         }
     };
-    let mut comm = Comm::new(comm_qp, comm_cq, comm_mr, cfg.side, cfg.comm_timeout());
+    let mut comm = Comm::new(
+        comm_qp,
+        comm_cq,
+        comm_mr,
+        cfg.side,
+        cfg.comm_timeout(),
+        cfg.spin,
+    );
 
     // Data resources (the buffer holds the largest size).
     let q = if cfg.test.is_bw() {
