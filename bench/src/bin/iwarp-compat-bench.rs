@@ -3,7 +3,9 @@
 //! library, against the project's `iwarp-perf write_lat` / `write_bw` with
 //! the same sizes and iterations, on loopback with the kernel-socket
 //! backend (the same engine and path under both). Both applications
-//! poll their CQ in a loop (`iwarp-perf --spin`, as perftest does), and
+//! poll in a loop that never yields the core, their CQ and the comm
+//! connection a bandwidth server waits on (`iwarp-perf --spin`, as
+//! perftest does), and
 //! the engine's progress thread behaves the same under both
 //! (`--busy-poll`, default off: with fewer than four cores, two spinning
 //! applications and two spinning progress threads measure the scheduler).
@@ -13,8 +15,9 @@
 //! native bandwidth (1.0: the library costs nothing measurable).
 //!
 //! Needs perftest (`scripts/setup` installs it) and release builds of the
-//! library and of `iwarp-perf`:
-//! `cargo build --release -p iwarp-compat -p iwarp-apps --bin iwarp-perf`.
+//! library and of `iwarp-perf`: `cargo build --release -p iwarp-compat`
+//! and `cargo build --release -p iwarp-apps --bin iwarp-perf` (one
+//! command with a `--bin` filter would leave the library unbuilt).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
