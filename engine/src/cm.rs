@@ -198,6 +198,65 @@ pub enum CmEvent {
     CqOverrun,
 }
 
+/// An asynchronous event of a QP ([`Qp::poll_async_event`]), as verbs
+/// reports them (`ibv_get_async_event` with `element.qp`).
+///
+/// The engine raises one of the first three, once, when the QP goes to
+/// Error because of something the application did not ask for: a
+/// Terminate it sent ([`CmEvent::LocalTerminate`]: the kind follows the
+/// Terminate's error, see [`Self::of_local_terminate`]), a Terminate the
+/// peer sent ([`CmEvent::RemoteTerminate`]), the connection lost
+/// ([`CmEvent::Error`]) or a completion queue overrun
+/// ([`CmEvent::CqOverrun`]). An orderly close — [`Qp::disconnect`], or the
+/// peer's — raises none of them, and nothing that happens after it does.
+/// [`Self::LastWqeReached`] follows, once, on a QP created on a shared
+/// receive queue, whatever ended the connection.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpAsyncEvent {
+    /// The QP is in Error: a protocol error, a Terminate from the peer,
+    /// the connection lost (`IBV_EVENT_QP_FATAL`).
+    Fatal,
+    /// The QP is in Error: the peer's message broke the protection of
+    /// our memory — an invalid STag, a base or bounds or access-rights
+    /// violation, an STag of another PD (`IBV_EVENT_QP_ACCESS_ERR`).
+    AccessError,
+    /// The QP is in Error: the peer's message was an invalid request — an
+    /// unexpected opcode, a Read Request beyond our IRD, an untagged
+    /// message with an invalid queue, sequence number, offset or length
+    /// (`IBV_EVENT_QP_REQ_ERR`).
+    RequestError,
+    /// A QP on a shared receive queue left RTS: it takes no receive from
+    /// the queue any more (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    LastWqeReached,
+}
+
+impl QpAsyncEvent {
+    /// The event of a Terminate the QP sent with `code`: RDMAP remote
+    /// protection errors and DDP tagged-buffer errors (STag, bounds,
+    /// association, TO wrap) are access errors; RDMAP remote operation
+    /// errors and DDP untagged-buffer errors (but "no buffer available",
+    /// which is the QP's own receive queue running dry) and DDP version
+    /// errors are request errors; the rest (local catastrophic errors,
+    /// MPA errors) are fatal.
+    pub fn of_local_terminate(code: TermCode) -> Self {
+        use iwarp::error::{codes, etype, Layer};
+        match (code.layer, code.etype) {
+            (Layer::Rdmap, etype::RDMAP_REMOTE_PROTECTION) => Self::AccessError,
+            (Layer::Rdmap, etype::RDMAP_REMOTE_OPERATION) => Self::RequestError,
+            (Layer::Ddp, etype::DDP_TAGGED) if code == codes::DDP_T_INVALID_VERSION => {
+                Self::RequestError
+            }
+            (Layer::Ddp, etype::DDP_TAGGED) => Self::AccessError,
+            (Layer::Ddp, etype::DDP_UNTAGGED) if code == codes::DDP_U_INVALID_MSN_NO_BUFFER => {
+                Self::Fatal
+            }
+            (Layer::Ddp, etype::DDP_UNTAGGED) => Self::RequestError,
+            _ => Self::Fatal,
+        }
+    }
+}
+
 /// A listening TCP socket. Dropping it closes the socket and every
 /// connection whose request was not taken with [`Self::get_request`].
 #[derive(Debug)]

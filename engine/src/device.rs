@@ -21,7 +21,7 @@ use iwarp::srq::{SrqEvent, SrqId};
 use iwarp::verbs::{Context, HandleCounts, VerbsError};
 use mio::net::{TcpListener, TcpStream};
 
-use crate::cm::{CmError, CmEvent, ConnParams, Listener};
+use crate::cm::{CmError, CmEvent, ConnParams, Listener, QpAsyncEvent};
 use crate::event::{poll_until, wait_for as wait_fd, Epoll, EventFd};
 use crate::kernel::emss_of;
 use crate::log::{conn_event, conn_span, device_span};
@@ -554,7 +554,7 @@ impl Device {
         let deadline = Instant::now() + params.timeout;
         check_init(self.shared(), &qp)?;
         tracing::debug!(parent: &self.shared().span, peer = %addr, "connect started");
-        let conn = Arc::new(ConnShared::default());
+        let conn = Arc::new(ConnShared::new(qp.srq.is_some()));
         let xdp = self.shared().engine().xdp().is_some();
         let phase = if xdp {
             let (sock, local) = self.shared().engine().dial_xdp(addr, conn.clone())?;
@@ -1417,7 +1417,7 @@ impl Qp {
         recvs: &[RecvWr<'_>],
     ) -> Result<Self, CmError> {
         check_init(shared, &init)?;
-        let conn = Arc::new(ConnShared::default());
+        let conn = Arc::new(ConnShared::new(init.srq.is_some()));
         let mut e = shared.engine();
         let now = e.now();
         let id = init.create_in(&mut e.ctx, req.emss).inspect_err(|err| {
@@ -1518,6 +1518,7 @@ impl Qp {
     /// connection is closed. Work requests posted before are handed to
     /// the QP first (and flushed with the rest).
     pub fn disconnect(&self) {
+        self.conn.closing(&mut lock(&self.conn.m));
         {
             let mut e = self.shared.engine();
             self.wq.drain(&mut e.ctx);
@@ -1590,6 +1591,42 @@ impl Qp {
             .event
             .get_or_create(|| i.events.len())
             .expect("an eventfd for the QP");
+        fd.as_fd()
+    }
+
+    /// The next asynchronous event ([`QpAsyncEvent`]: the QP went to
+    /// Error because of an error, or a QP on a shared receive queue left
+    /// RTS), if any. Never blocks.
+    pub fn poll_async_event(&self) -> Option<QpAsyncEvent> {
+        self.conn.pop_async(&mut lock(&self.conn.m))
+    }
+
+    /// Wait up to `timeout` for the next asynchronous event.
+    pub fn wait_async_event(&self, timeout: Duration) -> Option<QpAsyncEvent> {
+        let deadline = Instant::now() + timeout;
+        self.shared
+            .wait_for(&self.conn.m, &self.conn.cv, Some(deadline), |i| {
+                self.conn.pop_async(i)
+            })
+    }
+
+    /// A descriptor readable while an asynchronous event waits for
+    /// [`Self::poll_async_event`], for poll(2) or epoll: a semaphore
+    /// eventfd (`EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC`) holding one
+    /// count per queued event, taken by `poll_async_event` and
+    /// `wait_async_event` with the event. The application must not read
+    /// it itself. Created on the first call. With [`Progress::Manual`],
+    /// events arrive with [`Device::progress`].
+    ///
+    /// Panics if the eventfd cannot be created (the process is out of file
+    /// descriptors).
+    pub fn async_event_fd(&self) -> BorrowedFd<'_> {
+        let i = lock(&self.conn.m);
+        let fd = self
+            .conn
+            .async_event
+            .get_or_create(|| i.async_events.len())
+            .expect("an eventfd for the QP's asynchronous events");
         fd.as_fd()
     }
 

@@ -20,6 +20,10 @@
 //! * [`Listener`], [`ConnRequest`], [`ConnParams`], [`CmError`],
 //!   [`CmEvent`]: connection setup (TCP plus the MPA exchange) and the
 //!   events of an established connection.
+//! * [`QpAsyncEvent`]: the asynchronous events of verbs for a QP
+//!   ([`Qp::poll_async_event`], [`Qp::async_event_fd`]): it went to Error
+//!   because of a Terminate or a lost connection (fatal, access error,
+//!   request error), or, on a shared receive queue, it left RTS.
 //!
 //! How the backends work — the data path, one engine pass, threading and
 //! sleeping, the queues between application threads and the engine,
@@ -77,7 +81,7 @@ mod runtime;
 mod slots;
 pub mod xdp;
 
-pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener};
+pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener, QpAsyncEvent};
 pub use device::{
     Backend, Connecting, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, Srq, Stats,
 };

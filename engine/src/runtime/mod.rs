@@ -28,7 +28,7 @@ use iwarp::verbs::Context;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::cm::{CmError, CmEvent};
+use crate::cm::{CmError, CmEvent, QpAsyncEvent};
 use crate::event::LazyEventFd;
 use crate::post::WorkQueues;
 use crate::xdp::set::XdpRef;
@@ -152,9 +152,10 @@ impl SrqEvents {
 
 /// Connection-manager state of one QP, shared with the application's `Qp`.
 ///
-/// `event` counts the events queued in `m` (`Qp::event_fd`), and `setup`
-/// becomes readable once the connect's outcome is known
-/// (`Connecting::event_fd`); both change only under `m`.
+/// `event` counts the events queued in `m` (`Qp::event_fd`), `async_event`
+/// the asynchronous events (`Qp::async_event_fd`), and `setup` becomes
+/// readable once the connect's outcome is known (`Connecting::event_fd`);
+/// all change only under `m`.
 #[derive(Debug, Default)]
 pub(crate) struct ConnShared {
     pub(crate) m: Mutex<ConnInfo>,
@@ -162,13 +163,65 @@ pub(crate) struct ConnShared {
     pub(crate) event: LazyEventFd,
     /// One count each time `tcp` or `setup` is set.
     pub(crate) setup: LazyEventFd,
+    pub(crate) async_event: LazyEventFd,
 }
 
 impl ConnShared {
-    /// Queue `ev` (the caller holds `m`, as `info`) and count it.
+    /// The state of a new connection; `on_srq`: its QP takes receives
+    /// from a shared receive queue.
+    pub(crate) fn new(on_srq: bool) -> Self {
+        let s = Self::default();
+        lock(&s.m).on_srq = on_srq;
+        s
+    }
+
+    /// Queue `ev` (the caller holds `m`, as `info`) and count it, with the
+    /// asynchronous events it raises ([`QpAsyncEvent`]).
     pub(crate) fn push(&self, info: &mut ConnInfo, ev: CmEvent) {
+        let raised = match &ev {
+            CmEvent::LocalTerminate(t) => Some(QpAsyncEvent::of_local_terminate(*t)),
+            CmEvent::RemoteTerminate(_) | CmEvent::Error(_) | CmEvent::CqOverrun => {
+                Some(QpAsyncEvent::Fatal)
+            }
+            CmEvent::Disconnected => None,
+        };
+        // Only the first error raises one, and none after an orderly
+        // close (ours or the peer's).
+        if let Some(a) = raised.filter(|_| !info.failed && !info.closed) {
+            info.failed = true;
+            self.push_async(info, a);
+        }
+        if matches!(ev, CmEvent::Disconnected) {
+            info.closed = true;
+        }
+        // Every connection event ends RTS: the QP takes no more receives.
+        if info.on_srq && !info.last_wqe {
+            info.last_wqe = true;
+            self.push_async(info, QpAsyncEvent::LastWqeReached);
+        }
         info.events.push_back(ev);
         self.event.add();
+    }
+
+    fn push_async(&self, info: &mut ConnInfo, ev: QpAsyncEvent) {
+        info.async_events.push_back(ev);
+        self.async_event.add();
+    }
+
+    /// The application closes the connection: errors met while it closes
+    /// raise no asynchronous event (the caller holds `m`, as `info`).
+    pub(crate) fn closing(&self, info: &mut ConnInfo) {
+        info.closed = true;
+    }
+
+    /// Take the oldest asynchronous event and its count (the caller holds
+    /// `m`).
+    pub(crate) fn pop_async(&self, info: &mut ConnInfo) -> Option<QpAsyncEvent> {
+        let ev = info.async_events.pop_front();
+        if ev.is_some() {
+            self.async_event.take();
+        }
+        ev
     }
 
     /// Report the outcome of an AF_XDP TCP connect (unless one is there)
@@ -203,6 +256,16 @@ pub(crate) struct ConnInfo {
     pub(crate) events: VecDeque<CmEvent>,
     /// AF_XDP: the outcome of the TCP connect (the effective MSS).
     pub(crate) tcp: Option<Result<usize, CmError>>,
+    /// Asynchronous events ([`ConnShared::push`]).
+    pub(crate) async_events: VecDeque<QpAsyncEvent>,
+    /// The QP takes receives from a shared receive queue.
+    pub(crate) on_srq: bool,
+    /// An error raised its asynchronous event.
+    pub(crate) failed: bool,
+    /// The connection closed in order, or the application closes it.
+    pub(crate) closed: bool,
+    /// `QpAsyncEvent::LastWqeReached` was raised.
+    pub(crate) last_wqe: bool,
 }
 
 /// The transport of a connection: a kernel socket or a connection of the
