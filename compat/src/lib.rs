@@ -39,6 +39,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod arena;
+pub mod async_event;
 pub mod cm;
 pub mod config;
 mod exit;

@@ -15,14 +15,18 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::ops::Range;
+use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::{null_mut, NonNull};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use iwarp_engine::iwarp;
-use iwarp_engine::{Access, Mr, Pd, PostError, Qp, QpInit, QpState, RecvWr, SendOp, SendWr, Sge};
+use iwarp_engine::{
+    Access, Mr, Pd, PostError, Qp, QpAsyncEvent, QpInit, QpState, RecvWr, SendOp, SendWr, Sge,
+};
 
 use crate::arena::Arena;
+use crate::async_event::Source;
 use crate::srq::{srq_obj, SrqObj};
 use crate::sys::*;
 use crate::verbs::{cq_obj, global, CqObj, PdObj};
@@ -86,6 +90,19 @@ pub(crate) struct QpObj {
     /// Where inline data waits for the engine, made at the first inline
     /// work request.
     inline: Mutex<Option<InlineRing>>,
+    /// Its asynchronous events handed out and not acked
+    /// ([`crate::async_event`]).
+    events: Mutex<Handed>,
+    /// Signalled when an event is acked.
+    acked: Condvar,
+}
+
+/// See [`QpObj::events`].
+#[derive(Default)]
+struct Handed {
+    unacked: usize,
+    /// `ibv_destroy_qp` began: no more events are handed out.
+    stopped: bool,
 }
 
 // SAFETY: `raw` is the rdma-core struct the application shares; the
@@ -100,7 +117,7 @@ unsafe impl Send for QpObj {}
 static QPS: Arena<QpObj> = Arena::new();
 
 /// The live QP at `qp` (data path: no process-wide lock).
-fn qp_obj<'a>(qp: *const ibv_qp) -> Option<&'a QpObj> {
+pub(crate) fn qp_obj<'a>(qp: *const ibv_qp) -> Option<&'a QpObj> {
     QPS.get(qp.cast())
 }
 
@@ -191,8 +208,58 @@ impl QpObj {
         self.core_id.store(qp.id().raw(), Ordering::SeqCst);
         *c = QpConn::Connected(qp.clone());
         let _ = self.connected.set(qp.clone());
+        // Its asynchronous events reach the context's `async_fd` (an
+        // epoll instance that cannot take it — out of memory — leaves the
+        // QP without them).
+        let _ = crate::async_event::watch(
+            self.async_fd(),
+            qp.async_event_fd().as_raw_fd(),
+            Source::Qp(self.raw.get().cast()),
+        );
         self.set_state(IBV_QPS_RTS);
         qp
+    }
+
+    /// The context's `async_fd`.
+    fn async_fd(&self) -> RawFd {
+        // SAFETY: the QP's context is the library's own (checked at
+        // creation); it lives as long as the process.
+        unsafe { (*self.raw().context).async_fd }
+    }
+
+    /// Hand out the QP's next asynchronous event, if any, and count it
+    /// until it is acked (the caller holds [`crate::async_event::DISPATCH`]).
+    pub(crate) fn hand_out_event(&self) -> Option<QpAsyncEvent> {
+        let mut h = lock(&self.events);
+        if h.stopped {
+            return None;
+        }
+        let ev = self.connected.get()?.poll_async_event()?;
+        h.unacked += 1;
+        Some(ev)
+    }
+
+    /// The application acked one of the QP's events.
+    pub(crate) fn ack_event(&self) {
+        let mut h = lock(&self.events);
+        h.unacked = h.unacked.saturating_sub(1);
+        self.acked.notify_all();
+    }
+
+    /// `ibv_destroy_qp`: no more events are handed out; wait until every
+    /// event handed out is acked.
+    fn retire_events(&self) {
+        {
+            let _g = lock(&crate::async_event::DISPATCH);
+            lock(&self.events).stopped = true;
+            if let Some(e) = self.connected.get() {
+                crate::async_event::unwatch(self.async_fd(), e.async_event_fd().as_raw_fd());
+            }
+        }
+        let mut h = lock(&self.events);
+        while h.unacked > 0 {
+            h = self.acked.wait(h).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// The connect or accept failed: the QP is in error, its receives wait
@@ -441,6 +508,8 @@ unsafe fn create_qp(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, send_ops: u64) ->
         send_ops,
         batch: Mutex::new(Batch::default()),
         inline: Mutex::new(None),
+        events: Mutex::new(Handed::default()),
+        acked: Condvar::new(),
     });
     // Counted as `QpObj::cqs` lists them (a CQ for both queues once).
     p.users.fetch_add(1, Ordering::SeqCst);
@@ -559,10 +628,17 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     }
     // A connect of the QP is abandoned; no CM worker uses it afterwards.
     crate::cm::forget_qp(qp);
+    // The QP's asynchronous events handed out are acked first.
+    if let Some(q) = qp_obj(qp) {
+        q.retire_events();
+    }
     if !unregister(qp, Kind::Qp) {
         return libc::EINVAL;
     }
-    let Some(b) = QPS.take(qp.cast()) else {
+    let Some(b) = ({
+        let _g = lock(&crate::async_event::DISPATCH);
+        QPS.take(qp.cast())
+    }) else {
         return libc::EINVAL;
     };
     let id = b.core_id.load(Ordering::SeqCst);

@@ -1,20 +1,12 @@
 //! Shared receive queues (`ibv_create_srq`, `ibv_modify_srq`,
-//! `ibv_query_srq`, `ibv_destroy_srq`, `ops.post_srq_recv`) and the
-//! context's asynchronous events (`ibv_get_async_event`,
-//! `ibv_ack_async_event`).
+//! `ibv_query_srq`, `ibv_destroy_srq`, `ops.post_srq_recv`).
 //!
 //! An SRQ handle is the address of the library's SRQ object in an arena
 //! of SRQs, so `ibv_post_srq_recv` checks it without a process-wide lock,
 //! as posting to a QP does. The engine's [`Srq`] holds the receives; QPs
-//! created with `init_attr.srq` take theirs from it.
-//!
-//! The context's `async_fd` is an epoll instance over the event fds of
-//! the SRQs ([`Srq::event_fd`]: one count per queued engine event), with
-//! each SRQ's handle as the entry's data: it is readable exactly while an
-//! event waits, and `ibv_get_async_event` waits on it (blocking, or EAGAIN
-//! when the application made it non-blocking) and takes the event from
-//! the SRQ it names. No thread moves events: the engine's progress counts
-//! them on the SRQ's eventfd when it queues them.
+//! created with `init_attr.srq` take theirs from it. Its event fd
+//! ([`Srq::event_fd`]) is in the context's `async_fd`
+//! ([`crate::async_event`]).
 
 use std::ffi::c_int;
 use std::os::fd::AsRawFd;
@@ -25,6 +17,7 @@ use iwarp_engine::iwarp;
 use iwarp_engine::{RecvWr, Srq, SrqEvent};
 
 use crate::arena::Arena;
+use crate::async_event::Source;
 use crate::qp::{post_errno, sgl_of};
 use crate::sys::*;
 use crate::verbs::{global, PdObj};
@@ -74,6 +67,14 @@ impl SrqObj {
     /// A QP created on the SRQ was destroyed.
     pub(crate) fn detach(&self) {
         self.attached.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The SRQ's next asynchronous event, if any.
+    pub(crate) fn take_event(&self) -> Option<SrqEvent> {
+        let ev = self.srq.poll_event()?;
+        // Its one event fired: the engine disarmed the limit.
+        self.limit.store(0, Ordering::SeqCst);
+        Some(ev)
     }
 }
 
@@ -129,12 +130,7 @@ pub unsafe extern "C" fn ibv_create_srq(
         attached: AtomicUsize::new(0),
     };
     let s = SRQS.insert(o);
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: s as u64,
-    };
-    // SAFETY: both fds are open; `ev` is a valid epoll_event.
-    if unsafe { libc::epoll_ctl(async_fd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+    if crate::async_event::watch(async_fd, fd, Source::Srq(s.cast())).is_err() {
         drop(SRQS.take(s));
         return null_mut();
     }
@@ -211,17 +207,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     let Some(b) = SRQS.take(srq.cast()) else {
         return libc::EINVAL;
     };
-    let fd = b.srq.event_fd().as_raw_fd();
-    // SAFETY: both fds are open (the context's lives as long as the
+    // SAFETY: the context is the library's own (it lives as long as the
     // process).
-    unsafe {
-        libc::epoll_ctl(
-            (*b.raw.context).async_fd,
-            libc::EPOLL_CTL_DEL,
-            fd,
-            null_mut(),
-        )
-    };
+    let async_fd = unsafe { (*b.raw.context).async_fd };
+    crate::async_event::unwatch(async_fd, b.srq.event_fd().as_raw_fd());
     if let Some(p) = obj::<_, PdObj>(b.raw.pd, Kind::Pd) {
         p.users.fetch_sub(1, Ordering::SeqCst);
     }
@@ -265,60 +254,3 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     }
     0
 }
-
-// ------------------------------------------------------ asynchronous events
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(
-    ctx: *mut ibv_context,
-    event: *mut ibv_async_event,
-) -> c_int {
-    if !crate::verbs::is_context(ctx) || event.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: the library's context.
-    let fd = unsafe { (*ctx).async_fd };
-    // SAFETY: plain syscall on our epoll fd.
-    let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-    loop {
-        let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        let timeout = if nonblocking { 0 } else { -1 };
-        // SAFETY: one epoll_event of room.
-        let n = unsafe { libc::epoll_wait(fd, &mut ev, 1, timeout) };
-        if n < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return -1;
-        }
-        if n == 0 {
-            set_errno(libc::EAGAIN);
-            return -1;
-        }
-        let p = ev.u64 as *mut ibv_srq;
-        let Some(s) = srq_obj(p) else {
-            // Destroyed meanwhile.
-            continue;
-        };
-        let Some(SrqEvent::LimitReached) = s.srq.poll_event() else {
-            // Another thread took it.
-            continue;
-        };
-        // Fired: the engine disarmed the limit.
-        s.limit.store(0, Ordering::SeqCst);
-        // SAFETY: the caller's out parameter.
-        unsafe {
-            *event = ibv_async_event {
-                element: ibv_async_event__bindgen_ty_1 { srq: p },
-                event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
-            }
-        };
-        return 0;
-    }
-}
-
-/// Events hold nothing to release: the SRQ an event names is the
-/// application's until it destroys it.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}

@@ -181,3 +181,27 @@ fn shared_receive_queue_and_async_events() {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
 }
+
+#[test]
+fn qp_async_events_and_the_ack_contract() {
+    let bin = build("qp_events");
+    let (ok, out, err) = run_preloaded(&bin, Duration::from_secs(90));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    for line in [
+        "ok connected: no event, non-blocking get -> EAGAIN",
+        "ok get_async_event non-blocking",
+        "ok get_async_event blocking",
+        "ok QP_ACCESS_ERR on the server's QP (the responder)",
+        "ok QP_FATAL on the client's QP (the peer's Terminate)",
+        "ok one event per QP",
+        "ok destroy_qp after the ack",
+        "ok destroy_qp waits while an event is not acked",
+        "ok destroy_qp returns once the event is acked",
+        "ok QP_LAST_WQE_REACHED on the SRQ's QP (blocking get)",
+        "ok DISCONNECTED on both sides",
+        "ok orderly disconnect: no QP_FATAL, no other event",
+        "all ok",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
