@@ -173,6 +173,8 @@ fn shared_receive_queue_and_async_events() {
         "ok get_async_event: SRQ_LIMIT_REACHED with the SRQ",
         "ok one event only",
         "ok the Terminate moved client 0's QP to Error: its Sends are flushed",
+        "ok QP_FATAL then QP_LAST_WQE_REACHED on server QP 0, QP_FATAL on client 0",
+        "ok no other QP event",
         "ok the other QPs go on",
         "ok destroy_srq with receives outstanding",
         "ok post_srq_recv on a destroyed SRQ -> EINVAL",

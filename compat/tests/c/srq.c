@@ -2,8 +2,9 @@
  * under LD_PRELOAD by tests/c_programs.rs: three server QPs of one process
  * on one SRQ (two by rdma_create_qp, one by ibv_create_qp_ex and
  * rdma_accept with its number), each with its own CQ, connected through
- * rdma_cm on loopback to three clients. Prints one line per check; exits
- * non-zero on the first failure. */
+ * rdma_cm on loopback to three clients; the SRQ's limit event, then its
+ * exhaustion and the QP events it raises. Prints one line per check;
+ * exits non-zero on the first failure. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -307,6 +308,24 @@ int main(void)
 		flushed = wc.status == IBV_WC_WR_FLUSH_ERR;
 	}
 	CHECK(flushed, "the Terminate moved client 0's QP to Error: its Sends are flushed");
+	/* The QP events: server QP 0 found no receive (QP_FATAL, then
+	 * LAST_WQE_REACHED: it takes nothing more from the SRQ), client 0
+	 * got the Terminate (QP_FATAL); all acked. */
+	int fatal_s = 0, last = 0, fatal_c = 0;
+	for (int k = 0; k < 3; k++) {
+		CHECK(readable(afd, 10000) && ibv_get_async_event(ctx, &aev) == 0, "get_async_event");
+		if (aev.event_type == IBV_EVENT_QP_FATAL && aev.element.qp == sqp[0])
+			fatal_s += !last;
+		else if (aev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && aev.element.qp == sqp[0])
+			last++;
+		else if (aev.event_type == IBV_EVENT_QP_FATAL && aev.element.qp == cqp[0])
+			fatal_c++;
+		ibv_ack_async_event(&aev);
+	}
+	CHECK(fatal_s == 1 && last == 1 && fatal_c == 1,
+	      "QP_FATAL then QP_LAST_WQE_REACHED on server QP 0, QP_FATAL on client 0");
+	errno = 0;
+	CHECK(ibv_get_async_event(ctx, &aev) == -1 && errno == EAGAIN, "no other QP event");
 	CHECK(ibv_poll_cq(rcq[0], 1, &wc) == 0, "server QP 0 held no receive: nothing flushed");
 	CHECK(srq_recv() == 0, "post_srq_recv again");
 	CHECK(client_send(1, 3, 201) && arrived(1, 3), "the other QPs go on");
