@@ -730,20 +730,20 @@ fn handle(token: u64) {
                 g.remove(token);
                 return;
             };
-            while let Some(ev) = q.poll_event() {
-                // Terminates, errors and overruns end in Disconnected.
-                if ev == CmEvent::Disconnected {
-                    chan.push(event(
-                        id as *mut rdma_cm_id,
-                        null_mut(),
-                        RDMA_CM_EVENT_DISCONNECTED,
-                        0,
-                        Vec::new(),
-                        (0, 0),
-                    ));
-                    g.remove(token);
-                    break;
-                }
+            // Every connection event ends the connection: an orderly
+            // close, a Terminate either way, the connection lost, a CQ
+            // overrun. Each gives DISCONNECTED, once, as the kernel's
+            // iWARP connection manager does when the connection closes.
+            if q.poll_event().is_some() {
+                chan.push(event(
+                    id as *mut rdma_cm_id,
+                    null_mut(),
+                    RDMA_CM_EVENT_DISCONNECTED,
+                    0,
+                    Vec::new(),
+                    (0, 0),
+                ));
+                g.remove(token);
             }
         }
     }

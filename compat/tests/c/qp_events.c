@@ -3,7 +3,8 @@
  * process (one context). On the first, an RDMA Write to an rkey that
  * names nothing: the server's QP raises IBV_EVENT_QP_ACCESS_ERR, the
  * client's IBV_EVENT_QP_FATAL (the server's Terminate), taken with the
- * async fd non-blocking and then blocking; ibv_destroy_qp waits for the
+ * async fd non-blocking and then blocking, and both IDs get
+ * RDMA_CM_EVENT_DISCONNECTED; ibv_destroy_qp waits for the
  * ack of an event handed out. On the second, whose server QP is on an
  * SRQ, an orderly disconnect: IBV_EVENT_QP_LAST_WQE_REACHED on the
  * server's QP and nothing else. Prints one line per check; exits non-zero
@@ -161,6 +162,16 @@ int main(void)
 	set_nonblocking(afd, 1);
 	errno = 0;
 	CHECK(ibv_get_async_event(ctx, &aev) == -1 && errno == EAGAIN, "one event per QP");
+	/* The Terminate ends the connection: DISCONNECTED on both IDs. */
+	int ended = 0;
+	for (int k = 0; k < 2; k++) {
+		struct rdma_cm_event *ev = next_event(ch);
+		if (ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && (ev->id == cli_a || ev->id == child_a))
+			ended++;
+		if (ev)
+			rdma_ack_cm_event(ev);
+	}
+	CHECK(ended == 2, "terminated: DISCONNECTED on both sides");
 
 	/* The server's QP: acked, then destroyed. */
 	ibv_ack_async_event(&got[access]);
