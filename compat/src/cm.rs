@@ -966,6 +966,14 @@ impl IdObj {
     fn push(&self, ev: Box<EventObj>) {
         self.chan().push(ev);
     }
+
+    /// Wait until every event handed out for the ID is acknowledged.
+    fn wait_acked(&self) {
+        let mut n = lock(&self.unacked);
+        while *n > 0 {
+            n = self.acked.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// The library's protection domain for IDs given none (librdmacm's
@@ -1115,10 +1123,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     // Events handed out for the ID are acknowledged first (librdmacm:
     // rdma_destroy_id blocks until then).
     if let Some(o) = id_obj(id) {
-        let mut n = lock(&o.unacked);
-        while *n > 0 {
-            n = o.acked.wait(n).unwrap_or_else(|e| e.into_inner());
-        }
+        o.wait_acked();
     }
     if !unregister(id, Kind::CmId) {
         return fail(libc::EINVAL);
@@ -1972,6 +1977,10 @@ pub unsafe extern "C" fn rdma_migrate_id(
     // the table's lock.
     let old_own = std::mem::replace(&mut *lock(&o.own), own);
     drop(old_own);
+    // As librdmacm: the call returns once the events handed out for the
+    // ID are acknowledged, so none of them is still being handled on the
+    // old channel.
+    o.wait_acked();
     0
 }
 

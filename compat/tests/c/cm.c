@@ -1,10 +1,11 @@
 /* Connection manager edge cases of libiwarp_compat, run under LD_PRELOAD by
  * tests/c_programs.rs: non-blocking event channels, IDs and QPs destroyed
- * while they connect or are connected, rdma_migrate_id, reject with
- * private data, IRD and ORD in the events, a refused connect, and the
- * synchronous API (rdma_create_ep, rdma_get_request, blocking calls on IDs
- * without an event channel) with the rdma_verbs.h helpers. Prints one line
- * per check; exits non-zero on the first failure. */
+ * while they connect or are connected, rdma_migrate_id (which waits for
+ * the acknowledgement of the ID's events), reject with private data, IRD
+ * and ORD in the events, a refused connect, and the synchronous API
+ * (rdma_create_ep, rdma_get_request, blocking calls on IDs without an
+ * event channel) with the rdma_verbs.h helpers. Prints one line per check;
+ * exits non-zero on the first failure. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -155,6 +156,22 @@ static void unanswered_connect(struct rdma_event_channel *ch)
 	CHECK(rdma_destroy_id(id) == 0, "destroy it");
 	close(f);
 	close(l);
+}
+
+/* rdma_migrate_id in a thread of its own. */
+struct migrate_arg {
+	struct rdma_cm_id *id;
+	struct rdma_event_channel *to;
+	int result;
+	int done;
+};
+
+static void *migrate_thread(void *p)
+{
+	struct migrate_arg *m = p;
+	m->result = rdma_migrate_id(m->id, m->to);
+	__atomic_store_n(&m->done, 1, __ATOMIC_SEQ_CST);
+	return NULL;
 }
 
 /* ------------------------------------------------ the synchronous API */
@@ -448,10 +465,21 @@ int main(void)
 	struct ibv_qp_init_attr qa = qp_attr();
 	CHECK(rdma_create_qp(child, pd, &qa) == 0 && rdma_accept(child, NULL) == 0, "accept");
 	CHECK(expect(b, child, RDMA_CM_EVENT_ESTABLISHED), "server ESTABLISHED on b");
-	CHECK(expect(a, cli, RDMA_CM_EVENT_ESTABLISHED), "client ESTABLISHED on a");
 
-	/* Migrate the connected client to b: its DISCONNECTED arrives there. */
-	CHECK(rdma_migrate_id(cli, b) == 0 && cli->channel == b, "migrate the connected client to b");
+	/* Migrate the connected client to b while its ESTABLISHED is not
+	 * acknowledged: the call returns once it is. Its DISCONNECTED arrives
+	 * on b. */
+	ev = next_event(a);
+	CHECK(ev && ev->id == cli && ev->event == RDMA_CM_EVENT_ESTABLISHED, "client ESTABLISHED on a");
+	struct migrate_arg m = { .id = cli, .to = b };
+	pthread_t mt;
+	CHECK(pthread_create(&mt, NULL, migrate_thread, &m) == 0, "migrate the client in a thread");
+	struct timespec pause = { 0, 200000000 };
+	nanosleep(&pause, NULL);
+	CHECK(!__atomic_load_n(&m.done, __ATOMIC_SEQ_CST), "migrate waits while the ID's event is not acked");
+	rdma_ack_cm_event(ev);
+	CHECK(pthread_join(mt, NULL) == 0 && m.result == 0 && cli->channel == b,
+	      "migrate returns once it is acked: the client is on b");
 	CHECK(rdma_disconnect(child) == 0, "server disconnects");
 	int got_c = 0, got_s = 0;
 	for (int i = 0; i < 2; i++) {
