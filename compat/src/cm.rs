@@ -49,7 +49,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use iwarp_engine::{
-    CmError, CmEvent, ConnParams, ConnRequest, Connecting, Listener, Negotiated, Qp, QpInit,
+    CmError, ConnParams, ConnRequest, Connecting, Listener, Negotiated, Qp, QpInit,
 };
 
 use crate::config::CONNECT_RETRY_PAUSE;
