@@ -1434,19 +1434,22 @@ unsafe fn make_cq(id: *mut rdma_cm_id, size: u32) -> Option<(*mut ibv_comp_chann
     Some((ch, cq))
 }
 
-/// Make the CQs `send_cq`/`recv_cq` leave out (null) for an ID without a
-/// QP, one per direction with a completion channel each (their sizes the
-/// queue depths), as librdmacm does, and fill them in.
+/// The QP attributes `rdma_create_qp` and `rdma_create_qp_ex` complete
+/// for an ID without a QP, as librdmacm does: the CQs `send_cq`/`recv_cq`
+/// leave out (null) are made, one per direction with a completion channel
+/// each (their sizes the queue depths), and a QP without an SRQ of its
+/// own takes the ID's (`rdma_create_srq`).
 ///
 /// # Safety
 /// `id` is null or a handle the application passed.
-unsafe fn id_cqs(
+unsafe fn id_qp_attr(
     id: *mut rdma_cm_id,
     send_cq: &mut *mut ibv_cq,
     recv_cq: &mut *mut ibv_cq,
-    send_wr: u32,
-    recv_wr: u32,
+    srq: &mut *mut ibv_srq,
+    cap: &ibv_qp_cap,
 ) -> Result<(), c_int> {
+    let (send_wr, recv_wr) = (cap.max_send_wr, cap.max_recv_wr);
     let Some(o) = id_obj(id) else {
         return Err(libc::EINVAL);
     };
@@ -1478,6 +1481,9 @@ unsafe fn id_cqs(
     if send_cq.is_null() {
         *send_cq = r.send_cq;
     }
+    if srq.is_null() {
+        *srq = r.srq;
+    }
     Ok(())
 }
 
@@ -1493,27 +1499,17 @@ pub unsafe extern "C" fn rdma_create_qp(
     {
         // SAFETY: the caller's attributes.
         let a = unsafe { &mut *attr };
-        let (sw, rw) = (a.cap.max_send_wr, a.cap.max_recv_wr);
         // SAFETY: the application's handle.
-        if let Err(e) = unsafe { id_cqs(id, &mut a.send_cq, &mut a.recv_cq, sw, rw) } {
+        if let Err(e) =
+            unsafe { id_qp_attr(id, &mut a.send_cq, &mut a.recv_cq, &mut a.srq, &a.cap) }
+        {
             return fail(e);
         }
-        id_srq(id, &mut a.srq);
     }
     create_id_qp(id, pd, |pd| {
         // SAFETY: forwarded with the caller's attributes.
         unsafe { ibv_create_qp(pd, attr) }
     })
-}
-
-/// A QP created on `id` without an SRQ of its own takes the ID's
-/// (`rdma_create_srq`), as in librdmacm.
-fn id_srq(id: *mut rdma_cm_id, srq: &mut *mut ibv_srq) {
-    if srq.is_null() {
-        if let Some(o) = id_obj(id) {
-            *srq = o.raw.srq;
-        }
-    }
 }
 
 /// The QP of `id` made by `create` in `pd` (or the ID's PD), in INIT; the
@@ -2307,12 +2303,10 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     }
     // SAFETY: the caller's attributes.
     let a = unsafe { &mut *attr };
-    let (sw, rw) = (a.cap.max_send_wr, a.cap.max_recv_wr);
     // SAFETY: the application's handle.
-    if let Err(e) = unsafe { id_cqs(id, &mut a.send_cq, &mut a.recv_cq, sw, rw) } {
+    if let Err(e) = unsafe { id_qp_attr(id, &mut a.send_cq, &mut a.recv_cq, &mut a.srq, &a.cap) } {
         return fail(e);
     }
-    id_srq(id, &mut a.srq);
     let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
         a.pd
     } else {
