@@ -112,15 +112,9 @@ int main(void)
 	struct rdma_cm_id *srv, *cli;
 	CHECK(ch && rdma_create_id(ch, &srv, NULL, RDMA_PS_TCP) == 0 &&
 	      rdma_create_id(ch, &cli, NULL, RDMA_PS_TCP) == 0, "create ids");
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	CHECK(rdma_bind_addr(srv, (struct sockaddr *)&sin) == 0 && rdma_listen(srv, 1) == 0, "listen");
-	sin.sin_port = rdma_get_src_port(srv);
-	CHECK(rdma_resolve_addr(cli, NULL, (struct sockaddr *)&sin, 1000) == 0, "resolve_addr");
-	struct rdma_cm_event *ev = next_event(ch);
-	rdma_ack_cm_event(ev);
-	CHECK(rdma_resolve_route(cli, 1000) == 0, "resolve_route");
-	ev = next_event(ch);
-	rdma_ack_cm_event(ev);
+	struct sockaddr_in sin;
+	listen_loopback(srv, 1, &sin);
+	resolve(ch, cli, &sin);
 	struct ibv_qp_init_attr qa = {
 		.send_cq = ccq, .recv_cq = ccq, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
@@ -128,25 +122,15 @@ int main(void)
 	CHECK(rdma_create_qp(cli, pd, &qa) == 0, "client QP");
 	cqp = cli->qp;
 	CHECK(rdma_connect(cli, NULL) == 0, "connect");
-	ev = next_event(ch);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
-	struct rdma_cm_id *child = ev->id;
-	rdma_ack_cm_event(ev);
+	struct rdma_cm_id *child = take_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	CHECK(child, "CONNECT_REQUEST");
 	qa.send_cq = qa.recv_cq = scq;
 	CHECK(rdma_create_qp(child, pd, &qa) == 0, "server QP");
 	sqp = child->qp;
 	for (int i = 0; i < 4; i++)
 		server_recv(i, rmr, rbuf + 64 * i);
 	CHECK(rdma_accept(child, NULL) == 0, "accept");
-	int est = 0;
-	for (int i = 0; i < 2; i++) {
-		ev = next_event(ch);
-		if (ev && ev->event == RDMA_CM_EVENT_ESTABLISHED)
-			est++;
-		if (ev)
-			rdma_ack_cm_event(ev);
-	}
-	CHECK(est == 2, "ESTABLISHED on both sides");
+	CHECK(established_both(ch), "ESTABLISHED on both sides");
 
 	/* Notification semantics. The engine counts a notification before
 	 * the completion that raised it becomes visible to ibv_poll_cq, so
@@ -188,20 +172,13 @@ int main(void)
 	 * while it is posted, then the peer's QP destroyed while receives
 	 * are posted. */
 	CHECK(rdma_create_id(ch, &cli, NULL, RDMA_PS_TCP) == 0, "second client id");
-	CHECK(rdma_resolve_addr(cli, NULL, (struct sockaddr *)&sin, 1000) == 0, "resolve_addr");
-	ev = next_event(ch);
-	rdma_ack_cm_event(ev);
-	rdma_resolve_route(cli, 1000);
-	ev = next_event(ch);
-	rdma_ack_cm_event(ev);
+	resolve(ch, cli, &sin);
 	qa.send_cq = qa.recv_cq = ccq;
 	CHECK(rdma_create_qp(cli, pd, &qa) == 0, "client QP");
 	cqp = cli->qp;
 	CHECK(rdma_connect(cli, NULL) == 0, "connect");
-	ev = next_event(ch);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
-	child = ev->id;
-	rdma_ack_cm_event(ev);
+	child = take_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	CHECK(child, "CONNECT_REQUEST");
 	qa.send_cq = qa.recv_cq = scq;
 	CHECK(rdma_create_qp(child, pd, &qa) == 0, "server QP");
 	sqp = child->qp;
@@ -209,15 +186,7 @@ int main(void)
 	server_recv(21, rmr, rbuf);
 	server_recv(22, rmr, rbuf + 64);
 	CHECK(rdma_accept(child, NULL) == 0, "accept");
-	est = 0;
-	for (int i = 0; i < 2; i++) {
-		ev = next_event(ch);
-		if (ev && ev->event == RDMA_CM_EVENT_ESTABLISHED)
-			est++;
-		if (ev)
-			rdma_ack_cm_event(ev);
-	}
-	CHECK(est == 2, "ESTABLISHED on both sides");
+	CHECK(established_both(ch), "ESTABLISHED on both sides");
 	CHECK(ibv_dereg_mr(smr) == 0, "dereg_mr of a region a posted receive uses");
 	CHECK(ibv_req_notify_cq(scq, 1) == 0, "arm solicited-only");
 	struct ibv_sge sge = { .addr = (uintptr_t)cbuf, .length = 8, .lkey = cmr->lkey };

@@ -1,6 +1,7 @@
 /* Shared by the C programs tests/c_programs.rs builds and runs under
  * LD_PRELOAD: the check macro (one line per check, exit 1 at the first
- * failure) and waits bounded at 10 s. */
+ * failure), waits bounded at 10 s, and the connection manager steps the
+ * programs share (listen on loopback, resolve, both ESTABLISHED). */
 #ifndef IWARP_COMPAT_TEST_COMMON_H
 #define IWARP_COMPAT_TEST_COMMON_H
 
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
@@ -48,6 +50,64 @@ static inline int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
 		nanosleep(&ts, NULL);
 	}
 	return 0;
+}
+
+/* The next event of a channel must be `type`; it is acked. Returns its ID
+ * (the new ID of a CONNECT_REQUEST), NULL if another or none came. */
+static inline struct rdma_cm_id *take_event(struct rdma_event_channel *ch, enum rdma_cm_event_type type)
+{
+	struct rdma_cm_event *ev = next_event(ch);
+	if (!ev)
+		return NULL;
+	struct rdma_cm_id *id = ev->event == type ? ev->id : NULL;
+	if (!id)
+		fprintf(stderr, "got %s (status %d), wanted %s\n", rdma_event_str(ev->event), ev->status,
+			rdma_event_str(type));
+	rdma_ack_cm_event(ev);
+	return id;
+}
+
+/* Bind `srv` to 127.0.0.1 on a port the OS picks and listen; `sin` gets
+ * the address clients connect to. */
+static inline void listen_loopback(struct rdma_cm_id *srv, int backlog, struct sockaddr_in *sin)
+{
+	*sin = (struct sockaddr_in){ .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	CHECK(rdma_bind_addr(srv, (struct sockaddr *)sin) == 0 && rdma_listen(srv, backlog) == 0, "listen");
+	sin->sin_port = rdma_get_src_port(srv);
+}
+
+/* Resolve the address and route of `cli` to `to`, with their events from
+ * `ch`. */
+static inline void resolve(struct rdma_event_channel *ch, struct rdma_cm_id *cli, struct sockaddr_in *to)
+{
+	CHECK(rdma_resolve_addr(cli, NULL, (struct sockaddr *)to, 1000) == 0, "resolve_addr");
+	CHECK(take_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED) == cli, "ADDR_RESOLVED");
+	CHECK(rdma_resolve_route(cli, 1000) == 0, "resolve_route");
+	CHECK(take_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED) == cli, "ROUTE_RESOLVED");
+}
+
+/* The next two events of `ch` are both sides' ESTABLISHED (acked). */
+static inline int established_both(struct rdma_event_channel *ch)
+{
+	return take_event(ch, RDMA_CM_EVENT_ESTABLISHED) && take_event(ch, RDMA_CM_EVENT_ESTABLISHED);
+}
+
+/* The next two events of `ch` are DISCONNECTED, one for `a` and one for
+ * `b` (acked). */
+static inline int disconnected_both(struct rdma_event_channel *ch, struct rdma_cm_id *a, struct rdma_cm_id *b)
+{
+	int got_a = 0, got_b = 0;
+	for (int k = 0; k < 2; k++) {
+		struct rdma_cm_event *ev = next_event(ch);
+		if (!ev)
+			return 0;
+		if (ev->event == RDMA_CM_EVENT_DISCONNECTED) {
+			got_a += ev->id == a;
+			got_b += ev->id == b;
+		}
+		rdma_ack_cm_event(ev);
+	}
+	return got_a == 1 && got_b == 1;
 }
 
 #endif

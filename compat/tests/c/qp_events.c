@@ -47,14 +47,7 @@ static void set_nonblocking(int fd, int on)
 static void connect_pair(struct rdma_cm_id **cli, struct rdma_cm_id **child, struct ibv_srq *srq)
 {
 	CHECK(rdma_create_id(ch, cli, NULL, RDMA_PS_TCP) == 0, "create client id");
-	CHECK(rdma_resolve_addr(*cli, NULL, (struct sockaddr *)&sin, 1000) == 0, "resolve_addr");
-	struct rdma_cm_event *ev = next_event(ch);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
-	rdma_ack_cm_event(ev);
-	CHECK(rdma_resolve_route(*cli, 1000) == 0, "resolve_route");
-	ev = next_event(ch);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
-	rdma_ack_cm_event(ev);
+	resolve(ch, *cli, &sin);
 	struct ibv_qp_init_attr ca = {
 		.qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
@@ -62,10 +55,8 @@ static void connect_pair(struct rdma_cm_id **cli, struct rdma_cm_id **child, str
 	CHECK(rdma_create_qp(*cli, pd, &ca) == 0, "client rdma_create_qp");
 	struct rdma_conn_param cp = { .responder_resources = 4, .initiator_depth = 4 };
 	CHECK(rdma_connect(*cli, &cp) == 0, "connect");
-	ev = next_event(ch);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
-	*child = ev->id;
-	rdma_ack_cm_event(ev);
+	*child = take_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	CHECK(*child, "CONNECT_REQUEST");
 	struct ibv_qp_init_attr sa = {
 		.srq = srq, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1,
@@ -73,15 +64,7 @@ static void connect_pair(struct rdma_cm_id **cli, struct rdma_cm_id **child, str
 	};
 	CHECK(rdma_create_qp(*child, pd, &sa) == 0, "server rdma_create_qp");
 	CHECK(rdma_accept(*child, &cp) == 0, "accept");
-	int est = 0;
-	for (int k = 0; k < 2; k++) {
-		ev = next_event(ch);
-		if (ev && ev->event == RDMA_CM_EVENT_ESTABLISHED)
-			est++;
-		if (ev)
-			rdma_ack_cm_event(ev);
-	}
-	CHECK(est == 2, "ESTABLISHED on both sides");
+	CHECK(established_both(ch), "ESTABLISHED on both sides");
 }
 
 struct destroy_arg {
@@ -121,10 +104,7 @@ int main(void)
 	ch = rdma_create_event_channel();
 	struct rdma_cm_id *srv, *cli_a, *child_a, *cli_b, *child_b;
 	CHECK(ch && rdma_create_id(ch, &srv, NULL, RDMA_PS_TCP) == 0, "create listening id");
-	sin.sin_family = AF_INET;
-	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	CHECK(rdma_bind_addr(srv, (struct sockaddr *)&sin) == 0 && rdma_listen(srv, 4) == 0, "listen");
-	sin.sin_port = rdma_get_src_port(srv);
+	listen_loopback(srv, 4, &sin);
 	connect_pair(&cli_a, &child_a, NULL);
 	connect_pair(&cli_b, &child_b, srq);
 	struct ibv_qp *cqp_a = cli_a->qp, *sqp_a = child_a->qp, *sqp_b = child_b->qp;
@@ -163,15 +143,7 @@ int main(void)
 	errno = 0;
 	CHECK(ibv_get_async_event(ctx, &aev) == -1 && errno == EAGAIN, "one event per QP");
 	/* The Terminate ends the connection: DISCONNECTED on both IDs. */
-	int ended = 0;
-	for (int k = 0; k < 2; k++) {
-		struct rdma_cm_event *ev = next_event(ch);
-		if (ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && (ev->id == cli_a || ev->id == child_a))
-			ended++;
-		if (ev)
-			rdma_ack_cm_event(ev);
-	}
-	CHECK(ended == 2, "terminated: DISCONNECTED on both sides");
+	CHECK(disconnected_both(ch, cli_a, child_a), "terminated: DISCONNECTED on both sides");
 
 	/* The server's QP: acked, then destroyed. */
 	ibv_ack_async_event(&got[access]);
@@ -195,16 +167,7 @@ int main(void)
 	CHECK(ibv_get_async_event(ctx, &aev) == 0 && aev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED &&
 	      aev.element.qp == sqp_b, "QP_LAST_WQE_REACHED on the SRQ's QP (blocking get)");
 	ibv_ack_async_event(&aev);
-	int disc = 0;
-	for (int k = 0; k < 2; k++) {
-		struct rdma_cm_event *ev = next_event(ch);
-		if (ev && ev->event == RDMA_CM_EVENT_DISCONNECTED &&
-		    (ev->id == cli_b || ev->id == child_b))
-			disc++;
-		if (ev)
-			rdma_ack_cm_event(ev);
-	}
-	CHECK(disc == 2, "DISCONNECTED on both sides");
+	CHECK(disconnected_both(ch, cli_b, child_b), "DISCONNECTED on both sides");
 	set_nonblocking(afd, 1);
 	errno = 0;
 	CHECK(!readable(afd, 0) && ibv_get_async_event(ctx, &aev) == -1 && errno == EAGAIN,

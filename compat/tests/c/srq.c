@@ -195,19 +195,11 @@ int main(void)
 	CHECK(rdma_create_srq_ex(tmp, &ix) == -1 && errno == EOPNOTSUPP && !tmp->srq,
 	      "rdma_create_srq_ex XRC -> EOPNOTSUPP");
 	rdma_destroy_id(tmp);
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	CHECK(rdma_bind_addr(srv, (struct sockaddr *)&sin) == 0 && rdma_listen(srv, QPS) == 0, "listen");
-	sin.sin_port = rdma_get_src_port(srv);
+	struct sockaddr_in sin;
+	listen_loopback(srv, QPS, &sin);
 	for (int i = 0; i < QPS; i++) {
 		CHECK(rdma_create_id(ch, &cli[i], NULL, RDMA_PS_TCP) == 0, "create client id");
-		CHECK(rdma_resolve_addr(cli[i], NULL, (struct sockaddr *)&sin, 1000) == 0, "resolve_addr");
-		struct rdma_cm_event *ev = next_event(ch);
-		CHECK(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
-		rdma_ack_cm_event(ev);
-		CHECK(rdma_resolve_route(cli[i], 1000) == 0, "resolve_route");
-		ev = next_event(ch);
-		CHECK(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
-		rdma_ack_cm_event(ev);
+		resolve(ch, cli[i], &sin);
 		struct ibv_qp_init_attr ca = {
 			.send_cq = ccq[i], .recv_cq = ccq[i], .qp_type = IBV_QPT_RC,
 			.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
@@ -216,10 +208,8 @@ int main(void)
 		cqp[i] = cli[i]->qp;
 		struct rdma_conn_param cp = { .responder_resources = 4, .initiator_depth = 4 };
 		CHECK(rdma_connect(cli[i], &cp) == 0, "connect");
-		ev = next_event(ch);
-		CHECK(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
-		child[i] = ev->id;
-		rdma_ack_cm_event(ev);
+		child[i] = take_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+		CHECK(child[i], "CONNECT_REQUEST");
 		struct rdma_conn_param ap = { .responder_resources = 4, .initiator_depth = 4 };
 		if (i < 2) {
 			struct ibv_qp_init_attr a = {
@@ -248,15 +238,7 @@ int main(void)
 		CHECK(ibv_post_recv(sqp[i], &rw, &rbad) == EINVAL && rbad == &rw,
 		      "post_recv on a QP of the SRQ -> EINVAL");
 		CHECK(rdma_accept(child[i], &ap) == 0, "accept");
-		int est = 0;
-		for (int k = 0; k < 2; k++) {
-			ev = next_event(ch);
-			if (ev && ev->event == RDMA_CM_EVENT_ESTABLISHED)
-				est++;
-			if (ev)
-				rdma_ack_cm_event(ev);
-		}
-		CHECK(est == 2, "ESTABLISHED on both sides");
+		CHECK(established_both(ch), "ESTABLISHED on both sides");
 	}
 	errno = 0;
 	CHECK(ibv_destroy_srq(srq) == EBUSY, "destroy_srq while QPs use it -> EBUSY");

@@ -141,24 +141,14 @@ int main(void)
 	struct rdma_cm_id *srv, *cli;
 	CHECK(ch && rdma_create_id(ch, &srv, NULL, RDMA_PS_TCP) == 0 &&
 	      rdma_create_id(ch, &cli, NULL, RDMA_PS_TCP) == 0, "create ids");
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	CHECK(rdma_bind_addr(srv, (struct sockaddr *)&sin) == 0 && rdma_listen(srv, 1) == 0, "listen");
-	sin.sin_port = rdma_get_src_port(srv);
-	CHECK(rdma_resolve_addr(cli, NULL, (struct sockaddr *)&sin, 1000) == 0, "resolve_addr");
-	struct rdma_cm_event *ev = next_event(ch);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
-	rdma_ack_cm_event(ev);
-	CHECK(rdma_resolve_route(cli, 1000) == 0, "resolve_route");
-	ev = next_event(ch);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
-	rdma_ack_cm_event(ev);
+	struct sockaddr_in sin;
+	listen_loopback(srv, 1, &sin);
+	resolve(ch, cli, &sin);
 	struct rdma_conn_param cp = { .responder_resources = 4, .initiator_depth = 4,
 				      .qp_num = cqp->qp_num };
 	CHECK(rdma_connect(cli, &cp) == 0, "connect with the QP's number");
-	ev = next_event(ch);
-	CHECK(ev && ev->event == RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST");
-	struct rdma_cm_id *child = ev->id;
-	rdma_ack_cm_event(ev);
+	struct rdma_cm_id *child = take_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	CHECK(child, "CONNECT_REQUEST");
 	struct ibv_qp_init_attr_ex sa = {
 		.send_cq = scq, .recv_cq = scq, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
@@ -174,15 +164,7 @@ int main(void)
 		server_recv(100 + i);
 	struct rdma_conn_param ap = { .responder_resources = 4, .initiator_depth = 4 };
 	CHECK(rdma_accept(child, &ap) == 0, "accept");
-	int est = 0;
-	for (int i = 0; i < 2; i++) {
-		ev = next_event(ch);
-		if (ev && ev->event == RDMA_CM_EVENT_ESTABLISHED)
-			est++;
-		if (ev)
-			rdma_ack_cm_event(ev);
-	}
-	CHECK(est == 2 && cqp->state == IBV_QPS_RTS, "ESTABLISHED on both sides");
+	CHECK(established_both(ch) && cqp->state == IBV_QPS_RTS, "ESTABLISHED on both sides");
 
 	/* A send from registered memory. */
 	for (int i = 0; i < 32; i++)
