@@ -36,8 +36,19 @@ use crate::runtime::lifecycle::{self, Accepting, Fed};
 use crate::runtime::{drain_events, push_event, ConnShared, ListenShared, Sock};
 use crate::slots::{slotted_without_qp, ConnSlots, Slotted};
 
-/// Size of the receive buffer and of each transmit batch.
+/// Size of the receive buffer and of the largest transmit batch.
 const IO_BUF: usize = 256 * 1024;
+/// The bytes the connections' backlogs may hold together: the bytes a
+/// connection takes from the core per transmit batch are this over the
+/// connections with a backlog (one more than them), between
+/// [`TX_BATCH_MIN`] and [`IO_BUF`]. What a socket does not take of a
+/// batch waits in the connection's backlog, so the batch bounds it; what
+/// the core keeps costs nothing (it builds FPDUs from the application's
+/// memory as it is asked for them). One connection sends in whole
+/// [`IO_BUF`] batches; a thousand that all push back keep 16 KiB each.
+const TX_SHARE: usize = 4 << 20;
+/// The smallest transmit batch: a whole FPDU of the largest size.
+const TX_BATCH_MIN: usize = 16 * 1024;
 /// A connection's backlog buffer is freed once empty if it grew past this.
 const OUT_KEEP: usize = 16 * 1024;
 /// Reads (and transmit batches) per socket and pass, for fairness.
@@ -52,6 +63,8 @@ struct Conn {
     /// `out_pos` on (allocated only while the socket pushes back).
     out: Vec<u8>,
     out_pos: usize,
+    /// Counted in [`KernelIo::backlogged`]: `out` holds bytes.
+    backlogged: bool,
     /// Received bytes the core has not consumed yet.
     input: Vec<u8>,
     eof: bool,
@@ -162,6 +175,8 @@ pub(crate) struct KernelIo {
     /// Where `poll_transmit` writes; what a socket does not take moves to
     /// its connection's `out`.
     tx_buf: Vec<u8>,
+    /// Connections whose `out` holds bytes (see [`TX_SHARE`]).
+    backlogged: usize,
 }
 
 impl KernelIo {
@@ -179,6 +194,7 @@ impl KernelIo {
             lifecycle_visits: 0,
             rx_buf: vec![0; IO_BUF],
             tx_buf: vec![0; IO_BUF],
+            backlogged: 0,
         }
     }
 
@@ -236,6 +252,7 @@ impl KernelIo {
             sock: Some(sock),
             out: Vec::new(),
             out_pos: 0,
+            backlogged: false,
             input,
             eof: false,
             shared,
@@ -556,7 +573,8 @@ impl KernelIo {
                         c.out = Vec::new();
                     }
                 }
-                let n = ctx.poll_transmit(qp, &mut self.tx_buf);
+                let batch = (TX_SHARE / (self.backlogged + 1)).clamp(TX_BATCH_MIN, IO_BUF);
+                let n = ctx.poll_transmit(qp, &mut self.tx_buf[..batch]);
                 if n == 0 {
                     drained = true;
                     break;
@@ -616,6 +634,15 @@ impl KernelIo {
             c.out = Vec::new();
             c.input = Vec::new();
             work += 1;
+        }
+        let backlog = c.out_pos < c.out.len();
+        if backlog != c.backlogged {
+            c.backlogged = backlog;
+            if backlog {
+                self.backlogged += 1;
+            } else {
+                self.backlogged -= 1;
+            }
         }
         // The budget ran out with more to send.
         again |= broken.is_none() && !drained && !pushed_back;
@@ -747,6 +774,7 @@ impl KernelIo {
                 continue;
             }
             if let Some(c) = self.conns.remove(i) {
+                self.backlogged -= usize::from(c.backlogged);
                 drain_events(ctx, c.qp, &c.shared);
                 let _ = ctx.destroy_qp(c.qp);
                 n += 1;
