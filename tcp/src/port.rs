@@ -12,11 +12,13 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 
+use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::phy::{self, Device, DeviceCapabilities};
 use smoltcp::time::Instant;
 use smoltcp::wire::{
-    EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Address, Ipv4Packet, TcpPacket,
-    TcpSeqNumber, IPV4_HEADER_LEN, TCP_HEADER_LEN,
+    EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, IpAddress, IpProtocol,
+    Ipv4Address, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber,
+    IPV4_HEADER_LEN, TCP_HEADER_LEN,
 };
 
 use crate::cwnd::{self, Received, Reno};
@@ -38,6 +40,9 @@ pub(crate) struct PortCounters {
     /// Segments whose window field was cut to the connection's share of
     /// the receive frames ([`WindowShare`]).
     pub windows_cut: Cell<u64>,
+    /// Window updates sent for connections granted credit
+    /// ([`WindowShare`]).
+    pub window_updates: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>, n: u64) {
@@ -144,8 +149,35 @@ pub(crate) struct Sent {
     /// The [`WindowShare`] period in which the peer last sent data.
     rx_period: u64,
     /// Bytes the peer may send beyond what we acknowledged, as we last
-    /// advertised (counted in [`WindowShare`]'s total).
+    /// advertised (counted in [`WindowShare`]'s total; 0 once the peer's
+    /// FIN is acknowledged: nothing more can come).
     rx_open: usize,
+    /// The acknowledgement number of our last segment.
+    rx_ack: u32,
+    /// smoltcp's own right edge as of our last segment (its
+    /// acknowledgement + its window field): what its buffer takes.
+    smol_edge: u32,
+    /// The ticket of the connection's place in [`WindowShare`]'s wait
+    /// queue, while it waits for credit.
+    wait: Option<u64>,
+    /// Credit was granted: a window update is due ([`SentTable::updates`]).
+    update_due: bool,
+    /// The sequence number after our FIN, once we sent one.
+    fin_end: Option<u32>,
+    /// The acknowledgement number that covers the peer's FIN, once one
+    /// arrived.
+    peer_fin: Option<u32>,
+    /// The window is lent: its peer left it unused for two periods, so
+    /// it is not counted in [`WindowShare`]'s total.
+    lent: bool,
+    /// The [`WindowShare`] period in which the peer last sent data or the
+    /// connection was granted credit.
+    touched: u64,
+    /// The connection has an entry in [`WindowShare`]'s holder queue.
+    holding: bool,
+    /// Our Ethernet address, the next hop's and our IP address, from our
+    /// last segment: the headers of a window update.
+    hdr: Option<(EthernetAddress, EthernetAddress, Ipv4Address)>,
 }
 
 impl Sent {
@@ -165,6 +197,15 @@ impl Sent {
         self.reno.map(|r| r.window())
     }
 
+    /// The bytes of its window [`WindowShare`] counts.
+    fn counted(&self) -> usize {
+        if self.lent {
+            0
+        } else {
+            self.rx_open
+        }
+    }
+
     /// Bytes the peer may send beyond what we acknowledged, as we last
     /// advertised it; `None` before we acknowledged anything.
     pub(crate) fn rx_window(&self) -> Option<usize> {
@@ -178,18 +219,42 @@ const SHARE_PERIOD_MS: i64 = 10;
 
 /// The receive frames shared by the connections
 /// ([`Config::window_frames`](crate::Config::window_frames)): the windows
-/// all connections have open together stay within `frames × mss` bytes,
-/// so the peers together cannot have more in flight than the device has
-/// frames to receive into. A connection is offered what the others leave
-/// open, at most its fair part, `frames × mss / receiving` (the
-/// connections that received data lately), and at least one MSS, so no
-/// window closes for want of credit (past `frames` connections that do
-/// receive, that floor is what exceeds the frames). smoltcp advertises
-/// its whole free buffer and cannot be told less, so the window field of
-/// each segment it sends is cut on the way out; the right edge
-/// (acknowledgement + window) never moves back (RFC 9293 §3.8.6: a
-/// receiver must not shrink the window), so a share that shrinks takes
-/// effect as the peer fills what it was offered.
+/// all connections hold open together stay within `frames × mss` bytes
+/// (the pool), so the peers together cannot have more in flight than the
+/// device has frames to receive into, however many connections there
+/// are.
+///
+/// smoltcp advertises its whole free buffer and cannot be told less, so
+/// the window field of each segment it sends is cut on the way out; the
+/// right edge (acknowledgement + window) never moves back (RFC 9293
+/// §3.8.6: a receiver must not shrink the window), so a share that
+/// shrinks takes effect as the peer fills what it was offered.
+///
+/// * A connection is offered what the others leave of the pool, at most
+///   its fair part, `frames × mss / (receiving + waiting)` (the
+///   connections that received data lately and those waiting for
+///   credit), in whole segments. The offer may be zero: the connection
+///   then advertises no window beyond its edge.
+/// * A connection whose window is held below one segment by the pool
+///   (smoltcp's own window would allow more) joins a FIFO wait queue.
+///   While any connection waits, no window grows on its own: a window
+///   shrinks as its peer fills it, and the credit it frees goes to the
+///   waiting connections in their order, a fair part each (whole
+///   segments, smoltcp's own window permitting).
+/// * A connection that is granted credit is sent a window update at
+///   once: a pure acknowledgement the device wrapper builds itself
+///   ([`SentTable::window_update`]), because smoltcp sends none for a
+///   window it does not know was closed, and the peer's persist timer
+///   would wait hundreds of milliseconds.
+/// * Credit comes back when a peer fills its window and we acknowledge
+///   it, when the peer's FIN is acknowledged, and when the connection
+///   is gone. A window a peer leaves unused stays held: its edge cannot
+///   move back.
+///
+/// Every step is constant time per segment or event: the queue is a
+/// FIFO whose stale entries (connections gone or restarted) are skipped
+/// when they come up and compacted away when they outnumber the live
+/// ones.
 #[derive(Debug, Default)]
 pub(crate) struct WindowShare {
     /// Receive frames to share; 0: windows are not cut.
@@ -203,8 +268,18 @@ pub(crate) struct WindowShare {
     now_count: Cell<usize>,
     before_count: Cell<usize>,
     /// Bytes the connections' windows hold open together (as last
-    /// advertised).
+    /// advertised, or granted).
     open: Cell<usize>,
+    /// Connections waiting for credit, in their order, with their ticket
+    /// (an entry whose ticket the connection no longer holds is stale).
+    queue: RefCell<VecDeque<(Flow, u64)>>,
+    /// Connections holding a ticket.
+    waiting: Cell<usize>,
+    /// The next ticket.
+    tickets: Cell<u64>,
+    /// Connections whose window is counted, each once, with the period
+    /// they were queued in: oldest first.
+    holders: RefCell<VecDeque<(Flow, u64)>>,
 }
 
 impl WindowShare {
@@ -247,32 +322,90 @@ impl WindowShare {
         self.frames > 0
     }
 
-    /// Bytes one receiving connection may be offered: its fair part.
+    /// The pool's bytes.
+    fn pool(&self) -> usize {
+        self.frames.saturating_mul(self.mss)
+    }
+
+    /// Pool bytes no window holds.
+    fn free(&self) -> usize {
+        self.pool().saturating_sub(self.open.get())
+    }
+
+    /// Bytes one connection may hold: its fair part of the pool among
+    /// the connections that received lately and those waiting, at least
+    /// one segment.
     fn bytes(&self) -> Option<usize> {
         if self.frames == 0 {
             return None;
         }
-        let receiving = (self.now_count.get() + self.before_count.get()).max(1);
-        Some((self.frames * self.mss / receiving).max(self.mss))
+        let receiving =
+            (self.now_count.get() + self.before_count.get() + self.waiting.get()).max(1);
+        Some((self.pool() / receiving).max(self.mss))
     }
 
-    /// Bytes a connection whose window holds `mine` open may be offered:
-    /// its fair part, within what the others leave, in whole segments, at
-    /// least one. A part of a segment would only make the peer send a
-    /// short segment to fill it (a frame for half the bytes), which is
-    /// the small window increment RFC 9293 §3.8.6.2.2 has the receiver
-    /// avoid.
+    /// Bytes a connection whose window holds `mine` open may be offered
+    /// beyond its acknowledgement: its fair part, within what the others
+    /// leave, in whole segments; nothing while others wait for credit
+    /// (its edge stays where it is, see [`cut_window`]). A part of a
+    /// segment would only make the peer send a short segment to fill it
+    /// (a frame for half the bytes), which is the small window increment
+    /// RFC 9293 §3.8.6.2.2 has the receiver avoid.
     fn offer(&self, mine: usize) -> Option<usize> {
         let fair = self.bytes()?;
+        if self.waiting.get() > 0 {
+            return Some(0);
+        }
         let others = self.open.get().saturating_sub(mine);
-        let left = (self.frames * self.mss).saturating_sub(others);
-        Some((fair.min(left) / self.mss * self.mss).max(self.mss))
+        let left = self.pool().saturating_sub(others);
+        Some(fair.min(left) / self.mss * self.mss)
     }
 
     /// A connection's open window went from `old` to `new` bytes.
     fn reopen(&self, old: usize, new: usize) {
         self.open
             .set(self.open.get().saturating_sub(old).saturating_add(new));
+    }
+
+    /// Put the connection of `flow` (`s`) at the end of the wait queue,
+    /// unless it waits already.
+    fn enqueue(&self, flow: Flow, s: &mut Sent) {
+        if s.wait.is_some() {
+            return;
+        }
+        let ticket = self.tickets.get();
+        self.tickets.set(ticket.wrapping_add(1));
+        s.wait = Some(ticket);
+        self.waiting.set(self.waiting.get() + 1);
+        self.queue.borrow_mut().push_back((flow, ticket));
+    }
+
+    /// Drop the queue's stale entries once they outnumber the live ones
+    /// (amortised constant time: each compaction at least halves it).
+    fn compact(&self, entries: &HashMap<Flow, Sent, FlowHash>) {
+        let mut queue = self.queue.borrow_mut();
+        if queue.len() > 2 * self.waiting.get() + 64 {
+            queue.retain(|(f, t)| entries.get(f).is_some_and(|s| s.wait == Some(*t)));
+        }
+    }
+
+    /// The connection of `flow` (`s`) holds a counted window: queue it
+    /// for the idle check unless it is queued.
+    fn hold(&self, flow: Flow, s: &mut Sent) {
+        if !s.holding {
+            s.holding = true;
+            self.holders
+                .borrow_mut()
+                .push_back((flow, self.period.get()));
+        }
+    }
+
+    /// The connection `s` gives up its place in the queue (its entry
+    /// there becomes stale).
+    fn leave(&self, s: &mut Sent) {
+        if s.wait.take().is_some() {
+            self.waiting.set(self.waiting.get().saturating_sub(1));
+        }
     }
 }
 
@@ -307,6 +440,9 @@ pub(crate) struct SentTable {
     pub mirror_reno: bool,
     /// The receive frames the connections' windows share.
     pub share: WindowShare,
+    /// Connections granted credit whose window update is due, in the
+    /// order of the grants.
+    updates: RefCell<VecDeque<Flow>>,
 }
 
 /// How a segment we send is changed on its way out.
@@ -345,9 +481,73 @@ impl SentTable {
     }
 
     fn forget(&self, flow: Flow) {
-        if let Some(s) = self.entries.borrow_mut().remove(&flow) {
-            self.share.reopen(s.rx_open, 0);
+        let mut entries = self.entries.borrow_mut();
+        if let Some(mut s) = entries.remove(&flow) {
+            self.share.reopen(s.counted(), 0);
+            self.share.leave(&mut s);
+            self.grant(&mut entries);
         }
+    }
+
+    /// The window update of `flow` taken from the queue could not be
+    /// sent: it is due first again.
+    fn requeue(&self, flow: Flow) {
+        if let Some(s) = self.entries.borrow_mut().get_mut(&flow) {
+            s.update_due = true;
+            self.updates.borrow_mut().push_front(flow);
+        }
+    }
+
+    /// Move the share's period forward to `now`; lend the windows of the
+    /// connections whose peers left them unused for two periods (the
+    /// holder queue's oldest entries, each checked once per two periods
+    /// it holds a window and the peer sends: amortised constant time per
+    /// received segment) and give the credit to the waiting ones.
+    pub(crate) fn tick(&self, now: Instant) {
+        let share = &self.share;
+        let before = share.period.get();
+        share.tick(now);
+        let cur = share.period.get();
+        if cur == before || share.holders.borrow().is_empty() {
+            return;
+        }
+        let mut entries = self.entries.borrow_mut();
+        let mut lent = false;
+        loop {
+            let mut holders = share.holders.borrow_mut();
+            let Some(&(flow, stamp)) = holders.front() else {
+                break;
+            };
+            if stamp.saturating_add(2) > cur {
+                break;
+            }
+            holders.pop_front();
+            let Some(s) = entries.get_mut(&flow) else {
+                continue;
+            };
+            if !s.holding {
+                continue;
+            }
+            if s.touched.saturating_add(2) > cur && s.counted() > 0 {
+                // Touched since it was queued: check again later.
+                holders.push_back((flow, cur));
+                continue;
+            }
+            s.holding = false;
+            if s.counted() > 0 {
+                share.reopen(s.counted(), 0);
+                s.lent = true;
+                lent = true;
+            }
+        }
+        if lent {
+            self.grant(&mut entries);
+        }
+    }
+
+    /// Whether a window update is due ([`Port::send_window_updates`]).
+    pub(crate) fn updates_due(&self) -> bool {
+        !self.updates.borrow().is_empty()
     }
 
     /// Look at one frame we send. A SYN starts (or, sent again, restarts)
@@ -361,45 +561,65 @@ impl SentTable {
         let (key, tcp) = (seg.flow, &seg.tcp);
         let seq = tcp.seq_number().0 as u32;
         let mut entries = self.entries.borrow_mut();
-        if tcp.syn() {
-            let start = seq.wrapping_add(1);
-            if entries.len() < SENT_TABLE_CAP || entries.contains_key(&key) {
-                let sent = Sent {
-                    start,
-                    next: start,
-                    una: start,
-                    window: None,
-                    window_shift: 0,
-                    our_scale: tcp.options_summary().ok().and_then(|o| o.window_scale),
-                    our_shift: 0,
-                    reno: self.mirror_reno.then(Reno::default),
-                    rx_edge: None,
-                    rx_period: u64::MAX,
-                    rx_open: 0,
-                };
-                // A SYN sent again restarts the entry: what the old one
-                // held open is no longer counted.
-                if let Some(old) = entries.insert(key, sent) {
-                    self.share.reopen(old.rx_open, 0);
-                }
-            }
-            return Rewrite::default();
-        }
         let len = tcp.payload().len() as u32;
-        let Some(s) = entries.get_mut(&key) else {
-            return Rewrite::default();
-        };
         let mut out = Rewrite::default();
-        if tcp.ack() && !tcp.rst() {
-            let ack = tcp.ack_number().0 as u32;
-            let field = tcp.window_len();
-            if let Some(offer) = self.share.offer(s.rx_open) {
-                out.window = cut_window(field, s.our_shift, ack, s.rx_edge, offer);
+        if tcp.syn() {
+            if entries.len() >= SENT_TABLE_CAP && !entries.contains_key(&key) {
+                return out;
             }
-            let open = usize::from(out.window.unwrap_or(field)) << s.our_shift;
-            s.rx_edge = Some(ack.wrapping_add(open as u32));
-            self.share.reopen(s.rx_open, open);
-            s.rx_open = open;
+            let start = seq.wrapping_add(1);
+            let mut sent = Sent {
+                start,
+                next: start,
+                una: start,
+                window: None,
+                window_shift: 0,
+                our_scale: tcp.options_summary().ok().and_then(|o| o.window_scale),
+                our_shift: 0,
+                reno: self.mirror_reno.then(Reno::default),
+                rx_edge: None,
+                rx_period: u64::MAX,
+                rx_open: 0,
+                lent: false,
+                touched: self.share.period.get(),
+                holding: false,
+                rx_ack: 0,
+                smol_edge: 0,
+                wait: None,
+                update_due: false,
+                fin_end: None,
+                peer_fin: None,
+                hdr: Some((seg.src_mac, seg.dst_mac, seg.src)),
+            };
+            // A SYN-ACK's window (never scaled) is the first one the
+            // peer may fill: it takes its share like any other. smoltcp
+            // offers scaling in a SYN-ACK only if the peer's SYN did, so
+            // the option it carries is the shift of what follows.
+            if tcp.ack() && !tcp.rst() {
+                sent.our_shift = sent.our_scale.unwrap_or(0).min(14);
+                out.window = self.advertise(key, &mut sent, tcp);
+            }
+            // A SYN sent again restarts the entry: what the old one held
+            // open is no longer counted, its place in the queue is lost.
+            if let Some(mut old) = entries.insert(key, sent) {
+                self.share.reopen(old.counted(), 0);
+                self.share.leave(&mut old);
+            }
+            self.grant(&mut entries);
+            self.share.compact(&entries);
+            self.fold_update(key, true, &mut entries, &mut out);
+            return out;
+        }
+        let Some(s) = entries.get_mut(&key) else {
+            return out;
+        };
+        s.hdr = Some((seg.src_mac, seg.dst_mac, seg.src));
+        if tcp.fin() {
+            s.fin_end = Some(seq.wrapping_add(len).wrapping_add(1));
+        }
+        let held = s.counted();
+        if tcp.ack() && !tcp.rst() {
+            out.window = self.advertise(key, s, tcp);
         }
         if let Some(r) = &mut s.reno {
             let seg = cwnd::Sent {
@@ -412,15 +632,162 @@ impl SentTable {
             };
             r.on_sent(seg, s.una, s.next);
         }
+        let freed = s.counted() < held;
         if len == 0 {
             out.seq = renumber_ack(tcp, s);
-            return out;
+        } else {
+            let end = seq.wrapping_add(len);
+            if (end.wrapping_sub(s.next) as i32) > 0 {
+                s.next = end;
+            }
         }
-        let end = seq.wrapping_add(len);
-        if (end.wrapping_sub(s.next) as i32) > 0 {
-            s.next = end;
+        if freed {
+            self.grant(&mut entries);
         }
+        self.share.compact(&entries);
+        self.fold_update(key, false, &mut entries, &mut out);
         out
+    }
+
+    /// Credit granted to the connection of `flow` while its own segment
+    /// (changed as `out` says) is on its way out: that segment carries
+    /// the new window and no separate update is sent.
+    fn fold_update(
+        &self,
+        flow: Flow,
+        syn: bool,
+        entries: &mut HashMap<Flow, Sent, FlowHash>,
+        out: &mut Rewrite,
+    ) {
+        let Some(s) = entries.get_mut(&flow) else {
+            return;
+        };
+        if !s.update_due {
+            return;
+        }
+        let Some(edge) = s.rx_edge else {
+            return;
+        };
+        s.update_due = false;
+        let open = (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
+        // smoltcp scales every window but a SYN's.
+        let shift = if syn { 0 } else { s.our_shift };
+        out.window = Some((open >> shift).min(usize::from(u16::MAX)) as u16);
+    }
+
+    /// Our segment `tcp` of the connection `s` (of `flow`) acknowledges:
+    /// cut its window field to the connection's share, note what it
+    /// holds open and put the connection in the wait queue if the pool
+    /// holds it below one segment. Returns the new window field, if cut.
+    fn advertise(&self, flow: Flow, s: &mut Sent, tcp: &TcpPacket<&[u8]>) -> Option<u16> {
+        let ack = tcp.ack_number().0 as u32;
+        let field = tcp.window_len();
+        // smoltcp scales every window but a SYN's.
+        let shift = if tcp.syn() { 0 } else { s.our_shift };
+        let smol = usize::from(field) << shift;
+        s.rx_ack = ack;
+        s.smol_edge = ack.wrapping_add(smol as u32);
+        let cut = self
+            .share
+            .offer(s.counted())
+            .and_then(|offer| cut_window(field, shift, ack, s.rx_edge, offer));
+        let open = usize::from(cut.unwrap_or(field)) << shift;
+        s.rx_edge = Some(ack.wrapping_add(open as u32));
+        // Past the peer's FIN nothing more can come: the window holds
+        // nothing, and the connection waits for nothing.
+        let finished = s.peer_fin.is_some_and(|f| ack.wrapping_sub(f) as i32 >= 0);
+        let held = if finished { 0 } else { open };
+        self.share.reopen(s.counted(), held);
+        s.rx_open = held;
+        s.lent = false;
+        if held > 0 {
+            self.share.hold(flow, s);
+        }
+        let mss = self.share.mss;
+        if finished {
+            self.share.leave(s);
+        } else if self.share.cuts() && open < mss && smol >= open + mss {
+            self.share.enqueue(flow, s);
+        }
+        cut
+    }
+
+    /// Give the pool's free credit to the waiting connections, in their
+    /// order, while a segment's worth is free: each gets its fair part
+    /// (whole segments, within smoltcp's own window), its right edge
+    /// moves, and its window update is queued. A connection whose
+    /// smoltcp window has no room for a segment beyond what it holds
+    /// leaves the queue with nothing (its application is not reading;
+    /// smoltcp's own window update brings it back).
+    fn grant(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) {
+        let share = &self.share;
+        let Some(fair) = share.bytes() else {
+            return;
+        };
+        let mss = share.mss;
+        while share.free() >= mss {
+            let Some((flow, ticket)) = share.queue.borrow_mut().pop_front() else {
+                break;
+            };
+            let Some(s) = entries.get_mut(&flow) else {
+                continue;
+            };
+            if s.wait != Some(ticket) {
+                continue;
+            }
+            share.leave(s);
+            let Some(edge) = s.rx_edge else {
+                continue;
+            };
+            let open = (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
+            let room = (s.smol_edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
+            let amount = fair.min(share.free()).min(room.saturating_sub(open)) / mss * mss;
+            // Whole units of the window scale, within the field.
+            let shift = s.our_shift;
+            let field = ((open + amount) >> shift).min(usize::from(u16::MAX));
+            let new_open = field << shift;
+            if amount == 0 || new_open <= open {
+                continue;
+            }
+            share.reopen(s.counted(), new_open);
+            s.rx_open = new_open;
+            s.lent = false;
+            s.touched = share.period.get();
+            share.hold(flow, s);
+            s.rx_edge = Some(s.rx_ack.wrapping_add(new_open as u32));
+            if !s.update_due {
+                s.update_due = true;
+                self.updates.borrow_mut().push_back(flow);
+            }
+        }
+    }
+
+    /// The window update due for the connection of `flow`, if any: a pure
+    /// acknowledgement with our next sequence number (after our FIN, if
+    /// sent), the acknowledgement number and right edge last advertised,
+    /// and the headers of the connection's last segment. `None` if the
+    /// connection is gone or has nothing due.
+    fn window_update(&self, flow: Flow) -> Option<WindowUpdate> {
+        let mut entries = self.entries.borrow_mut();
+        let s = entries.get_mut(&flow)?;
+        if !std::mem::take(&mut s.update_due) {
+            return None;
+        }
+        let (src_mac, dst_mac, src_ip) = s.hdr?;
+        let edge = s.rx_edge?;
+        let open = (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
+        let field = (open >> s.our_shift).min(usize::from(u16::MAX)) as u16;
+        Some(WindowUpdate {
+            src_mac,
+            dst_mac,
+            src_ip,
+            dst_ip: flow.0,
+            src_port: flow.2,
+            dst_port: flow.1,
+            seq: s.fin_end.unwrap_or(s.next),
+            ack: s.rx_ack,
+            window: field,
+        })
     }
 
     /// Look at one frame we receive: an acknowledgement of a followed
@@ -443,6 +810,13 @@ impl SentTable {
         let ack = tcp.ack_number().0 as u32;
         if !tcp.payload().is_empty() {
             self.share.receiving(&mut s.rx_period);
+            s.touched = self.share.period.get();
+        }
+        if tcp.fin() && tcp.verify_checksum(&IpAddress::Ipv4(seg.src), &IpAddress::Ipv4(seg.dst)) {
+            // The acknowledgement that covers it.
+            let len = tcp.payload().len() as u32 + u32::from(tcp.syn());
+            let seq = tcp.seq_number().0 as u32;
+            s.peer_fin = Some(seq.wrapping_add(len).wrapping_add(1));
         }
         if let Some(r) = &mut s.reno {
             let len = tcp.payload().len() as u32;
@@ -467,6 +841,71 @@ impl SentTable {
             s.una = ack;
             s.window = Some(tcp.window_len());
         }
+    }
+}
+
+/// A window update the device wrapper sends for a connection granted
+/// credit ([`WindowShare`]): a pure acknowledgement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WindowUpdate {
+    src_mac: EthernetAddress,
+    dst_mac: EthernetAddress,
+    src_ip: Ipv4Address,
+    dst_ip: Ipv4Address,
+    src_port: u16,
+    dst_port: u16,
+    seq: u32,
+    ack: u32,
+    /// The window field (scaled by our shift).
+    window: u16,
+}
+
+impl WindowUpdate {
+    /// Its frame's length.
+    fn len(&self) -> usize {
+        EthernetFrame::<&[u8]>::header_len() + IPV4_HEADER_LEN + TCP_HEADER_LEN
+    }
+
+    /// Write the frame into `buf` (of [`len`](Self::len) bytes), its
+    /// checksums as `caps` say the device leaves them to us.
+    fn emit(&self, buf: &mut [u8], caps: &ChecksumCapabilities) {
+        let tcp = TcpRepr {
+            src_port: self.src_port,
+            dst_port: self.dst_port,
+            control: TcpControl::None,
+            seq_number: TcpSeqNumber(self.seq as i32),
+            ack_number: Some(TcpSeqNumber(self.ack as i32)),
+            window_len: self.window,
+            window_scale: None,
+            max_seg_size: None,
+            sack_permitted: false,
+            sack_ranges: [None; 3],
+            timestamp: None,
+            payload: &[],
+        };
+        let ip = Ipv4Repr {
+            src_addr: self.src_ip,
+            dst_addr: self.dst_ip,
+            next_header: IpProtocol::Tcp,
+            payload_len: tcp.buffer_len(),
+            hop_limit: 64,
+        };
+        let eth = EthernetRepr {
+            src_addr: self.src_mac,
+            dst_addr: self.dst_mac,
+            ethertype: EthernetProtocol::Ipv4,
+        };
+        let mut frame = EthernetFrame::new_unchecked(buf);
+        eth.emit(&mut frame);
+        let mut packet = Ipv4Packet::new_unchecked(frame.payload_mut());
+        ip.emit(&mut packet, caps);
+        let mut segment = TcpPacket::new_unchecked(packet.payload_mut());
+        tcp.emit(
+            &mut segment,
+            &IpAddress::Ipv4(self.src_ip),
+            &IpAddress::Ipv4(self.dst_ip),
+            caps,
+        );
     }
 }
 
@@ -496,6 +935,8 @@ fn renumber_ack(tcp: &TcpPacket<&[u8]>, s: &Sent) -> Option<u32> {
 struct Segment<'a> {
     /// The connection it belongs to, keyed from our side.
     flow: Flow,
+    src_mac: EthernetAddress,
+    dst_mac: EthernetAddress,
     src: Ipv4Address,
     dst: Ipv4Address,
     tcp: TcpPacket<&'a [u8]>,
@@ -526,6 +967,8 @@ impl<'a> Segment<'a> {
         };
         Some(Self {
             flow,
+            src_mac: eth.src_addr(),
+            dst_mac: eth.dst_addr(),
             src,
             dst,
             tcp,
@@ -562,6 +1005,37 @@ impl<D> Port<D> {
     pub(crate) fn forget(&mut self, flow: Flow) {
         self.mss.forget(flow);
         self.sent.forget(flow);
+    }
+
+    /// Send the window updates due ([`WindowShare`]), in the order the
+    /// credit was granted, as far as the device takes frames (the rest
+    /// wait for the next call). Returns whether one was sent.
+    pub(crate) fn send_window_updates(&mut self, now: Instant) -> bool
+    where
+        D: Device,
+    {
+        if !self.sent.updates_due() {
+            return false;
+        }
+        let caps = self.inner.capabilities().checksum;
+        let mut sent = false;
+        loop {
+            let Some(flow) = self.sent.updates.borrow().front().copied() else {
+                break;
+            };
+            self.sent.updates.borrow_mut().pop_front();
+            let Some(update) = self.sent.window_update(flow) else {
+                continue;
+            };
+            let Some(tx) = self.transmit(now) else {
+                self.sent.requeue(flow);
+                break;
+            };
+            phy::TxToken::consume(tx, update.len(), |buf| update.emit(buf, &caps));
+            bump(&self.counters.window_updates, 1);
+            sent = true;
+        }
+        sent
     }
 }
 
@@ -1009,9 +1483,11 @@ mod tests {
         assert_eq!(share.offer(0), Some(2000));
         // The first one itself may have its whole fair part again.
         assert_eq!(share.offer(8000), Some(10_000));
-        // Nothing left: one MSS all the same, so no window closes.
+        // Nothing left: nothing, the window closes; the holders keep
+        // theirs.
         share.reopen(0, 2000);
-        assert_eq!(share.offer(0), Some(1000));
+        assert_eq!(share.offer(0), Some(0));
+        assert_eq!(share.offer(2000), Some(2000));
         // A connection gone gives its part back.
         share.reopen(8000, 0);
         assert_eq!(share.offer(0), Some(8000));
@@ -1028,58 +1504,367 @@ mod tests {
         assert_eq!(share.offer(0), Some(1000));
     }
 
+    /// The connection PEER:`port` ↔ US:7174: its key and a segment of it
+    /// (`segment` with the peer's port replaced).
+    fn flow(port: u16) -> Flow {
+        (PEER, port, 7174)
+    }
+
+    fn seg_of(
+        port: u16,
+        outgoing: bool,
+        syn: bool,
+        seq: u32,
+        ack: Option<u32>,
+        window: u16,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut f = segment(outgoing, syn, seq, ack, window, payload);
+        let at = if outgoing { 36 } else { 34 };
+        f[at..at + 2].copy_from_slice(&port.to_be_bytes());
+        f
+    }
+
+    /// Send `frame` through the table as the transmit token does; the
+    /// window field it leaves with (its checksum checked).
+    fn send(t: &SentTable, frame: &[u8]) -> u16 {
+        let mut f = frame.to_vec();
+        let how = t.observe_sent(&Segment::parse(&f, true).unwrap());
+        rewrite(&mut f, how, true);
+        let seg = Segment::parse(&f, true).unwrap();
+        assert!(seg
+            .tcp
+            .verify_checksum(&IpAddress::Ipv4(US), &IpAddress::Ipv4(PEER)));
+        seg.tcp.window_len()
+    }
+
+    /// The window updates due, in order, as (port, seq, ack, window).
+    fn updates(t: &SentTable) -> Vec<(u16, u32, u32, u16)> {
+        let mut out = Vec::new();
+        while let Some(flow) = t.updates.borrow_mut().pop_front() {
+            if let Some(u) = t.window_update(flow) {
+                assert_eq!((u.src_ip, u.dst_ip, u.src_port), (US, PEER, 7174));
+                out.push((u.dst_port, u.seq, u.ack, u.window));
+            }
+        }
+        out
+    }
+
+    /// A connection of the table established by a SYN-ACK of ours
+    /// (unscaled) carrying smoltcp's window of 60000: the window it left
+    /// with.
+    fn establish(t: &SentTable, port: u16) -> u16 {
+        send(t, &seg_of(port, true, true, 999, Some(1), 60000, &[]))
+    }
+
     #[test]
     fn segments_of_a_connection_carry_its_share() {
         let t = SentTable {
             share: WindowShare::new(4, 1000),
             ..SentTable::default()
         };
-        // Established, unscaled (the SYNs carry no window scale).
-        tx(&t, &segment(true, true, 999, Some(1), 60000, &[]));
-        let window_of = |f: &[u8]| {
-            let mut f = f.to_vec();
-            let how = t.observe_sent(&Segment::parse(&f, true).unwrap());
-            rewrite(&mut f, how, true);
-            let seg = Segment::parse(&f, true).unwrap();
-            assert!(seg
-                .tcp
-                .verify_checksum(&IpAddress::Ipv4(US), &IpAddress::Ipv4(PEER)));
-            seg.tcp.window_len()
-        };
-        // One receiving connection: all four frames.
-        rx(&t, &segment(false, false, 1, Some(1000), 100, &[1; 10]));
+        // One connection: all four frames, from its SYN-ACK on.
+        assert_eq!(establish(&t, 40000), 4000);
+        rx(
+            &t,
+            &seg_of(40000, false, false, 1, Some(1000), 100, &[1; 10]),
+        );
         assert_eq!(
-            window_of(&segment(true, false, 1000, Some(11), 60000, &[])),
+            send(&t, &seg_of(40000, true, false, 1000, Some(11), 60000, &[])),
             4000
         );
         // smoltcp's own window is smaller: it stands.
         assert_eq!(
-            window_of(&segment(true, false, 1000, Some(11), 3000, &[])),
+            send(&t, &seg_of(40000, true, false, 1000, Some(11), 3000, &[])),
             3000
         );
-        // Three more connections receive: a quarter, but the edge offered
-        // before (11 + 3000) holds until the peer reaches it.
-        for port in [40001u16, 40002, 40003] {
-            let mut f = segment(true, true, 999, Some(1), 60000, &[]);
-            f[36..38].copy_from_slice(&port.to_be_bytes());
-            tx(&t, &f);
-            let mut f = segment(false, false, 1, Some(1000), 100, &[1; 10]);
-            f[34..36].copy_from_slice(&port.to_be_bytes());
-            rx(&t, &f);
-        }
+        assert_eq!(t.share.open.get(), 3000);
+        // Another connection gets what is left; a third nothing: its
+        // window is closed and it waits.
+        assert_eq!(establish(&t, 40001), 1000);
+        assert_eq!(establish(&t, 40002), 0);
+        assert_eq!(t.share.waiting.get(), 1);
+        // While it waits, no window grows: the first one's edge (11 +
+        // 3000) holds, what its peer filled comes back and goes to the
+        // waiting one, with a window update.
         assert_eq!(
-            window_of(&segment(true, false, 1000, Some(1011), 60000, &[])),
+            send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(1011), 60000, &[])
+            ),
             2000
         );
+        assert_eq!(updates(&t), vec![(40002, 1000, 1, 1000)]);
+        assert_eq!(t.share.waiting.get(), 0);
+        assert_eq!(t.share.open.get(), 4000);
+        // A SYN sent again restarts a connection: its open window is no
+        // longer counted.
+        assert_eq!(establish(&t, 40001), 1000, "what it held is free again");
+        assert_eq!(t.share.open.get(), 4000);
+        assert_eq!(establish(&t, 40003), 0);
+        // A connection that goes gives its window to the one waiting.
+        t.forget(flow(40001));
+        assert_eq!(updates(&t), vec![(40003, 1000, 1, 1000)]);
+        assert_eq!((t.share.open.get(), t.share.waiting.get()), (4000, 0));
+    }
+
+    /// More connections than frames: a connection's share may be zero;
+    /// credit freed by a peer that filled its window goes to the waiting
+    /// connections in their order, each with a window update carrying
+    /// our next sequence number, the acknowledgement and the reopened
+    /// window (scaled); a connection whose segment is leaving when it is
+    /// granted credit carries the window itself.
+    #[test]
+    fn a_held_pool_closes_windows_and_freed_credit_reopens_them_in_order() {
+        let t = SentTable {
+            share: WindowShare::new(2, 1000),
+            ..SentTable::default()
+        };
+        // Scaled by 2: the SYN-ACKs offer window scale 2 (the test's
+        // segments carry none, so set it as smoltcp's SYN-ACK would).
+        for port in 40000..40004 {
+            establish(&t, port);
+            let mut e = t.entries.borrow_mut();
+            let s = e.get_mut(&flow(port)).unwrap();
+            s.our_scale = Some(2);
+        }
+        for port in 40000..40004 {
+            t.set_peer(
+                flow(port),
+                SynOptions {
+                    mss: Some(1000),
+                    window_scale: Some(2),
+                },
+            );
+        }
+        // The first one takes the whole pool (nobody received yet); the
+        // others wait, in their order.
+        let open: Vec<usize> = (40000..40004)
+            .map(|p| t.get(flow(p)).unwrap().rx_window().unwrap())
+            .collect();
+        assert_eq!(open, vec![2000, 0, 0, 0]);
+        let order = |t: &SentTable| -> Vec<u16> {
+            t.share.queue.borrow().iter().map(|(f, _)| f.1).collect()
+        };
+        assert_eq!(order(&t), vec![40001, 40002, 40003]);
+        // Our data moves our sequence number, which an update carries.
+        send(
+            &t,
+            &seg_of(40002, true, false, 1000, Some(1), 15000, &[7; 300]),
+        );
+        // 40000's peer sends a segment; smoltcp acknowledges it (window
+        // 15000 × 4): the edge stays, the window shrinks to what is left
+        // and the freed frame goes to 40001, with an update.
+        rx(
+            &t,
+            &seg_of(40000, false, false, 1, Some(1000), 100, &[1; 1000]),
+        );
         assert_eq!(
-            window_of(&segment(true, false, 1000, Some(3011), 60000, &[])),
+            send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(1001), 15000, &[])
+            ),
+            250
+        );
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 250)]);
+        // It fills the rest: its window closes, the frame goes to 40002,
+        // and 40000 queues behind 40003.
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(2001), 15000, &[])
+            ),
+            0
+        );
+        assert_eq!(updates(&t), vec![(40002, 1300, 1, 250)]);
+        assert_eq!(order(&t), vec![40003, 40000]);
+        // 40001's peer fills its window: 40003 is next.
+        send(
+            &t,
+            &seg_of(40001, true, false, 1000, Some(1001), 15000, &[]),
+        );
+        assert_eq!(updates(&t), vec![(40003, 1000, 1, 250)]);
+        assert_eq!(order(&t), vec![40000, 40001]);
+        // Never more open than the frames.
+        assert_eq!(t.share.open.get(), 2000);
+        // A window update leaves through the table like any segment:
+        // nothing changes.
+        let u = WindowUpdate {
+            src_mac: EthernetAddress([2, 0, 0, 0, 0, 2]),
+            dst_mac: EthernetAddress([2, 0, 0, 0, 0, 1]),
+            src_ip: US,
+            dst_ip: PEER,
+            src_port: 7174,
+            dst_port: 40003,
+            seq: 1000,
+            ack: 1,
+            window: 250,
+        };
+        let mut frame = vec![0; u.len()];
+        u.emit(&mut frame, &ChecksumCapabilities::default());
+        let seg = Segment::parse(&frame, true).unwrap();
+        assert!(seg.tcp.ack() && !seg.tcp.syn() && seg.tcp.payload().is_empty());
+        assert_eq!(send(&t, &frame), 250);
+        assert_eq!(t.share.open.get(), 2000);
+        // A zero-window probe of 40000's peer: smoltcp takes the byte and
+        // acknowledges it; the window stays closed (nothing is free).
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(2002), 15000, &[])
+            ),
+            0
+        );
+        assert_eq!(updates(&t), vec![]);
+
+        // Credit a connection frees while it waits behind others: they
+        // get their part first, it the rest, in the window of the very
+        // segment that freed it (no separate update).
+        let t = SentTable {
+            share: WindowShare::new(2, 1000),
+            ..SentTable::default()
+        };
+        assert_eq!(establish(&t, 40000), 2000);
+        assert_eq!(establish(&t, 40001), 0);
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(2001), 60000, &[])
+            ),
             1000
         );
-        // A SYN sent again restarts the connection: its open window is
-        // no longer counted.
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
+        assert_eq!(t.share.open.get(), 2000);
+    }
+
+    /// A connection that is gone or whose peer's FIN is acknowledged
+    /// gives its credit back, and a waiting one that is gone leaves the
+    /// queue: the next one gets the credit.
+    #[test]
+    fn closing_connections_return_credit_and_leave_the_queue() {
+        let t = SentTable {
+            share: WindowShare::new(1, 1000),
+            ..SentTable::default()
+        };
+        for port in 40000..40003 {
+            establish(&t, port);
+        }
+        assert_eq!(t.share.waiting.get(), 2);
+        // 40001 waits first, but goes: it leaves the queue.
+        t.forget(flow(40001));
+        assert_eq!(t.share.waiting.get(), 1);
+        assert_eq!(updates(&t), vec![]);
+        // 40000's peer sends its FIN; our acknowledgement of it frees the
+        // window although its edge stays: 40002 gets it.
+        rx(
+            &t,
+            &seg_of(40000, false, false, 1, Some(1000), 100, &[1; 10]),
+        );
+        let mut fin = seg_of(40000, false, false, 11, Some(1000), 100, &[]);
+        fin[47] |= 0x01;
+        let mut p = TcpPacket::new_unchecked(&mut fin[34..]);
+        p.fill_checksum(&IpAddress::Ipv4(PEER), &IpAddress::Ipv4(US));
+        rx(&t, &fin);
+        assert_eq!(
+            send(&t, &seg_of(40000, true, false, 1000, Some(12), 60000, &[])),
+            989
+        );
+        assert_eq!(updates(&t), vec![(40002, 1000, 1, 1000)]);
         assert_eq!(t.share.open.get(), 1000);
-        tx(&t, &segment(true, true, 999, Some(1), 60000, &[]));
-        assert_eq!(t.share.open.get(), 0);
+        // 40002 goes: everything is free, nobody waits.
+        t.forget(flow(40002));
+        assert_eq!((t.share.open.get(), t.share.waiting.get()), (0, 0));
+        // Stale queue entries are dropped once they outnumber the live
+        // ones: connections that come and go while the pool is held.
+        let t = SentTable {
+            share: WindowShare::new(1, 1000),
+            ..SentTable::default()
+        };
+        establish(&t, 1);
+        for port in 2..1000u16 {
+            establish(&t, port);
+            t.forget(flow(port));
+        }
+        assert_eq!(t.share.waiting.get(), 0);
+        assert!(
+            t.share.queue.borrow().len() <= 66,
+            "{}",
+            t.share.queue.borrow().len()
+        );
+    }
+
+    /// A window whose peer sends nothing for two periods is lent to the
+    /// waiting connections (no longer counted), and counted again once
+    /// the connection advertises anew; a connection that receives keeps
+    /// its window.
+    #[test]
+    fn an_unused_window_is_lent_to_waiting_connections() {
+        let t = SentTable {
+            share: WindowShare::new(2, 1000),
+            ..SentTable::default()
+        };
+        t.tick(Instant::from_millis(0));
+        assert_eq!(establish(&t, 40000), 2000);
+        assert_eq!(establish(&t, 40001), 0);
+        let p = SHARE_PERIOD_MS;
+        // 40000's peer sends: it is not idle.
+        t.tick(Instant::from_millis(p));
+        rx(
+            &t,
+            &seg_of(40000, false, false, 1, Some(1000), 100, &[1; 10]),
+        );
+        t.tick(Instant::from_millis(2 * p));
+        t.tick(Instant::from_millis(3 * p));
+        assert_eq!(updates(&t), vec![]);
+        // Two periods without: its window is lent, 40001 gets the pool.
+        t.tick(Instant::from_millis(4 * p));
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 2000)]);
+        assert_eq!(t.share.open.get(), 2000);
+        // 40000 advertises again: counted again (the edge stays).
+        assert_eq!(
+            send(&t, &seg_of(40000, true, false, 1000, Some(11), 60000, &[])),
+            1990
+        );
+        assert_eq!(t.share.open.get(), 3990);
+        // 40001 goes: what is counted is 40000's.
+        t.forget(flow(40001));
+        assert_eq!(t.share.open.get(), 1990);
+    }
+
+    /// A peer that sends beyond the window we advertised (smoltcp takes
+    /// it when its buffer has room and acknowledges past our edge), or
+    /// probes a closed window: the counts neither underflow nor panic,
+    /// and the window stays closed while the pool is held.
+    #[test]
+    fn data_past_our_edge_keeps_the_counts_sound() {
+        let t = SentTable {
+            share: WindowShare::new(1, 1000),
+            ..SentTable::default()
+        };
+        establish(&t, 40000);
+        assert_eq!(establish(&t, 40001), 0);
+        // 40001's peer sends 1 byte (a probe), then 5000 bytes it was
+        // never offered; smoltcp acknowledges them.
+        assert_eq!(
+            send(&t, &seg_of(40001, true, false, 1000, Some(2), 60000, &[])),
+            0
+        );
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40001, true, false, 1000, Some(5002), 60000, &[])
+            ),
+            0
+        );
+        assert_eq!(t.share.open.get(), 1000);
+        assert_eq!(t.get(flow(40001)).unwrap().rx_window(), Some(0));
+        // The holder's peer acknowledges past its edge too.
+        send(
+            &t,
+            &seg_of(40000, true, false, 1000, Some(9001), 60000, &[]),
+        );
+        assert_eq!(updates(&t), vec![(40001, 1000, 5002, 1000)]);
+        assert_eq!(t.share.open.get(), 1000);
     }
 
     #[test]

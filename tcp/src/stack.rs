@@ -167,6 +167,10 @@ pub struct Counters {
     /// Segments whose receive window was cut to the connection's share of
     /// [`Config::window_frames`].
     pub windows_cut: u64,
+    /// Window updates the stack sent itself: pure acknowledgements that
+    /// reopen the window of a connection the shared frames held closed
+    /// ([`Config::window_frames`]).
+    pub window_updates: u64,
     /// Connection visits: a connection's egress and state, for frames,
     /// timers or calls that concerned it.
     pub conn_visits: u64,
@@ -1292,6 +1296,7 @@ impl<D: Device> Stack<D> {
             tx_bytes: c.tx_bytes.get(),
             acks_renumbered: c.acks_renumbered.get(),
             windows_cut: c.windows_cut.get(),
+            window_updates: c.window_updates.get(),
             ..self.core.counters
         }
     }
@@ -1798,7 +1803,7 @@ impl<D: Device> Stack<D> {
     /// [`Stack::poll_at`].
     pub fn poll(&mut self, now: Instant) -> bool {
         self.core.now = now;
-        self.port.sent.share.tick(now);
+        self.port.sent.tick(now);
         let mut did = false;
         if !self.core.neighbors.is_empty() && now >= self.core.neighbor_refresh_at {
             self.core.neighbor_refresh_at = now + NEIGHBOR_REFRESH;
@@ -1859,6 +1864,7 @@ impl<D: Device> Stack<D> {
             self.core.work = work;
         }
         self.flush_forgotten();
+        did |= self.port.send_window_updates(now);
         did
     }
 
@@ -1888,6 +1894,7 @@ impl<D: Device> Stack<D> {
         !c.work.is_empty()
             || c.egress_due
             || !self.port.inject.is_empty()
+            || self.port.sent.updates_due()
             || c.timers.peek().is_some_and(|Reverse((t, _, _))| *t <= now)
             || (!c.arp_wait.is_empty() && now >= c.arp_retry_at)
             || (!c.neighbors.is_empty() && now >= c.neighbor_refresh_at)

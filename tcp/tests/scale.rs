@@ -428,3 +428,121 @@ fn streaming_connections_share_the_receive_frames() {
     assert!(most <= bound, "{most} bytes open at once, bound {bound}");
     assert!(most < usize::from(N) * b_cfg.rx_buffer / 4);
 }
+
+/// More connections stream into one stack at once than its windows share
+/// frames (`Config::window_frames`), each closing when it has sent: a
+/// connection's window may close (the others hold the frames) and reopens
+/// when a peer's filled window or FIN frees credit, by a window update
+/// the stack sends itself. Every byte arrives and every connection
+/// finishes (none starves), no right edge moves back, and the windows B
+/// holds open on the wire (its SYN-ACKs' included, none once it has
+/// acknowledged the peer's FIN) never add up to more than the frames.
+#[test]
+fn more_receivers_than_frames_take_turns_within_the_frames() {
+    const N: u16 = 48;
+    const FRAMES: usize = 16;
+    let b_cfg = Config {
+        window_frames: Some(FRAMES),
+        ..Config::default()
+    };
+    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let mss = sim.b.local_mss();
+    let len = 20 * mss + 100;
+    let capture = Shared::default();
+    sim.capture(Box::new(capture.clone()), iwarp_tcp::sim::Capture::Sent);
+    let pairs = open_many(&mut sim, N);
+    let msgs: Vec<Vec<u8>> = (0..pairs.len()).map(|i| data(len, i as u64)).collect();
+    let mut sent = vec![0; pairs.len()];
+    let mut closed = vec![false; pairs.len()];
+    let mut got = vec![Vec::new(); pairs.len()];
+    let limit = sim.now + Duration::from_secs(60);
+    sim.run(limit, |s| {
+        let mut done = true;
+        for (i, &(a, b)) in pairs.iter().enumerate() {
+            if sent[i] < len {
+                sent[i] += s.a.send_slice(a, &msgs[i][sent[i]..]).unwrap_or(0);
+            } else if !closed[i] {
+                s.a.close(a).unwrap();
+                closed[i] = true;
+            }
+            let _ = s.b.recv(b, |buf| {
+                got[i].extend_from_slice(buf);
+                buf.len()
+            });
+            done &= got[i].len() == len;
+        }
+        if done {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    sim.finish_capture();
+    assert!(got == msgs, "each connection got its own bytes");
+    let counters = sim.b.counters();
+    assert!(counters.windows_cut > 0);
+    assert!(counters.window_updates > 0, "{counters:?}");
+    let pcap = capture.0.borrow();
+    // Per connection (A's port): B's window shift, the acknowledgement
+    // number that covers A's FIN, the right edge B offered and the bytes
+    // it holds open; their sum at every segment of B's.
+    let mut shift: std::collections::HashMap<u16, u8> = Default::default();
+    let mut fin: std::collections::HashMap<u16, u32> = Default::default();
+    let mut edges: std::collections::HashMap<u16, (u32, usize)> = Default::default();
+    let (mut open, mut most, mut closed_windows) = (0usize, 0usize, 0usize);
+    for frame in pcap_frames(&pcap) {
+        let eth = EthernetFrame::new_checked(frame).unwrap();
+        let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+            continue;
+        };
+        let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+        if ip.src_addr() != Sim::IP_B {
+            if tcp.fin() {
+                let end = tcp.seq_number().0 as u32 + tcp.payload().len() as u32 + 1;
+                fin.insert(tcp.src_port(), end);
+            }
+            continue;
+        }
+        if tcp.rst() || !tcp.ack() {
+            continue;
+        }
+        let port = tcp.dst_port();
+        let ack = tcp.ack_number().0 as u32;
+        let window = if tcp.syn() {
+            let repr = TcpRepr::parse(
+                &tcp,
+                &Sim::IP_B.into(),
+                &ip.dst_addr().into(),
+                &ChecksumCapabilities::ignored(),
+            )
+            .unwrap();
+            shift.insert(port, repr.window_scale.unwrap_or(0));
+            usize::from(tcp.window_len())
+        } else {
+            usize::from(tcp.window_len()) << shift[&port]
+        };
+        closed_windows += usize::from(window == 0);
+        let edge = ack.wrapping_add(window as u32);
+        let finished = fin
+            .get(&port)
+            .is_some_and(|&f| ack.wrapping_sub(f) as i32 >= 0);
+        let held = if finished { 0 } else { window };
+        if let Some(&(before, was)) = edges.get(&port) {
+            assert!(
+                edge.wrapping_sub(before) as i32 >= 0,
+                "port {port}: right edge moved back from {before} to {edge}"
+            );
+            open -= was;
+        }
+        edges.insert(port, (edge, held));
+        open += held;
+        most = most.max(open);
+    }
+    assert!(closed_windows > 0, "some windows were closed");
+    assert!(
+        most <= FRAMES * mss,
+        "{most} bytes open at once, frames {}",
+        FRAMES * mss
+    );
+}
