@@ -66,16 +66,28 @@ pub struct Config {
     pub rx_budget: Option<usize>,
     /// Receive frames the connections' windows share: the frames the
     /// device can receive into before the stack takes any (the AF_XDP
-    /// engine's fill ring). Each connection that received data in the
-    /// last 10–20 ms advertises at most `window_frames × MSS / receiving`
-    /// bytes (at least one MSS), so the peers together keep no more in
-    /// flight than there are frames to receive it into, however many
-    /// connections there are; smoltcp's own window, when smaller, stands.
-    /// The right edge of a window never moves back, so a shrinking share
-    /// takes effect as the peers fill what they were offered. `None`:
-    /// the AF_XDP engine fills in three quarters of its fill ring (the
-    /// rest is for the acknowledgements of what it sends), a stack on its
-    /// own cuts nothing; `Some(0)`: windows are never cut.
+    /// engine's fill ring). The windows all connections hold open
+    /// together stay within `window_frames × MSS` bytes, so the peers
+    /// together keep no more in flight than there are frames to receive
+    /// it into, however many connections there are. A connection is
+    /// offered at most its fair part (`window_frames × MSS` over the
+    /// connections that received data in the last 10–20 ms and those
+    /// waiting), in whole segments, and only what the others leave: the
+    /// offer may be nothing, and its window closes. A connection held
+    /// below one segment waits in a FIFO queue; credit freed by a peer
+    /// that filled its window, by an acknowledged FIN, by a connection
+    /// that is gone, or by a window its peer left unused for 20–30 ms
+    /// (lent: such a peer may still send into it) goes to the waiting
+    /// connections in order, each sent a window update at once (a pure
+    /// acknowledgement the stack builds itself, counted in
+    /// [`Counters::window_updates`](crate::Counters::window_updates)).
+    /// smoltcp's own window, when smaller, stands. The right edge of a
+    /// window never moves back, so a shrinking share takes effect as the
+    /// peers fill what they were offered. A SYN-ACK's window takes its
+    /// share; a SYN's (an active open) is not cut. `None`: the AF_XDP
+    /// engine fills in three quarters of its fill ring (the rest is for
+    /// the acknowledgements of what it sends), a stack on its own cuts
+    /// nothing; `Some(0)`: windows are never cut.
     pub window_frames: Option<usize>,
     /// Nagle's algorithm: hold back small segments while data is
     /// unacknowledged. Off by default, so each FPDU leaves at once.

@@ -167,7 +167,7 @@ pub(crate) struct Sent {
     /// The acknowledgement number that covers the peer's FIN, once one
     /// arrived.
     peer_fin: Option<u32>,
-    /// The window is lent: its peer left it unused for two periods, so
+    /// The window is lent: its peer left it unused for [`LEND_PERIODS`], so
     /// it is not counted in [`WindowShare`]'s total.
     lent: bool,
     /// The [`WindowShare`] period in which the peer last sent data or the
@@ -216,6 +216,13 @@ impl Sent {
 /// How long a connection counts as receiving after its last data
 /// segment: between one and two of these periods.
 const SHARE_PERIOD_MS: i64 = 10;
+
+/// After how many periods without data a window is lent
+/// ([`WindowShare`]): one second, far beyond the time a busy peer takes
+/// to use its window (at 4096 connections sharing 1536 frames a
+/// connection's turn comes every few tens of milliseconds), so that
+/// only a peer that stopped sending is lent past.
+const LEND_PERIODS: u64 = 100;
 
 /// The receive frames shared by the connections
 /// ([`Config::window_frames`](crate::Config::window_frames)): the windows
@@ -499,8 +506,8 @@ impl SentTable {
     }
 
     /// Move the share's period forward to `now`; lend the windows of the
-    /// connections whose peers left them unused for two periods (the
-    /// holder queue's oldest entries, each checked once per two periods
+    /// connections whose peers left them unused for [`LEND_PERIODS`] (the
+    /// holder queue's oldest entries, each checked once per that time
     /// it holds a window and the peer sends: amortised constant time per
     /// received segment) and give the credit to the waiting ones.
     pub(crate) fn tick(&self, now: Instant) {
@@ -518,7 +525,7 @@ impl SentTable {
             let Some(&(flow, stamp)) = holders.front() else {
                 break;
             };
-            if stamp.saturating_add(2) > cur {
+            if stamp.saturating_add(LEND_PERIODS) > cur {
                 break;
             }
             holders.pop_front();
@@ -528,7 +535,7 @@ impl SentTable {
             if !s.holding {
                 continue;
             }
-            if s.touched.saturating_add(2) > cur && s.counted() > 0 {
+            if s.touched.saturating_add(LEND_PERIODS) > cur && s.counted() > 0 {
                 // Touched since it was queued: check again later.
                 holders.push_back((flow, cur));
                 continue;
@@ -591,6 +598,12 @@ impl SentTable {
                 peer_fin: None,
                 hdr: Some((seg.src_mac, seg.dst_mac, seg.src)),
             };
+            // A SYN sent again restarts the entry: what the old one held
+            // open is no longer counted, its place in the queue is lost.
+            if let Some(mut old) = entries.remove(&key) {
+                self.share.reopen(old.counted(), 0);
+                self.share.leave(&mut old);
+            }
             // A SYN-ACK's window (never scaled) is the first one the
             // peer may fill: it takes its share like any other. smoltcp
             // offers scaling in a SYN-ACK only if the peer's SYN did, so
@@ -599,12 +612,7 @@ impl SentTable {
                 sent.our_shift = sent.our_scale.unwrap_or(0).min(14);
                 out.window = self.advertise(key, &mut sent, tcp);
             }
-            // A SYN sent again restarts the entry: what the old one held
-            // open is no longer counted, its place in the queue is lost.
-            if let Some(mut old) = entries.insert(key, sent) {
-                self.share.reopen(old.counted(), 0);
-                self.share.leave(&mut old);
-            }
+            entries.insert(key, sent);
             self.grant(&mut entries);
             self.share.compact(&entries);
             self.fold_update(key, true, &mut entries, &mut out);
@@ -1793,7 +1801,7 @@ mod tests {
         );
     }
 
-    /// A window whose peer sends nothing for two periods is lent to the
+    /// A window whose peer sends nothing for `LEND_PERIODS` is lent to the
     /// waiting connections (no longer counted), and counted again once
     /// the connection advertises anew; a connection that receives keeps
     /// its window.
@@ -1807,17 +1815,21 @@ mod tests {
         assert_eq!(establish(&t, 40000), 2000);
         assert_eq!(establish(&t, 40001), 0);
         let p = SHARE_PERIOD_MS;
+        let lend = LEND_PERIODS as i64;
         // 40000's peer sends: it is not idle.
         t.tick(Instant::from_millis(p));
         rx(
             &t,
             &seg_of(40000, false, false, 1, Some(1000), 100, &[1; 10]),
         );
-        t.tick(Instant::from_millis(2 * p));
-        t.tick(Instant::from_millis(3 * p));
+        t.tick(Instant::from_millis(lend * p));
+        t.tick(Instant::from_millis(lend * p + p / 2));
         assert_eq!(updates(&t), vec![]);
-        // Two periods without: its window is lent, 40001 gets the pool.
-        t.tick(Instant::from_millis(4 * p));
+        // A whole `LEND_PERIODS` without: its window is lent, 40001 gets
+        // the pool.
+        t.tick(Instant::from_millis((lend + 1) * p));
+        assert_eq!(updates(&t), vec![]);
+        t.tick(Instant::from_millis(2 * lend * p));
         assert_eq!(updates(&t), vec![(40001, 1000, 1, 2000)]);
         assert_eq!(t.share.open.get(), 2000);
         // 40000 advertises again: counted again (the edge stays).
