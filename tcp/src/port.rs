@@ -575,7 +575,7 @@ impl SentTable {
                 return out;
             }
             let start = seq.wrapping_add(1);
-            let mut sent = Sent {
+            let sent = Sent {
                 start,
                 next: start,
                 una: start,
@@ -604,18 +604,15 @@ impl SentTable {
                 self.share.reopen(old.counted(), 0);
                 self.share.leave(&mut old);
             }
-            // A SYN-ACK's window (never scaled) is the first one the
-            // peer may fill: it takes its share like any other. smoltcp
-            // offers scaling in a SYN-ACK only if the peer's SYN did, so
-            // the option it carries is the shift of what follows.
-            if tcp.ack() && !tcp.rst() {
-                sent.our_shift = sent.our_scale.unwrap_or(0).min(14);
-                out.window = self.advertise(key, &mut sent, tcp);
-            }
+            // A SYN's window (never scaled) is left alone: the connection
+            // takes its share from its first acknowledgement on. Cut to
+            // nothing while the frames are held, it would keep a new
+            // connection from even sending its first message (the MPA
+            // request) until a window that an idle connection holds is
+            // lent, and a window lent is one its peer may still fill.
             entries.insert(key, sent);
             self.grant(&mut entries);
             self.share.compact(&entries);
-            self.fold_update(key, true, &mut entries, &mut out);
             return out;
         }
         let Some(s) = entries.get_mut(&key) else {
@@ -653,7 +650,7 @@ impl SentTable {
             self.grant(&mut entries);
         }
         self.share.compact(&entries);
-        self.fold_update(key, false, &mut entries, &mut out);
+        self.fold_update(key, &mut entries, &mut out);
         out
     }
 
@@ -663,7 +660,6 @@ impl SentTable {
     fn fold_update(
         &self,
         flow: Flow,
-        syn: bool,
         entries: &mut HashMap<Flow, Sent, FlowHash>,
         out: &mut Rewrite,
     ) {
@@ -678,9 +674,7 @@ impl SentTable {
         };
         s.update_due = false;
         let open = (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
-        // smoltcp scales every window but a SYN's.
-        let shift = if syn { 0 } else { s.our_shift };
-        out.window = Some((open >> shift).min(usize::from(u16::MAX)) as u16);
+        out.window = Some((open >> s.our_shift).min(usize::from(u16::MAX)) as u16);
     }
 
     /// Our segment `tcp` of the connection `s` (of `flow`) acknowledges:
@@ -1559,10 +1553,15 @@ mod tests {
     }
 
     /// A connection of the table established by a SYN-ACK of ours
-    /// (unscaled) carrying smoltcp's window of 60000: the window it left
-    /// with.
+    /// (unscaled, left alone) and acknowledged by the first segment after
+    /// it, which carries smoltcp's window of 60000: the window that one
+    /// left with.
     fn establish(t: &SentTable, port: u16) -> u16 {
-        send(t, &seg_of(port, true, true, 999, Some(1), 60000, &[]))
+        assert_eq!(
+            send(t, &seg_of(port, true, true, 999, Some(1), 60000, &[])),
+            60000
+        );
+        send(t, &seg_of(port, true, false, 1000, Some(1), 60000, &[]))
     }
 
     #[test]
@@ -1631,19 +1630,18 @@ mod tests {
         // Scaled by 2: the SYN-ACKs offer window scale 2 (the test's
         // segments carry none, so set it as smoltcp's SYN-ACK would).
         for port in 40000..40004 {
-            establish(&t, port);
-            let mut e = t.entries.borrow_mut();
-            let s = e.get_mut(&flow(port)).unwrap();
-            s.our_scale = Some(2);
-        }
-        for port in 40000..40004 {
-            t.set_peer(
-                flow(port),
-                SynOptions {
-                    mss: Some(1000),
-                    window_scale: Some(2),
-                },
-            );
+            send(&t, &seg_of(port, true, true, 999, Some(1), 60000, &[]));
+            t.entries
+                .borrow_mut()
+                .get_mut(&flow(port))
+                .unwrap()
+                .our_scale = Some(2);
+            let syn = SynOptions {
+                mss: Some(1000),
+                window_scale: Some(2),
+            };
+            t.set_peer(flow(port), syn);
+            send(&t, &seg_of(port, true, false, 1000, Some(1), 15000, &[]));
         }
         // The first one takes the whole pool (nobody received yet); the
         // others wait, in their order.

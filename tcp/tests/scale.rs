@@ -435,8 +435,9 @@ fn streaming_connections_share_the_receive_frames() {
 /// when a peer's filled window or FIN frees credit, by a window update
 /// the stack sends itself. Every byte arrives and every connection
 /// finishes (none starves), no right edge moves back, and the windows B
-/// holds open on the wire (its SYN-ACKs' included, none once it has
-/// acknowledged the peer's FIN) never add up to more than the frames.
+/// holds open on the wire (from its first acknowledgement after the
+/// SYN-ACK, whose window is not cut; none once it has acknowledged the
+/// peer's FIN) never add up to more than the frames.
 #[test]
 fn more_receivers_than_frames_take_turns_within_the_frames() {
     const N: u16 = 48;
@@ -508,8 +509,7 @@ fn more_receivers_than_frames_take_turns_within_the_frames() {
             continue;
         }
         let port = tcp.dst_port();
-        let ack = tcp.ack_number().0 as u32;
-        let window = if tcp.syn() {
+        if tcp.syn() {
             let repr = TcpRepr::parse(
                 &tcp,
                 &Sim::IP_B.into(),
@@ -518,10 +518,10 @@ fn more_receivers_than_frames_take_turns_within_the_frames() {
             )
             .unwrap();
             shift.insert(port, repr.window_scale.unwrap_or(0));
-            usize::from(tcp.window_len())
-        } else {
-            usize::from(tcp.window_len()) << shift[&port]
-        };
+            continue;
+        }
+        let ack = tcp.ack_number().0 as u32;
+        let window = usize::from(tcp.window_len()) << shift[&port];
         closed_windows += usize::from(window == 0);
         let edge = ack.wrapping_add(window as u32);
         let finished = fin
