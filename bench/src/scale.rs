@@ -221,6 +221,9 @@ pub fn run(
         // Side a has all N connected.
         spin_recv(&dev, &from_a, WAIT)?;
         let rss_setup = rss()?;
+        // With IWARP_BENCH_DEBUG: the counters after setup, to tell the
+        // drops of the setup from those of the traffic.
+        crate::rdma::debug_stats(&dev);
         let frames_before = rx_frames(&dev);
         back_a.send(()).map_err(|_| err("side a is gone"))?;
         // The traffic runs until side a says it is done.

@@ -76,15 +76,16 @@ pub struct Config {
     /// offer may be nothing, and its window closes. A connection held
     /// below one segment waits in a FIFO queue; credit freed by a peer
     /// that filled its window, by an acknowledged FIN, by a connection
-    /// that is gone, or by a window its peer left unused for 20–30 ms
+    /// that is gone, or by a window its peer left unused for a second
     /// (lent: such a peer may still send into it) goes to the waiting
     /// connections in order, each sent a window update at once (a pure
     /// acknowledgement the stack builds itself, counted in
     /// [`Counters::window_updates`](crate::Counters::window_updates)).
     /// smoltcp's own window, when smaller, stands. The right edge of a
     /// window never moves back, so a shrinking share takes effect as the
-    /// peers fill what they were offered. A SYN-ACK's window takes its
-    /// share; a SYN's (an active open) is not cut. `None`: the AF_XDP
+    /// peers fill what they were offered. The window of a SYN or
+    /// SYN-ACK is not cut: a connection takes its share from its first
+    /// acknowledgement after the handshake on. `None`: the AF_XDP
     /// engine fills in three quarters of its fill ring (the rest is for
     /// the acknowledgements of what it sends), a stack on its own cuts
     /// nothing; `Some(0)`: windows are never cut.

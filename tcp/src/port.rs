@@ -255,8 +255,13 @@ const LEND_PERIODS: u64 = 100;
 ///   would wait hundreds of milliseconds.
 /// * Credit comes back when a peer fills its window and we acknowledge
 ///   it, when the peer's FIN is acknowledged, and when the connection
-///   is gone. A window a peer leaves unused stays held: its edge cannot
-///   move back.
+///   is gone. A window a peer leaves unused stays held (its edge cannot
+///   move back) until it has been unused for [`LEND_PERIODS`]: then it
+///   is lent, no longer counted, so that idle connections cannot keep
+///   the others waiting forever; such a peer may still fill it, beyond
+///   the pool.
+/// * A SYN's window is left alone: a connection takes its share from
+///   its first acknowledgement after the handshake on.
 ///
 /// Every step is constant time per segment or event: the queue is a
 /// FIFO whose stale entries (connections gone or restarted) are skipped
