@@ -5,7 +5,7 @@
 //! fds of the SRQs ([`iwarp_engine::Srq::event_fd`]) and of the connected
 //! QPs ([`iwarp_engine::Qp::async_event_fd`]), each a semaphore eventfd
 //! with one count per queued engine event, and each entry's data naming
-//! its object ([`Source`]). So `async_fd` is readable exactly while an
+//! its object (`Source`). So `async_fd` is readable exactly while an
 //! event waits, and `ibv_get_async_event` waits on it (blocking, or EAGAIN
 //! when the application made it non-blocking) and takes the event from the
 //! object it names. No thread moves events: the engine's progress counts
@@ -20,7 +20,7 @@
 //! The ack contract of verbs: every QP event handed out is counted on its
 //! QP until `ibv_ack_async_event` acks it, and `ibv_destroy_qp` waits
 //! until all are acked (events not yet handed out are dropped with the
-//! QP). [`DISPATCH`] orders the hand-out against the destroy: a QP is
+//! QP). `DISPATCH` orders the hand-out against the destroy: a QP is
 //! looked up, its event taken and counted under it, and `ibv_destroy_qp`
 //! stops the hand-out and later frees the QP under it, so no event of a
 //! destroyed QP is handed out and no QP is freed while an event is
