@@ -130,15 +130,24 @@ pub unsafe extern "C" fn ibv_get_async_event(
     }
     // SAFETY: the library's context.
     let fd = unsafe { (*ctx).async_fd };
+    // SAFETY: plain syscall on our epoll fd.
+    let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
-        let data = match crate::next_ready(fd) {
-            Ok(d) => d,
-            Err(e) => {
-                set_errno(e);
-                return -1;
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        let timeout = if nonblocking { 0 } else { -1 };
+        // SAFETY: one epoll_event of room.
+        let n = unsafe { libc::epoll_wait(fd, &mut ev, 1, timeout) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
             }
-        };
-        let Some(e) = take(Source::of(data)) else {
+            return -1;
+        }
+        if n == 0 {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        let Some(e) = take(Source::of(ev.u64)) else {
             // Destroyed meanwhile, or another thread took the event.
             continue;
         };

@@ -76,32 +76,6 @@ pub(crate) fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
-/// The data of the next ready entry of `fd`, an epoll set handed to the
-/// application (a completion channel's or the context's async fd): waits
-/// for one unless the application made `fd` non-blocking, then fails with
-/// EAGAIN; an interrupted wait waits again. Err: the errno to set.
-pub(crate) fn next_ready(fd: std::os::fd::RawFd) -> Result<u64, i32> {
-    // SAFETY: plain syscall on the caller's epoll fd.
-    let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
-    let timeout = if nonblocking { 0 } else { -1 };
-    loop {
-        let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: one epoll_event of room.
-        match unsafe { libc::epoll_wait(fd, &mut ev, 1, timeout) } {
-            0 => return Err(libc::EAGAIN),
-            n if n > 0 => return Ok(ev.u64),
-            _ => {
-                let e = std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO);
-                if e != libc::EINTR {
-                    return Err(e);
-                }
-            }
-        }
-    }
-}
-
 /// A post call's failure at `wr`: `*bad = wr` (when `bad` is given), as
 /// the post functions of verbs.h report the first work request not
 /// posted; returns `e`.

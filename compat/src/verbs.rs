@@ -780,14 +780,24 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         set_errno(libc::EINVAL);
         return -1;
     }
+    // SAFETY: plain syscall on our epoll fd.
+    let nonblocking = unsafe { libc::fcntl(c.raw.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
     loop {
-        let p = match crate::next_ready(c.raw.fd) {
-            Ok(d) => d as *mut ibv_cq,
-            Err(e) => {
-                set_errno(e);
-                return -1;
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        let timeout = if nonblocking { 0 } else { -1 };
+        // SAFETY: one epoll_event of room.
+        let n = unsafe { libc::epoll_wait(c.raw.fd, &mut ev, 1, timeout) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
             }
-        };
+            return -1;
+        }
+        if n == 0 {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+        let p = ev.u64 as *mut ibv_cq;
         let Some(q) = obj::<_, CqObj>(p, Kind::Cq) else {
             continue;
         };
