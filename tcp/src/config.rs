@@ -72,13 +72,16 @@ pub struct Config {
     /// it into, however many connections there are. A connection is
     /// offered at most its fair part (`window_frames × MSS` over the
     /// connections that received data in the last 10–20 ms and those
-    /// waiting), in whole segments, and only what the others leave: the
-    /// offer may be nothing, and its window closes. A connection held
+    /// waiting, but at least a turn: 16 segments, at most an eighth of
+    /// the frames), in whole segments, and only what the others leave:
+    /// the offer may be nothing, and its window closes. A connection held
     /// below one segment waits in a FIFO queue; credit freed by a peer
     /// that filled its window, by an acknowledged FIN, by a connection
     /// that is gone, or by a window its peer left unused for a second
     /// (lent: such a peer may still send into it) goes to the waiting
-    /// connections in order, each sent a window update at once (a pure
+    /// connections in order, a turn's worth at a time (less only when
+    /// no more has come free for a whole period), each sent a window
+    /// update at once (a pure
     /// acknowledgement the stack builds itself, counted in
     /// [`Counters::window_updates`](crate::Counters::window_updates)).
     /// smoltcp's own window, when smaller, stands. The right edge of a

@@ -224,6 +224,13 @@ const SHARE_PERIOD_MS: i64 = 10;
 /// only a peer that stopped sending is lent past.
 const LEND_PERIODS: u64 = 100;
 
+/// The most segments a connection is granted at its turn while others
+/// wait ([`WindowShare::turn`]): a window update, sixteen segments and
+/// eight delayed acknowledgements instead of a window update and an
+/// acknowledgement for every segment, as windows of one segment each
+/// cost once a thousand connections share the frames.
+const TURN_SEGMENTS: usize = 16;
+
 /// The receive frames shared by the connections
 /// ([`Config::window_frames`](crate::Config::window_frames)): the windows
 /// all connections hold open together stay within `frames × mss` bytes
@@ -240,14 +247,20 @@ const LEND_PERIODS: u64 = 100;
 /// * A connection is offered what the others leave of the pool, at most
 ///   its fair part, `frames × mss / (receiving + waiting)` (the
 ///   connections that received data lately and those waiting for
-///   credit), in whole segments. The offer may be zero: the connection
-///   then advertises no window beyond its edge.
+///   credit) but at least a turn ([`turn`](Self::turn)), in whole
+///   segments. The offer may be zero: the connection then advertises no
+///   window beyond its edge. Past `frames / turn` receiving connections
+///   they take turns: a few hold a turn's window each while the others
+///   wait, and each segment of a turn costs less than a one-segment
+///   window shared by all would (the per-segment work of a connection,
+///   its acknowledgement and the window update are paid per turn).
 /// * A connection whose window is held below one segment by the pool
 ///   (smoltcp's own window would allow more) joins a FIFO wait queue.
 ///   While any connection waits, no window grows on its own: a window
 ///   shrinks as its peer fills it, and the credit it frees goes to the
 ///   waiting connections in their order, a fair part each (whole
-///   segments, smoltcp's own window permitting).
+///   segments, smoltcp's own window permitting), once a turn's worth is
+///   free.
 /// * A connection that is granted credit is sent a window update at
 ///   once: a pure acknowledgement the device wrapper builds itself
 ///   ([`SentTable::window_update`]), because smoltcp sends none for a
@@ -292,6 +305,9 @@ pub(crate) struct WindowShare {
     /// Connections whose window is counted, each once, with the period
     /// they were queued in: oldest first.
     holders: RefCell<VecDeque<(Flow, u64)>>,
+    /// The period since which the first waiting connection waits for a
+    /// turn's worth of credit to come free.
+    short_since: Cell<Option<u64>>,
 }
 
 impl WindowShare {
@@ -344,16 +360,34 @@ impl WindowShare {
         self.pool().saturating_sub(self.open.get())
     }
 
+    /// The least credit a waiting connection is granted at its turn:
+    /// [`TURN_SEGMENTS`], but at most an eighth of the pool (so that
+    /// several connections hold turns at once and one peer's round trip
+    /// does not idle the pool), at least one segment.
+    fn turn(&self) -> usize {
+        TURN_SEGMENTS.min(self.frames / 8).max(1) * self.mss
+    }
+
+    /// Whether the first waiting connection may be granted less than a
+    /// turn: the credit free has stayed short of one for a whole period
+    /// (windows their peers leave unused hold the rest, and they only
+    /// come back when lent).
+    fn short_for_long(&self) -> bool {
+        self.short_since
+            .get()
+            .is_some_and(|p| p.saturating_add(2) <= self.period.get())
+    }
+
     /// Bytes one connection may hold: its fair part of the pool among
     /// the connections that received lately and those waiting, at least
-    /// one segment.
+    /// a turn.
     fn bytes(&self) -> Option<usize> {
         if self.frames == 0 {
             return None;
         }
         let receiving =
             (self.now_count.get() + self.before_count.get() + self.waiting.get()).max(1);
-        Some((self.pool() / receiving).max(self.mss))
+        Some((self.pool() / receiving).max(self.turn()))
     }
 
     /// Bytes a connection whose window holds `mine` open may be offered
@@ -520,11 +554,11 @@ impl SentTable {
         let before = share.period.get();
         share.tick(now);
         let cur = share.period.get();
-        if cur == before || share.holders.borrow().is_empty() {
+        if cur == before {
             return;
         }
         let mut entries = self.entries.borrow_mut();
-        let mut lent = false;
+        let mut lent = share.short_for_long();
         loop {
             let mut holders = share.holders.borrow_mut();
             let Some(&(flow, stamp)) = holders.front() else {
@@ -720,35 +754,48 @@ impl SentTable {
     }
 
     /// Give the pool's free credit to the waiting connections, in their
-    /// order, while a segment's worth is free: each gets its fair part
-    /// (whole segments, within smoltcp's own window), its right edge
-    /// moves, and its window update is queued. A connection whose
-    /// smoltcp window has no room for a segment beyond what it holds
-    /// leaves the queue with nothing (its application is not reading;
-    /// smoltcp's own window update brings it back).
+    /// order, while a turn's worth is free (or what the first one's
+    /// smoltcp window takes, if less): each gets its fair part (whole
+    /// segments, within smoltcp's own window), its right edge moves, and
+    /// its window update is queued. A connection whose smoltcp window has
+    /// no room for a segment beyond what it holds leaves the queue with
+    /// nothing (its application is not reading; smoltcp's own window
+    /// update brings it back).
     fn grant(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) {
         let share = &self.share;
         let Some(fair) = share.bytes() else {
             return;
         };
-        let mss = share.mss;
+        let (mss, turn) = (share.mss, share.turn());
         while share.free() >= mss {
-            let Some((flow, ticket)) = share.queue.borrow_mut().pop_front() else {
+            let Some((flow, ticket)) = share.queue.borrow().front().copied() else {
+                share.short_since.set(None);
                 break;
             };
-            let Some(s) = entries.get_mut(&flow) else {
+            let Some(s) = entries.get_mut(&flow).filter(|s| s.wait == Some(ticket)) else {
+                share.queue.borrow_mut().pop_front();
                 continue;
             };
-            if s.wait != Some(ticket) {
-                continue;
+            let (open, room) = match s.rx_edge {
+                Some(edge) => (
+                    (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize,
+                    (s.smol_edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize,
+                ),
+                None => (0, 0),
+            };
+            let want = fair.min(room.saturating_sub(open)) / mss * mss;
+            if want > 0 && share.free() < want.min(turn) && !share.short_for_long() {
+                // The first in line waits for a turn's worth, for a
+                // period at most.
+                if share.short_since.get().is_none() {
+                    share.short_since.set(Some(share.period.get()));
+                }
+                break;
             }
+            share.short_since.set(None);
+            share.queue.borrow_mut().pop_front();
             share.leave(s);
-            let Some(edge) = s.rx_edge else {
-                continue;
-            };
-            let open = (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
-            let room = (s.smol_edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
-            let amount = fair.min(share.free()).min(room.saturating_sub(open)) / mss * mss;
+            let amount = want.min(share.free()) / mss * mss;
             // Whole units of the window scale, within the field.
             let shift = s.our_shift;
             let field = ((open + amount) >> shift).min(usize::from(u16::MAX));
@@ -1844,6 +1891,64 @@ mod tests {
         // 40001 goes: what is counted is 40000's.
         t.forget(flow(40001));
         assert_eq!(t.share.open.get(), 1990);
+    }
+
+    /// Credit that comes back a segment at a time goes to the first
+    /// waiting connection as a turn ([`WindowShare::turn`]: four of these
+    /// 32 frames), not one segment per acknowledgement; credit that stays
+    /// short of a turn for a whole period is granted as it is.
+    #[test]
+    fn waiting_connections_are_granted_whole_turns() {
+        let t = SentTable {
+            share: WindowShare::new(32, 1000),
+            ..SentTable::default()
+        };
+        assert_eq!(t.share.turn(), 4000);
+        t.tick(Instant::from_millis(0));
+        // 40000 takes the pool; 40001 and 40002 wait.
+        assert_eq!(establish(&t, 40000), 32000);
+        assert_eq!(establish(&t, 40001), 0);
+        assert_eq!(establish(&t, 40002), 0);
+        assert_eq!(t.share.waiting.get(), 2);
+        // 40000's peer fills four segments, acknowledged one by one (the
+        // edge stays: the window shrinks as it fills).
+        for k in 1..=4u32 {
+            rx(
+                &t,
+                &seg_of(
+                    40000,
+                    false,
+                    false,
+                    1 + (k - 1) * 1000,
+                    Some(1000),
+                    100,
+                    &[7; 1000],
+                ),
+            );
+            let window = send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(1 + k * 1000), 60000, &[]),
+            );
+            assert_eq!(usize::from(window), 32000 - 1000 * k as usize);
+            if k < 4 {
+                assert_eq!(updates(&t), vec![], "no grant of a part of a turn");
+            }
+        }
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 4000)]);
+        assert_eq!(t.share.free(), 0);
+        // Two segments come back and nothing more follows for a whole
+        // period: they are granted to 40002 as they are.
+        for k in 5..=6u32 {
+            send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(1 + k * 1000), 60000, &[]),
+            );
+        }
+        assert_eq!(t.share.free(), 2000);
+        t.tick(Instant::from_millis(SHARE_PERIOD_MS));
+        assert_eq!(updates(&t), vec![]);
+        t.tick(Instant::from_millis(2 * SHARE_PERIOD_MS));
+        assert_eq!(updates(&t), vec![(40002, 1000, 1, 2000)]);
     }
 
     /// A peer that sends beyond the window we advertised (smoltcp takes

@@ -627,8 +627,8 @@ fn hold_full<D>(port: &Port<D>, config: &Config, c: &mut Conn) -> bool {
 /// last offered (after each visit): when that leaves the peer less than
 /// two full segments, the peer cannot send the second segment that would
 /// end the delay, so a delayed acknowledgement only holds it back for the
-/// whole delay (with the windows cut to a share of the frames, at a
-/// thousand connections each is offered one segment at a time);
+/// whole delay (with the windows cut to a share of the frames, a window
+/// that is the last segment of a turn, or all a small pool leaves);
 /// such a connection acknowledges each segment at its visit, as RFC 9293
 /// §3.8.6.3 lets a receiver do, and one that received several segments
 /// since the last visit still acknowledges them together. Wider windows

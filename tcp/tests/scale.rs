@@ -340,7 +340,10 @@ fn pcap_frames(pcap: &[u8]) -> Vec<&[u8]> {
 /// Many connections streaming into one stack whose windows share a few
 /// frames (`Config::window_frames`): the windows they hold open together
 /// stay near the frames' bytes instead of a full socket buffer each, no
-/// window's right edge ever moves back, and every byte arrives.
+/// window's right edge ever moves back, and every byte arrives. Each
+/// keeps sending until every one has received `LEN` bytes: a peer that
+/// stops leaves its window unused, which is lent past the frames (the
+/// next test closes its connections instead).
 #[test]
 fn streaming_connections_share_the_receive_frames() {
     const N: u16 = 64;
@@ -354,21 +357,19 @@ fn streaming_connections_share_the_receive_frames() {
     let pairs = open_many(&mut sim, N);
     let capture = Shared::default();
     sim.capture(Box::new(capture.clone()), iwarp_tcp::sim::Capture::Sent);
-    let msgs: Vec<Vec<u8>> = (0..pairs.len()).map(|i| data(LEN, i as u64)).collect();
+    let msgs: Vec<Vec<u8>> = (0..pairs.len()).map(|i| data(16 * LEN, i as u64)).collect();
     let mut sent = vec![0; pairs.len()];
     let mut got = vec![Vec::new(); pairs.len()];
     let limit = sim.now + Duration::from_secs(30);
     sim.run(limit, |s| {
         let mut done = true;
         for (i, &(a, b)) in pairs.iter().enumerate() {
-            if sent[i] < LEN {
-                sent[i] += s.a.send_slice(a, &msgs[i][sent[i]..]).unwrap_or(0);
-            }
+            sent[i] += s.a.send_slice(a, &msgs[i][sent[i]..]).unwrap_or(0);
             let _ = s.b.recv(b, |buf| {
                 got[i].extend_from_slice(buf);
                 buf.len()
             });
-            done &= got[i].len() == LEN;
+            done &= got[i].len() >= LEN;
         }
         if done {
             Step::Done
@@ -378,7 +379,10 @@ fn streaming_connections_share_the_receive_frames() {
     })
     .unwrap();
     sim.finish_capture();
-    assert_eq!(got, msgs, "each connection got its own bytes");
+    for (i, (got, msg)) in got.iter().zip(&msgs).enumerate() {
+        assert!(sent[i] < msg.len(), "connection {i} ran out of data");
+        assert!(msg.starts_with(got), "connection {i} got its own bytes");
+    }
     assert!(sim.b.counters().windows_cut > 0);
     let mss = sim.b.local_mss();
     // B's segments: per connection (A's port) the right edge offered and
