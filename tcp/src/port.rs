@@ -162,6 +162,11 @@ pub(crate) struct Sent {
     wait: Option<u64>,
     /// Credit was granted: a window update is due ([`SentTable::updates`]).
     update_due: bool,
+    /// The period the last window update for credit granted was queued
+    /// in, until the peer sends data ([`WindowShare::unanswered`]).
+    granted: Option<u64>,
+    /// Window updates sent again since the last grant.
+    repeats: u8,
     /// The sequence number after our FIN, once we sent one.
     fin_end: Option<u32>,
     /// The acknowledgement number that covers the peer's FIN, once one
@@ -224,6 +229,17 @@ const SHARE_PERIOD_MS: i64 = 10;
 /// only a peer that stopped sending is lent past.
 const LEND_PERIODS: u64 = 100;
 
+/// After how many periods a window update the peer did not answer with
+/// data is sent again (20–30 ms: a peer with data answers within its
+/// round trip and a pass; one whose update was lost would otherwise wait
+/// for its persist timer, a second or more with smoltcp, 200 ms or more
+/// with Linux, while the credit stays held).
+const REPEAT_PERIODS: u64 = 3;
+
+/// How often a window update is sent again at most (a peer that has
+/// nothing to send costs that many pure acknowledgements per grant).
+const MAX_REPEATS: u8 = 2;
+
 /// The most segments a connection is granted at its turn while others
 /// wait ([`WindowShare::turn`]): a window update, sixteen segments and
 /// eight delayed acknowledgements instead of a window update and an
@@ -265,7 +281,10 @@ const TURN_SEGMENTS: usize = 16;
 ///   once: a pure acknowledgement the device wrapper builds itself
 ///   ([`SentTable::window_update`]), because smoltcp sends none for a
 ///   window it does not know was closed, and the peer's persist timer
-///   would wait hundreds of milliseconds.
+///   would wait hundreds of milliseconds. A peer that sends nothing into
+///   the reopened window for [`REPEAT_PERIODS`] is sent it again, at
+///   most [`MAX_REPEATS`] times: the update may have been lost (a pure
+///   acknowledgement is not retransmitted).
 /// * Credit comes back when a peer fills its window and we acknowledge
 ///   it, when the peer's FIN is acknowledged, and when the connection
 ///   is gone. A window a peer leaves unused stays held (its edge cannot
@@ -308,6 +327,12 @@ pub(crate) struct WindowShare {
     /// The period since which the first waiting connection waits for a
     /// turn's worth of credit to come free.
     short_since: Cell<Option<u64>>,
+    /// Connections sent a window update, with the period it was queued
+    /// in, oldest first: an entry whose period the connection no longer
+    /// holds in [`Sent::granted`] is stale.
+    unanswered: RefCell<VecDeque<(Flow, u64)>>,
+    /// Window updates sent again.
+    pub(crate) repeated: Cell<u64>,
 }
 
 impl WindowShare {
@@ -558,6 +583,7 @@ impl SentTable {
             return;
         }
         let mut entries = self.entries.borrow_mut();
+        self.repeat_unanswered(&mut entries);
         let mut lent = share.short_for_long();
         loop {
             let mut holders = share.holders.borrow_mut();
@@ -588,6 +614,43 @@ impl SentTable {
         }
         if lent {
             self.grant(&mut entries);
+        }
+    }
+
+    /// Queue again the window updates the peers have not answered with
+    /// data for [`REPEAT_PERIODS`] while their windows are still open,
+    /// each at most [`MAX_REPEATS`] times (the queue's oldest entries:
+    /// constant time per update sent).
+    fn repeat_unanswered(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) {
+        let share = &self.share;
+        let cur = share.period.get();
+        loop {
+            let mut unanswered = share.unanswered.borrow_mut();
+            let Some(&(flow, stamp)) = unanswered.front() else {
+                break;
+            };
+            if stamp.saturating_add(REPEAT_PERIODS) > cur {
+                break;
+            }
+            unanswered.pop_front();
+            let Some(s) = entries.get_mut(&flow) else {
+                continue;
+            };
+            if s.granted != Some(stamp) {
+                continue;
+            }
+            if s.repeats >= MAX_REPEATS || s.rx_open == 0 || s.lent {
+                s.granted = None;
+                continue;
+            }
+            s.repeats += 1;
+            s.granted = Some(cur);
+            unanswered.push_back((flow, cur));
+            share.repeated.set(share.repeated.get() + 1);
+            if !s.update_due {
+                s.update_due = true;
+                self.updates.borrow_mut().push_back(flow);
+            }
         }
     }
 
@@ -633,6 +696,8 @@ impl SentTable {
                 smol_edge: 0,
                 wait: None,
                 update_due: false,
+                granted: None,
+                repeats: 0,
                 fin_end: None,
                 peer_fin: None,
                 hdr: Some((seg.src_mac, seg.dst_mac, seg.src)),
@@ -809,6 +874,10 @@ impl SentTable {
             s.touched = share.period.get();
             share.hold(flow, s);
             s.rx_edge = Some(s.rx_ack.wrapping_add(new_open as u32));
+            let cur = share.period.get();
+            s.granted = Some(cur);
+            s.repeats = 0;
+            share.unanswered.borrow_mut().push_back((flow, cur));
             if !s.update_due {
                 s.update_due = true;
                 self.updates.borrow_mut().push_back(flow);
@@ -865,6 +934,7 @@ impl SentTable {
         if !tcp.payload().is_empty() {
             self.share.receiving(&mut s.rx_period);
             s.touched = self.share.period.get();
+            s.granted = None;
         }
         if tcp.fin() && tcp.verify_checksum(&IpAddress::Ipv4(seg.src), &IpAddress::Ipv4(seg.dst)) {
             // The acknowledgement that covers it.
@@ -1949,6 +2019,60 @@ mod tests {
         assert_eq!(updates(&t), vec![]);
         t.tick(Instant::from_millis(2 * SHARE_PERIOD_MS));
         assert_eq!(updates(&t), vec![(40002, 1000, 1, 2000)]);
+    }
+
+    /// A window update the peer does not answer with data is sent again
+    /// after [`REPEAT_PERIODS`], at most [`MAX_REPEATS`] times; one the
+    /// peer answers is not.
+    #[test]
+    fn unanswered_window_updates_are_sent_again() {
+        let t = SentTable {
+            share: WindowShare::new(32, 1000),
+            ..SentTable::default()
+        };
+        let p = SHARE_PERIOD_MS;
+        t.tick(Instant::from_millis(0));
+        assert_eq!(establish(&t, 40000), 32000);
+        assert_eq!(establish(&t, 40001), 0);
+        assert_eq!(establish(&t, 40002), 0);
+        // 40000's peer fills eight segments: a turn each for 40001 and
+        // 40002.
+        for k in 1..=8u32 {
+            rx(
+                &t,
+                &seg_of(
+                    40000,
+                    false,
+                    false,
+                    1 + (k - 1) * 1000,
+                    Some(1000),
+                    100,
+                    &[7; 1000],
+                ),
+            );
+            send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(1 + k * 1000), 60000, &[]),
+            );
+        }
+        let turn = |port| (port, 1000, 1, 4000);
+        assert_eq!(updates(&t), vec![turn(40001), turn(40002)]);
+        // 40001's peer uses its window; 40002's stays silent.
+        rx(
+            &t,
+            &seg_of(40001, false, false, 1, Some(1000), 100, &[7; 1000]),
+        );
+        for m in 1..REPEAT_PERIODS as i64 {
+            t.tick(Instant::from_millis(m * p));
+            assert_eq!(updates(&t), vec![]);
+        }
+        let mut repeats = Vec::new();
+        for m in REPEAT_PERIODS as i64..=4 * REPEAT_PERIODS as i64 {
+            t.tick(Instant::from_millis(m * p));
+            repeats.extend(updates(&t));
+        }
+        assert_eq!(repeats, vec![turn(40002); usize::from(MAX_REPEATS)]);
+        assert_eq!(t.share.repeated.get(), u64::from(MAX_REPEATS));
     }
 
     /// A peer that sends beyond the window we advertised (smoltcp takes

@@ -171,6 +171,10 @@ pub struct Counters {
     /// reopen the window of a connection the shared frames held closed
     /// ([`Config::window_frames`]).
     pub window_updates: u64,
+    /// Of those, updates sent again because the peer sent nothing into
+    /// the reopened window within 20–30 ms (the first may have been
+    /// lost, and the peer's persist timer waits a second or more).
+    pub window_updates_repeated: u64,
     /// Connection visits: a connection's egress and state, for frames,
     /// timers or calls that concerned it.
     pub conn_visits: u64,
@@ -1297,6 +1301,7 @@ impl<D: Device> Stack<D> {
             acks_renumbered: c.acks_renumbered.get(),
             windows_cut: c.windows_cut.get(),
             window_updates: c.window_updates.get(),
+            window_updates_repeated: self.port.sent.share.repeated.get(),
             ..self.core.counters
         }
     }
