@@ -480,6 +480,17 @@ impl WindowShare {
     }
 }
 
+/// The oldest entry of a queue of (connection, period queued in), taken
+/// off if it was queued `age` periods or more before `cur`.
+fn pop_due(queue: &RefCell<VecDeque<(Flow, u64)>>, age: u64, cur: u64) -> Option<(Flow, u64)> {
+    let mut queue = queue.borrow_mut();
+    let &(flow, stamp) = queue.front()?;
+    (stamp.saturating_add(age) <= cur).then(|| {
+        queue.pop_front();
+        (flow, stamp)
+    })
+}
+
 /// The window field a segment of ours should carry instead of `field`
 /// (scaled by `shift`), acknowledging `ack`: at most `share` bytes, but
 /// never less than what reaches the right edge advertised before
@@ -585,15 +596,7 @@ impl SentTable {
         let mut entries = self.entries.borrow_mut();
         self.repeat_unanswered(&mut entries);
         let mut lent = share.short_for_long();
-        loop {
-            let mut holders = share.holders.borrow_mut();
-            let Some(&(flow, stamp)) = holders.front() else {
-                break;
-            };
-            if stamp.saturating_add(LEND_PERIODS) > cur {
-                break;
-            }
-            holders.pop_front();
+        while let Some((flow, _)) = pop_due(&share.holders, LEND_PERIODS, cur) {
             let Some(s) = entries.get_mut(&flow) else {
                 continue;
             };
@@ -602,7 +605,7 @@ impl SentTable {
             }
             if s.touched.saturating_add(LEND_PERIODS) > cur && s.counted() > 0 {
                 // Touched since it was queued: check again later.
-                holders.push_back((flow, cur));
+                share.holders.borrow_mut().push_back((flow, cur));
                 continue;
             }
             s.holding = false;
@@ -624,15 +627,7 @@ impl SentTable {
     fn repeat_unanswered(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) {
         let share = &self.share;
         let cur = share.period.get();
-        loop {
-            let mut unanswered = share.unanswered.borrow_mut();
-            let Some(&(flow, stamp)) = unanswered.front() else {
-                break;
-            };
-            if stamp.saturating_add(REPEAT_PERIODS) > cur {
-                break;
-            }
-            unanswered.pop_front();
+        while let Some((flow, stamp)) = pop_due(&share.unanswered, REPEAT_PERIODS, cur) {
             let Some(s) = entries.get_mut(&flow) else {
                 continue;
             };
@@ -645,7 +640,7 @@ impl SentTable {
             }
             s.repeats += 1;
             s.granted = Some(cur);
-            unanswered.push_back((flow, cur));
+            share.unanswered.borrow_mut().push_back((flow, cur));
             share.repeated.set(share.repeated.get() + 1);
             if !s.update_due {
                 s.update_due = true;
@@ -1963,42 +1958,52 @@ mod tests {
         assert_eq!(t.share.open.get(), 1990);
     }
 
+    /// A table of 32 frames of 1000 bytes where 40000 holds the pool and
+    /// 40001 and 40002 wait, in that order.
+    fn pool_held_by_40000() -> SentTable {
+        let t = SentTable {
+            share: WindowShare::new(32, 1000),
+            ..SentTable::default()
+        };
+        t.tick(Instant::from_millis(0));
+        assert_eq!(establish(&t, 40000), 32000);
+        assert_eq!(establish(&t, 40001), 0);
+        assert_eq!(establish(&t, 40002), 0);
+        assert_eq!(t.share.waiting.get(), 2);
+        t
+    }
+
+    /// 40000's peer sends its `k`-th segment (from 1) and we acknowledge
+    /// it: the window that acknowledgement left with.
+    fn fill_40000(t: &SentTable, k: u32) -> u16 {
+        let data = seg_of(
+            40000,
+            false,
+            false,
+            1 + (k - 1) * 1000,
+            Some(1000),
+            100,
+            &[7; 1000],
+        );
+        rx(t, &data);
+        send(
+            t,
+            &seg_of(40000, true, false, 1000, Some(1 + k * 1000), 60000, &[]),
+        )
+    }
+
     /// Credit that comes back a segment at a time goes to the first
     /// waiting connection as a turn ([`WindowShare::turn`]: four of these
     /// 32 frames), not one segment per acknowledgement; credit that stays
     /// short of a turn for a whole period is granted as it is.
     #[test]
     fn waiting_connections_are_granted_whole_turns() {
-        let t = SentTable {
-            share: WindowShare::new(32, 1000),
-            ..SentTable::default()
-        };
+        let t = pool_held_by_40000();
         assert_eq!(t.share.turn(), 4000);
-        t.tick(Instant::from_millis(0));
-        // 40000 takes the pool; 40001 and 40002 wait.
-        assert_eq!(establish(&t, 40000), 32000);
-        assert_eq!(establish(&t, 40001), 0);
-        assert_eq!(establish(&t, 40002), 0);
-        assert_eq!(t.share.waiting.get(), 2);
         // 40000's peer fills four segments, acknowledged one by one (the
         // edge stays: the window shrinks as it fills).
         for k in 1..=4u32 {
-            rx(
-                &t,
-                &seg_of(
-                    40000,
-                    false,
-                    false,
-                    1 + (k - 1) * 1000,
-                    Some(1000),
-                    100,
-                    &[7; 1000],
-                ),
-            );
-            let window = send(
-                &t,
-                &seg_of(40000, true, false, 1000, Some(1 + k * 1000), 60000, &[]),
-            );
+            let window = fill_40000(&t, k);
             assert_eq!(usize::from(window), 32000 - 1000 * k as usize);
             if k < 4 {
                 assert_eq!(updates(&t), vec![], "no grant of a part of a turn");
@@ -2009,10 +2014,7 @@ mod tests {
         // Two segments come back and nothing more follows for a whole
         // period: they are granted to 40002 as they are.
         for k in 5..=6u32 {
-            send(
-                &t,
-                &seg_of(40000, true, false, 1000, Some(1 + k * 1000), 60000, &[]),
-            );
+            fill_40000(&t, k);
         }
         assert_eq!(t.share.free(), 2000);
         t.tick(Instant::from_millis(SHARE_PERIOD_MS));
@@ -2026,34 +2028,12 @@ mod tests {
     /// peer answers is not.
     #[test]
     fn unanswered_window_updates_are_sent_again() {
-        let t = SentTable {
-            share: WindowShare::new(32, 1000),
-            ..SentTable::default()
-        };
+        let t = pool_held_by_40000();
         let p = SHARE_PERIOD_MS;
-        t.tick(Instant::from_millis(0));
-        assert_eq!(establish(&t, 40000), 32000);
-        assert_eq!(establish(&t, 40001), 0);
-        assert_eq!(establish(&t, 40002), 0);
         // 40000's peer fills eight segments: a turn each for 40001 and
         // 40002.
         for k in 1..=8u32 {
-            rx(
-                &t,
-                &seg_of(
-                    40000,
-                    false,
-                    false,
-                    1 + (k - 1) * 1000,
-                    Some(1000),
-                    100,
-                    &[7; 1000],
-                ),
-            );
-            send(
-                &t,
-                &seg_of(40000, true, false, 1000, Some(1 + k * 1000), 60000, &[]),
-            );
+            fill_40000(&t, k);
         }
         let turn = |port| (port, 1000, 1, 4000);
         assert_eq!(updates(&t), vec![turn(40001), turn(40002)]);
