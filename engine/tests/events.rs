@@ -7,12 +7,15 @@
 //! "Not readable" is checked only where nothing can make the descriptor
 //! readable any more.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::readable;
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, ConnRequest, Connecting, Cq, Device,
     DeviceConfig, Listener, Mr, Pd, Progress, Qp, QpInit, QpState, RecvWr, SendOp, SendWr,
@@ -34,20 +37,7 @@ fn open(progress: Progress) -> Device {
     .unwrap()
 }
 
-/// Whether `fd` is readable within `ms` milliseconds (poll(2)).
-fn readable(fd: BorrowedFd<'_>, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
-    r == 1 && p.revents & libc::POLLIN != 0
-}
-
-const FOREVER: i32 = 30_000;
+const FOREVER: u16 = 30_000;
 
 struct Side {
     _dev: Device,
@@ -303,7 +293,7 @@ fn listener_fd_counts_waiting_requests() {
     let (pd, cq) = (sdev.alloc_pd(), sdev.create_cq(8));
     let mut qps = Vec::new();
     for _ in 0..2 {
-        assert_eq!(ep.wait(FOREVER), vec![0]);
+        assert_eq!(ep.wait(i32::from(FOREVER)), vec![0]);
         let req = l.get_request(Some(Duration::ZERO)).unwrap();
         qps.push(req.accept(QpInit::new(&pd, &cq, 4), ConnParams::default()));
     }
@@ -338,7 +328,7 @@ fn qp_fd_counts_connection_events() {
     .unwrap();
     let mut seen = Vec::new();
     while seen != [0, 1, 2] {
-        let r = ep.wait(FOREVER);
+        let r = ep.wait(i32::from(FOREVER));
         assert!(!r.is_empty());
         seen.extend(r);
         seen.sort_unstable();

@@ -2,12 +2,15 @@
 //!
 //! Every wait is bounded by a generous timeout; nothing asserts timing.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::readable;
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, HandleCounts, Mr, Pd,
     Progress, Qp, QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, Sge, WcOpcode,
@@ -1299,7 +1302,10 @@ fn srq_shared_by_several_qps(mode: Mode) {
     // This time through the event fd: readable with the event queued,
     // not once it is taken.
     let fd = srq.event_fd();
-    assert!(readable(fd, WAIT.as_millis() as i32), "the event's count");
+    assert!(
+        readable(fd, WAIT.as_millis().try_into().unwrap_or(u16::MAX)),
+        "the event's count"
+    );
     assert_eq!(srq.poll_event(), Some(iwarp_engine::SrqEvent::LimitReached));
     assert!(!readable(fd, 0), "the count went with the event");
     assert_eq!(srq.poll_event(), None);
@@ -1344,18 +1350,6 @@ fn srq_shared_by_several_qps_thread_mode() {
 #[test]
 fn srq_shared_by_several_qps_manual_mode() {
     srq_shared_by_several_qps(Mode::Manual);
-}
-
-/// Whether `fd` becomes readable within `timeout_ms`.
-fn readable(fd: std::os::fd::BorrowedFd<'_>, timeout_ms: i32) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd on the stack.
-    unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
 }
 
 /// Poll `f` until it holds; panics after [`WAIT`].

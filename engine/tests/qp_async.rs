@@ -12,10 +12,12 @@
 //! the events has been seen (they are queued with it): `Disconnected`
 //! after an orderly close, the Terminate after an error.
 
+mod common;
+
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::Duration;
 
+use common::readable;
 use iwarp_engine::{
     Access, Backend, CmEvent, ConnParams, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp,
     QpAsyncEvent, QpInit, RecvWr, SendOp, SendWr, Srq, WcStatus, EMPTY_WC,
@@ -33,19 +35,6 @@ fn open() -> Device {
         },
     )
     .unwrap()
-}
-
-/// Whether `fd` is readable within `ms` milliseconds (poll(2)).
-fn readable(fd: BorrowedFd<'_>, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
-    r == 1 && p.revents & libc::POLLIN != 0
 }
 
 struct Side {

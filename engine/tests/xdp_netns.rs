@@ -22,7 +22,7 @@ use iwarp_engine::{
     SendOp, SendWr, WcOpcode, WcStatus, XdpConfig, EMPTY_WC,
 };
 
-use common::{is_root, pattern, spawn_in, Topo, IP_A, IP_B};
+use common::{is_root, pattern, readable, spawn_in, Topo, IP_A, IP_B};
 
 const WAIT: Duration = Duration::from_secs(20);
 const SIZES: [usize; 6] = [1, 7, 1000, 16 * 1024 + 3, 65537, 1 << 20];
@@ -119,19 +119,6 @@ fn params(o: &Opts) -> ConnParams {
         timeout: Duration::from_secs(10),
         ..ConnParams::default()
     }
-}
-
-/// Whether `fd` is readable within `ms` milliseconds (poll(2)).
-fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: i32) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    r == 1 && p.revents & libc::POLLIN != 0
 }
 
 fn wait_one(cq: &Cq) -> iwarp_engine::WorkCompletion {

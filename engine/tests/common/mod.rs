@@ -3,23 +3,42 @@
 //! `fault_netns`, which includes this file by path): the root check, the
 //! topology script, namespaces deleted on drop (so a failing test tears
 //! its topology down too), threads inside a namespace, and the test
-//! pattern.
+//! pattern; and for every test that waits on the engine's event fds,
+//! [`readable`].
 //!
 //! Each test binary uses a part of it.
 #![allow(dead_code)]
 
 use std::fs::File;
 use std::net::Ipv4Addr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags};
 use nix::sched::{setns, CloneFlags};
 
 /// The kernel ends of the veth pair (`xa` in namespace a, `xb` in b).
 pub const IP_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 pub const IP_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+/// Whether `fd` is readable within `ms` milliseconds (poll(2); a signal
+/// that interrupts the wait counts as not readable).
+pub fn readable(fd: BorrowedFd<'_>, ms: u16) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    match poll(&mut fds, ms) {
+        Ok(n) => {
+            n == 1
+                && fds[0]
+                    .revents()
+                    .is_some_and(|r| r.contains(PollFlags::POLLIN))
+        }
+        Err(Errno::EINTR) => false,
+        Err(e) => panic!("poll: {e}"),
+    }
+}
 
 /// Whether the test can run; prints why it skips otherwise.
 pub fn is_root() -> bool {
