@@ -167,6 +167,10 @@ pub(crate) struct Sent {
     granted: Option<u64>,
     /// Window updates sent again since the last grant.
     repeats: u8,
+    /// The peer sent data up to the right edge we advertised (or probed
+    /// past it) since its last grant: it has more to send than it was
+    /// offered, and is granted a turn ([`SentTable::grant`]).
+    filled: bool,
     /// The sequence number after our FIN, once we sent one.
     fin_end: Option<u32>,
     /// The acknowledgement number that covers the peer's FIN, once one
@@ -693,6 +697,7 @@ impl SentTable {
                 update_due: false,
                 granted: None,
                 repeats: 0,
+                filled: false,
                 fin_end: None,
                 peer_fin: None,
                 hdr: Some((seg.src_mac, seg.dst_mac, seg.src)),
@@ -843,7 +848,13 @@ impl SentTable {
                 ),
                 None => (0, 0),
             };
-            let want = fair.min(room.saturating_sub(open)) / mss * mss;
+            // A turn for a peer that filled its window; one segment for
+            // one that showed no more to send (a connection that came
+            // while the frames were held): such a window is likely to go
+            // unused, to be lent, and then to be filled beyond the pool
+            // once the peer starts sending.
+            let most = if s.filled { fair } else { mss };
+            let want = most.min(room.saturating_sub(open)) / mss * mss;
             if want > 0 && share.free() < want.min(turn) && !share.short_for_long() {
                 // The first in line waits for a turn's worth, for a
                 // period at most.
@@ -872,6 +883,7 @@ impl SentTable {
             let cur = share.period.get();
             s.granted = Some(cur);
             s.repeats = 0;
+            s.filled = false;
             share.unanswered.borrow_mut().push_back((flow, cur));
             if !s.update_due {
                 s.update_due = true;
@@ -930,6 +942,12 @@ impl SentTable {
             self.share.receiving(&mut s.rx_period);
             s.touched = self.share.period.get();
             s.granted = None;
+            let end = (tcp.seq_number().0 as u32).wrapping_add(tcp.payload().len() as u32);
+            if s.rx_edge
+                .is_some_and(|edge| end.wrapping_sub(edge) as i32 >= 0)
+            {
+                s.filled = true;
+            }
         }
         if tcp.fin() && tcp.verify_checksum(&IpAddress::Ipv4(seg.src), &IpAddress::Ipv4(seg.dst)) {
             // The acknowledgement that covers it.
@@ -1941,18 +1959,19 @@ mod tests {
         t.tick(Instant::from_millis(lend * p + p / 2));
         assert_eq!(updates(&t), vec![]);
         // A whole `LEND_PERIODS` without: its window is lent, 40001 gets
-        // the pool.
+        // of the pool what a peer that has not filled a window gets: a
+        // segment.
         t.tick(Instant::from_millis((lend + 1) * p));
         assert_eq!(updates(&t), vec![]);
         t.tick(Instant::from_millis(2 * lend * p));
-        assert_eq!(updates(&t), vec![(40001, 1000, 1, 2000)]);
-        assert_eq!(t.share.open.get(), 2000);
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
+        assert_eq!(t.share.open.get(), 1000);
         // 40000 advertises again: counted again (the edge stays).
         assert_eq!(
             send(&t, &seg_of(40000, true, false, 1000, Some(11), 60000, &[])),
             1990
         );
-        assert_eq!(t.share.open.get(), 3990);
+        assert_eq!(t.share.open.get(), 2990);
         // 40001 goes: what is counted is 40000's.
         t.forget(flow(40001));
         assert_eq!(t.share.open.get(), 1990);
@@ -1970,6 +1989,10 @@ mod tests {
         assert_eq!(establish(&t, 40001), 0);
         assert_eq!(establish(&t, 40002), 0);
         assert_eq!(t.share.waiting.get(), 2);
+        // Their peers have more to send: each probes its closed window.
+        for port in [40001, 40002] {
+            rx(&t, &seg_of(port, false, false, 1, Some(1000), 100, &[7]));
+        }
         t
     }
 
@@ -2021,6 +2044,21 @@ mod tests {
         assert_eq!(updates(&t), vec![]);
         t.tick(Instant::from_millis(2 * SHARE_PERIOD_MS));
         assert_eq!(updates(&t), vec![(40002, 1000, 1, 2000)]);
+    }
+
+    /// A waiting connection whose peer has not filled a window (it came
+    /// while the pool was held) is granted one segment, not a turn.
+    #[test]
+    fn a_peer_that_showed_no_more_data_is_granted_a_segment() {
+        let t = SentTable {
+            share: WindowShare::new(32, 1000),
+            ..SentTable::default()
+        };
+        t.tick(Instant::from_millis(0));
+        assert_eq!(establish(&t, 40000), 32000);
+        assert_eq!(establish(&t, 40001), 0);
+        fill_40000(&t, 1);
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
     }
 
     /// A window update the peer does not answer with data is sent again
