@@ -80,8 +80,9 @@ pub struct Config {
     /// that is gone, or by a window its peer left unused for a second
     /// (lent: such a peer may still send into it) goes to the waiting
     /// connections in order, a turn's worth at a time (less only when
-    /// no more has come free for a whole period), each sent a window
-    /// update at once (a pure
+    /// no more has come free for a whole period; one segment to a
+    /// connection whose peer has not filled a window it was offered),
+    /// each sent a window update at once (a pure
     /// acknowledgement the stack builds itself, counted in
     /// [`Counters::window_updates`](crate::Counters::window_updates)).
     /// smoltcp's own window, when smaller, stands. The right edge of a

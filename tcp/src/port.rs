@@ -280,7 +280,8 @@ const TURN_SEGMENTS: usize = 16;
 ///   shrinks as its peer fills it, and the credit it frees goes to the
 ///   waiting connections in their order, a fair part each (whole
 ///   segments, smoltcp's own window permitting), once a turn's worth is
-///   free.
+///   free; a connection whose peer has not sent up to the edge it was
+///   offered gets one segment instead ([`Sent::filled`]).
 /// * A connection that is granted credit is sent a window update at
 ///   once: a pure acknowledgement the device wrapper builds itself
 ///   ([`SentTable::window_update`]), because smoltcp sends none for a
