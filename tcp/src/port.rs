@@ -1941,13 +1941,7 @@ mod tests {
     /// its window.
     #[test]
     fn an_unused_window_is_lent_to_waiting_connections() {
-        let t = SentTable {
-            share: WindowShare::new(2, 1000),
-            ..SentTable::default()
-        };
-        t.tick(Instant::from_millis(0));
-        assert_eq!(establish(&t, 40000), 2000);
-        assert_eq!(establish(&t, 40001), 0);
+        let t = held_by_40000(2);
         let p = SHARE_PERIOD_MS;
         let lend = LEND_PERIODS as i64;
         // 40000's peer sends: it is not idle.
@@ -1978,16 +1972,23 @@ mod tests {
         assert_eq!(t.share.open.get(), 1990);
     }
 
-    /// A table of 32 frames of 1000 bytes where 40000 holds the pool and
-    /// 40001 and 40002 wait, in that order.
-    fn pool_held_by_40000() -> SentTable {
+    /// A table of `frames` frames of 1000 bytes where 40000 holds the
+    /// pool and 40001 waits.
+    fn held_by_40000(frames: usize) -> SentTable {
         let t = SentTable {
-            share: WindowShare::new(32, 1000),
+            share: WindowShare::new(frames, 1000),
             ..SentTable::default()
         };
         t.tick(Instant::from_millis(0));
-        assert_eq!(establish(&t, 40000), 32000);
+        assert_eq!(usize::from(establish(&t, 40000)), frames * 1000);
         assert_eq!(establish(&t, 40001), 0);
+        t
+    }
+
+    /// A table of 32 frames of 1000 bytes where 40000 holds the pool and
+    /// 40001 and 40002 wait, in that order.
+    fn pool_held_by_40000() -> SentTable {
+        let t = held_by_40000(32);
         assert_eq!(establish(&t, 40002), 0);
         assert_eq!(t.share.waiting.get(), 2);
         // Their peers have more to send: each probes its closed window.
@@ -2051,13 +2052,7 @@ mod tests {
     /// while the pool was held) is granted one segment, not a turn.
     #[test]
     fn a_peer_that_showed_no_more_data_is_granted_a_segment() {
-        let t = SentTable {
-            share: WindowShare::new(32, 1000),
-            ..SentTable::default()
-        };
-        t.tick(Instant::from_millis(0));
-        assert_eq!(establish(&t, 40000), 32000);
-        assert_eq!(establish(&t, 40001), 0);
+        let t = held_by_40000(32);
         fill_40000(&t, 1);
         assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
     }
