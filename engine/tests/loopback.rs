@@ -1765,14 +1765,16 @@ fn dropped_connections_still_closing_are_not_visited_per_pass() {
         }
     }
     // Send until the sockets take no more, drop the QPs, and let their
-    // connections take in the drop.
+    // connections take in the drop. A connection whose queued bytes had
+    // all gone into its socket when its QP was dropped (the rest of its
+    // sends are flushed) closes at once; the others stay closing.
     until("the sockets full", &|| dev.progress() == 0);
     drop(qps);
     until("the drops handled", &|| dev.progress() == 0);
-    assert_eq!(
-        dev.stats().connections,
-        N,
-        "the dropped connections are still closing"
+    let closing = dev.stats().connections;
+    assert!(
+        closing > N / 2,
+        "{closing} of {N} dropped connections still closing"
     );
     let before = visits();
     for _ in 0..PASSES {
@@ -1780,8 +1782,8 @@ fn dropped_connections_still_closing_are_not_visited_per_pass() {
     }
     let added = visits() - before;
     assert!(
-        added <= N as u64,
-        "{N} dropped connections still closing: {added} visits in {PASSES} passes"
+        added <= closing as u64,
+        "{closing} dropped connections still closing: {added} visits in {PASSES} passes"
     );
     // The peers close with unread bytes, which resets the connections:
     // the stuck output is abandoned and the connections are destroyed.
