@@ -220,6 +220,19 @@ impl Sent {
     pub(crate) fn rx_window(&self) -> Option<usize> {
         self.rx_edge.map(|_| self.rx_open)
     }
+
+    /// Bytes from our last acknowledgement to `edge` (0 if it lies
+    /// behind).
+    fn beyond_ack(&self, edge: u32) -> usize {
+        (edge.wrapping_sub(self.rx_ack) as i32).max(0) as usize
+    }
+
+    /// The window field (scaled by our shift) that reaches the right edge
+    /// we advertised; `None` before we acknowledged anything.
+    fn edge_field(&self) -> Option<u16> {
+        let open = self.beyond_ack(self.rx_edge?);
+        Some((open >> self.our_shift).min(usize::from(u16::MAX)) as u16)
+    }
 }
 
 /// How long a connection counts as receiving after its last data
@@ -774,12 +787,11 @@ impl SentTable {
         if !s.update_due {
             return;
         }
-        let Some(edge) = s.rx_edge else {
+        let Some(field) = s.edge_field() else {
             return;
         };
         s.update_due = false;
-        let open = (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
-        out.window = Some((open >> s.our_shift).min(usize::from(u16::MAX)) as u16);
+        out.window = Some(field);
     }
 
     /// Our segment `tcp` of the connection `s` (of `flow`) acknowledges:
@@ -843,10 +855,7 @@ impl SentTable {
                 continue;
             };
             let (open, room) = match s.rx_edge {
-                Some(edge) => (
-                    (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize,
-                    (s.smol_edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize,
-                ),
+                Some(edge) => (s.beyond_ack(edge), s.beyond_ack(s.smol_edge)),
                 None => (0, 0),
             };
             // A turn for a peer that filled its window; one segment for
@@ -905,9 +914,7 @@ impl SentTable {
             return None;
         }
         let (src_mac, dst_mac, src_ip) = s.hdr?;
-        let edge = s.rx_edge?;
-        let open = (edge.wrapping_sub(s.rx_ack) as i32).max(0) as usize;
-        let field = (open >> s.our_shift).min(usize::from(u16::MAX)) as u16;
+        let field = s.edge_field()?;
         Some(WindowUpdate {
             src_mac,
             dst_mac,

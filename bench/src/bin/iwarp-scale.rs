@@ -200,11 +200,7 @@ fn main() -> std::process::ExitCode {
     };
     let agg = |n: usize| metric("aggregate_bw", n);
     let received = |n: usize| metric("received_bw", n);
-    let cost = |n: usize| {
-        recs.iter()
-            .find(|r| r.metric == "rx_frame_cost" && r.qps == Some(n) && r.config == name)
-            .and_then(Record::p50)
-    };
+    let cost = |n: usize| metric("rx_frame_cost", n);
     let max = counts.iter().copied().max().unwrap_or(1);
     let mut ratios = Vec::new();
     if max > 1 && counts.contains(&1) {
