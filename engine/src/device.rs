@@ -934,9 +934,7 @@ fn post_via(
             push(wq).map_err(|e| e.unwrap_or(PostError::QueueFull))?;
         }
     }
-    if wq.list() {
-        shared.posted.push(wq.clone());
-    }
+    shared.posted.list(wq);
     shared.kick();
     Ok(())
 }
@@ -1826,6 +1824,78 @@ mod tests {
         drive_until(&a, &b, || {
             a.inner.shared.engine().conn_count() == 0 && b.inner.shared.engine().conn_count() == 0
         });
+    }
+
+    /// A receive queued because the poster found the device lock taken
+    /// (a pass under way) is in the core before the Send it is for, when
+    /// that pass reads the Send: a pass moves the queued work requests
+    /// into the core before the core sees the input it reads.
+    #[test]
+    fn a_pass_moves_queued_receives_before_the_input_it_reads() {
+        let (a, b) = (manual(), manual());
+        let l = b.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr();
+        let (ia, ib) = (init(&a), init(&b));
+        let (pda, pdb, cqa, cqb) = (
+            ia.pd.clone(),
+            ib.pd.clone(),
+            ia.send_cq.clone(),
+            ib.recv_cq.clone(),
+        );
+        let b2 = b.clone();
+        let t = std::thread::spawn(move || {
+            let req = l.get_request(Some(Duration::from_secs(30))).unwrap();
+            let qp = req.accept(ib, ConnParams::default()).unwrap();
+            for _ in 0..50 {
+                b2.progress();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            qp
+        });
+        let qa = a.connect(addr, ia, ConnParams::default()).unwrap();
+        let qb = t.join().unwrap();
+        let src = a.reg_mr(&pda, 8, Access::LOCAL_WRITE).unwrap();
+        let dst = b.reg_mr(&pdb, 8, Access::LOCAL_WRITE).unwrap();
+        src.write(0, b"in time!");
+        qa.post_send(&SendWr {
+            wr_id: 1,
+            op: iwarp::qp::SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sgl: &[src.sge(0, 8)],
+            signaled: true,
+        })
+        .unwrap();
+        // Only a runs: b reads nothing before the receive is posted.
+        let mut wc = [crate::EMPTY_WC; 1];
+        for _ in 0..20_000 {
+            if cqa.poll(&mut wc) == 1 {
+                break;
+            }
+            a.progress();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        assert_eq!((wc[0].wr_id, wc[0].status), (1, crate::WcStatus::Success));
+        // The Send is on its way to b; b's engine lock is taken, as by a
+        // progress pass, when the receive for it is posted.
+        {
+            let mut e = b.inner.shared.engine();
+            qb.post_recv(&RecvWr {
+                wr_id: 7,
+                sgl: &[dst.sge(0, 8)],
+            })
+            .unwrap();
+            b.inner
+                .shared
+                .pass_when_ready(&mut e, Duration::from_secs(30));
+        }
+        drive_until(&a, &b, || cqb.poll(&mut wc) == 1);
+        assert_eq!((wc[0].wr_id, wc[0].status), (7, crate::WcStatus::Success));
+        let mut got = [0; 8];
+        dst.read(0, &mut got);
+        assert_eq!(&got, b"in time!");
+        assert_eq!(qb.state(), QpState::Rts);
     }
 
     #[test]

@@ -32,6 +32,7 @@ use mio::{Events, Interest, Registry, Token};
 
 use crate::cm::{CmError, CmEvent};
 use crate::log::conn_event;
+use crate::post::Posted;
 use crate::runtime::lifecycle::{self, Accepting, Fed};
 use crate::runtime::{drain_events, push_event, ConnShared, ListenShared, Sock};
 use crate::slots::{slotted_without_qp, ConnSlots, Slotted};
@@ -177,6 +178,9 @@ pub(crate) struct KernelIo {
     tx_buf: Vec<u8>,
     /// Connections whose `out` holds bytes (see [`TX_SHARE`]).
     backlogged: usize,
+    /// QPs whose queued work requests a drain moved into the core in the
+    /// middle of a pass: visited at the next.
+    touched: Vec<QpId>,
 }
 
 impl KernelIo {
@@ -195,6 +199,7 @@ impl KernelIo {
             rx_buf: vec![0; IO_BUF],
             tx_buf: vec![0; IO_BUF],
             backlogged: 0,
+            touched: Vec::new(),
         }
     }
 
@@ -344,17 +349,19 @@ impl KernelIo {
         .min()
     }
 
-    /// The I/O of one progress pass at `now`: accept, read MPA requests,
-    /// visit the connections with something to do, write lingering
-    /// replies, drain closed sockets. The caller then moves completions
-    /// and [`Self::reap`]s. Returns a measure of the work done.
-    pub(crate) fn pass(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
-        let mut work = self.accept_new(now);
+    /// The I/O of one progress pass at `now`: move the work requests
+    /// `posted` into the core, accept, read MPA requests, visit the
+    /// connections with something to do, write lingering replies, drain
+    /// closed sockets. The caller then moves completions and
+    /// [`Self::reap`]s. Returns a measure of the work done.
+    pub(crate) fn pass(&mut self, ctx: &mut Context, now: CoreInstant, posted: &Posted) -> usize {
+        let mut work = self.drain_posted(ctx, posted);
+        work += self.accept_new(now);
         work += self.pump_pending(now);
         self.conns.fire(now);
         let hot = self.conns.take_hot();
         for &i in &hot {
-            work += self.pump_conn(ctx, i, now);
+            work += self.pump_conn(ctx, i, now, posted);
             let Some(c) = self.conns.get(i) else {
                 continue;
             };
@@ -369,9 +376,19 @@ impl KernelIo {
             self.conns.schedule(i, timer);
         }
         self.conns.give_back(hot);
+        while let Some(qp) = self.touched.pop() {
+            self.touch_qp(qp);
+        }
         work += self.pump_lingering(now);
         self.pump_draining(now);
         work
+    }
+
+    /// Move the work requests `posted` into the core; their QPs'
+    /// connections are visited in this pass.
+    fn drain_posted(&mut self, ctx: &mut Context, posted: &Posted) -> usize {
+        let conns = &mut self.conns;
+        posted.drain(ctx, |qp| mark_qp(conns, qp))
     }
 
     fn accept_new(&mut self, now: CoreInstant) -> usize {
@@ -480,7 +497,13 @@ impl KernelIo {
         work
     }
 
-    fn pump_conn(&mut self, ctx: &mut Context, i: usize, now: CoreInstant) -> usize {
+    fn pump_conn(
+        &mut self,
+        ctx: &mut Context,
+        i: usize,
+        now: CoreInstant,
+        posted: &Posted,
+    ) -> usize {
         let mut work = 0;
         let Some(qp) = self.conns.get(i).map(|c| c.qp) else {
             return 0;
@@ -522,6 +545,12 @@ impl KernelIo {
                     }
                     Ok(n) => {
                         work += n;
+                        // A receive posted before the peer sent these
+                        // bytes is queued by now: it reaches the core
+                        // before they do.
+                        if !posted.is_empty() {
+                            work += posted.drain(ctx, |q| self.touched.push(q));
+                        }
                         let used = ctx.handle_input(qp, &self.rx_buf[..n], now);
                         if used < n {
                             c.input.extend_from_slice(&self.rx_buf[used..n]);
@@ -792,9 +821,7 @@ impl KernelIo {
     /// The application changed `qp` (posted to it, disconnected it): its
     /// connection is visited at the next pass.
     pub(crate) fn touch_qp(&mut self, qp: QpId) {
-        if let Some(i) = self.conns.of_qp(qp) {
-            self.conns.mark(i);
-        }
+        mark_qp(&mut self.conns, qp);
     }
 
     /// Sockets the poller reported ready: their connections (accepted,
@@ -836,5 +863,12 @@ fn write_some(mut s: &TcpStream, buf: &[u8]) -> Result<usize, io::ErrorKind> {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
             Err(e) => return Err(e.kind()),
         }
+    }
+}
+
+/// Visit `qp`'s connection at the next pass, if it has one.
+fn mark_qp(conns: &mut ConnSlots<Conn>, qp: QpId) {
+    if let Some(i) = conns.of_qp(qp) {
+        conns.mark(i);
     }
 }

@@ -3,10 +3,13 @@
 //! `Qp::post_send` / `Qp::post_recv` do not take the device lock: they
 //! check the work request, reserve a place against the QP's depth and push
 //! it onto the QP's own lock-free queue (a crossbeam `ArrayQueue` as deep
-//! as the QP's queue), then list the QP on the device's posted list (a
-//! `SegQueue`) if it is not listed yet and wake the engine. The engine, at
-//! the start of every pass and under its lock, moves what was queued into
-//! the core, receives before sends.
+//! as the QP's queue), then list the QP on the device's [`Posted`] list
+//! if it is not listed yet and wake the engine. The engine, under its
+//! lock, moves what was queued into the core, receives before sends: at
+//! the start of every pass, and again whenever it has taken input from
+//! the network after that. A receive posted before the peer sent the
+//! message it is for is so in the core before the message is, as with a
+//! receive queue the hardware reads when the message arrives.
 //!
 //! Errors stay synchronous: the checks that depend only on the work request
 //! ([`SendWr::check`]) run at post time, and `QueueFull` is exact. A QP's
@@ -30,12 +33,55 @@
 //! the new request follows it, so per-thread order holds either way.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use crossbeam_queue::ArrayQueue;
+use crossbeam_queue::{ArrayQueue, SegQueue};
 use iwarp::cq::QpId;
 use iwarp::qp::{PostError, RecvWr, SendOp, SendWr, Sge, MAX_SGE};
 use iwarp::srq::SrqId;
 use iwarp::verbs::Context;
+
+/// Listed queues whose work requests one [`Posted::drain`] moves into
+/// the core at most.
+const POSTED_PER_DRAIN: usize = 4096;
+
+/// The device's list of the QPs (and shared receive queues) with work
+/// requests queued: application threads list them without the device
+/// lock, the engine drains them under it.
+#[derive(Debug, Default)]
+pub(crate) struct Posted(SegQueue<Arc<WorkQueues>>);
+
+impl Posted {
+    /// List `wq`, unless it is listed already.
+    pub(crate) fn list(&self, wq: &Arc<WorkQueues>) {
+        if wq.mark_listed() {
+            self.0.push(wq.clone());
+        }
+    }
+
+    /// Nothing is listed.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Move the work requests of the listed queues into the core (device
+    /// lock), calling `touch` with every QP that got some. Returns how
+    /// many moved. Bounded: queues listed again while this runs wait for
+    /// the next drain rather than keep it going.
+    pub(crate) fn drain(&self, ctx: &mut Context, mut touch: impl FnMut(QpId)) -> usize {
+        let mut n = 0;
+        for _ in 0..POSTED_PER_DRAIN {
+            let Some(q) = self.0.pop() else {
+                break;
+            };
+            n += q.drain(ctx);
+            if let Some(qp) = q.qp() {
+                touch(qp);
+            }
+        }
+        n
+    }
+}
 
 /// Where the queued work requests go in the core.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,7 +312,7 @@ impl WorkQueues {
 
     /// Mark listed; true if the caller must put the queues on the posted
     /// list.
-    pub(crate) fn list(&self) -> bool {
+    fn mark_listed(&self) -> bool {
         !self.listed.swap(true, Ordering::SeqCst)
     }
 

@@ -25,6 +25,7 @@ use mio::{Events, Registry, Token};
 use super::{lock, ConnShared, CqQueue, ListenShared, Released, Sock, SrqEvents};
 use crate::cm::CmError;
 use crate::kernel::KernelIo;
+use crate::post::Posted;
 use crate::xdp::set::{XdpRef, XdpSet};
 
 /// The I/O of a device: one of the two backends, chosen when the device
@@ -40,6 +41,17 @@ pub(crate) enum Transport {
     /// The AF_XDP engines, one per receive queue, each with its own
     /// user-space TCP.
     Xdp(XdpSet),
+}
+
+impl Transport {
+    /// The application changed `qp`: the transport visits it at its next
+    /// pass.
+    fn touch_qp(&mut self, qp: QpId) {
+        match self {
+            Self::Kernel(k) => k.touch_qp(qp),
+            Self::Xdp(x) => x.touch_qp(qp),
+        }
+    }
 }
 
 /// The state of one device. See the module documentation.
@@ -59,6 +71,9 @@ pub(crate) struct Engine {
     cq_visit: Vec<CqId>,
     /// PDs and CQs the application released ([`Released`]).
     pub(crate) released: Arc<SegQueue<Released>>,
+    /// QPs with work requests queued by application threads
+    /// ([`crate::post`]).
+    pub(crate) posted: Arc<Posted>,
     /// Released PDs and CQs the core still refused, because QPs not yet
     /// destroyed use them: tried again on every pass until freed.
     dying: Vec<Released>,
@@ -85,6 +100,7 @@ impl Engine {
             cq_backlog: Vec::new(),
             cq_visit: Vec::new(),
             released: Arc::new(SegQueue::new()),
+            posted: Arc::default(),
             dying: Vec::new(),
             srqs: Vec::new(),
             dying_srqs: Vec::new(),
@@ -297,17 +313,19 @@ impl Engine {
     /// work done (0: nothing happened, the caller may sleep).
     /// With the AF_XDP backend: every engine, all steps under the device
     /// lock (manual progress; the progress threads use
-    /// [`super::Shared::pass_engine`]).
+    /// [`super::Shared::pass_engine`]). Either backend moves the work
+    /// requests the application queued into the core after it takes
+    /// input from the network and before the core sees that input.
     pub(crate) fn pass(&mut self) -> usize {
         let now = self.now();
         self.passes += 1;
         match &mut self.io {
             Transport::Xdp(x) => {
-                let work = x.run_all(&mut self.ctx, now);
+                let work = x.run_all(&mut self.ctx, now, &self.posted);
                 work + self.move_completions()
             }
             Transport::Kernel(k) => {
-                let work = k.pass(&mut self.ctx, now);
+                let work = k.pass(&mut self.ctx, now, &self.posted);
                 let work = work + self.move_completions();
                 match &mut self.io {
                     Transport::Kernel(k) => work + k.reap(&mut self.ctx),
@@ -414,10 +432,15 @@ impl Engine {
     /// The application changed `qp` (posted to it, disconnected it): the
     /// transport visits it at its next pass.
     pub(crate) fn touch_qp(&mut self, qp: QpId) {
-        match &mut self.io {
-            Transport::Kernel(k) => k.touch_qp(qp),
-            Transport::Xdp(x) => x.touch_qp(qp),
-        }
+        self.io.touch_qp(qp);
+    }
+
+    /// Move the work requests queued on the posted list into the core
+    /// ([`Posted::drain`]); the QPs that got some are visited. Returns
+    /// how many moved.
+    pub(crate) fn drain_posted(&mut self) -> usize {
+        let io = &mut self.io;
+        self.posted.drain(&mut self.ctx, |qp| io.touch_qp(qp))
     }
 
     /// Visits of connections outside the core's hands so far: accepted

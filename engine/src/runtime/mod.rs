@@ -30,7 +30,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::cm::{CmError, CmEvent, QpAsyncEvent};
 use crate::event::LazyEventFd;
-use crate::post::WorkQueues;
+use crate::post::Posted;
 use crate::xdp::set::XdpRef;
 
 mod engine;
@@ -38,8 +38,6 @@ pub(crate) mod lifecycle;
 
 pub(crate) use engine::{Engine, Transport};
 
-/// Listed QPs whose work requests one pass moves into the core at most.
-const POSTED_PER_PASS: usize = 4096;
 /// The waker's token; sockets get tokens from 1 on.
 const WAKER: Token = Token(0);
 /// The AF_XDP sockets' tokens count down from here (the waker's token is
@@ -415,8 +413,9 @@ pub(crate) struct Shared {
     /// Multi-core AF_XDP: how the progress threads of engines 1.. sleep.
     sleepers: std::sync::OnceLock<Vec<Arc<Sleeper>>>,
     /// QPs with work requests queued by application threads
-    /// ([`crate::post`]), moved into the core at the start of a pass.
-    pub(crate) posted: SegQueue<Arc<WorkQueues>>,
+    /// ([`crate::post`]); the engine's own handle on the list is
+    /// [`Engine::posted`].
+    pub(crate) posted: Arc<Posted>,
     /// The device's span ([`crate::log::device_span`]).
     pub(crate) span: tracing::Span,
 }
@@ -511,7 +510,7 @@ impl Shared {
         let waker = Waker::new(poll.registry(), WAKER)?;
         let registry = poll.registry().try_clone()?;
         let engine = Engine::new(seed, registry);
-        let epoch = engine.epoch;
+        let (epoch, posted) = (engine.epoch, engine.posted.clone());
         Ok(Self {
             engine: Mutex::new(engine),
             epoch,
@@ -524,7 +523,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             waiters: AtomicUsize::new(0),
             sleepers: std::sync::OnceLock::new(),
-            posted: SegQueue::new(),
+            posted,
             span: tracing::Span::none(),
         })
     }
@@ -581,7 +580,7 @@ impl Shared {
         {
             let mut e = self.engine();
             t2 = std::time::Instant::now();
-            work += self.drain_posted(&mut e);
+            work += e.drain_posted();
             e.passes += 1;
             let e = &mut *e;
             if let Transport::Xdp(set) = &mut e.io {
@@ -647,27 +646,7 @@ impl Shared {
                 e.readiness(events);
             }
         }
-        self.drain_posted(&mut e) + e.pass()
-    }
-
-    /// Move the work requests queued on the posted list into the core
-    /// (`e` is this device's engine, locked). Returns how many moved.
-    pub(crate) fn drain_posted(&self, e: &mut Engine) -> usize {
-        // Bounded: QPs listed again while this runs wait for the next
-        // pass rather than keep it going.
-        let mut n = 0;
-        for _ in 0..POSTED_PER_PASS {
-            match self.posted.pop() {
-                Some(q) => {
-                    n += q.drain(&mut e.ctx);
-                    if let Some(qp) = q.qp() {
-                        e.touch_qp(qp);
-                    }
-                }
-                None => break,
-            }
-        }
-        n
+        e.pass()
     }
 
     /// Let application threads waiting for the engine lock take it before
@@ -709,7 +688,7 @@ impl Shared {
                 let _ = poll.poll(&mut events, Some(Duration::ZERO));
                 let mut e = self.engine();
                 e.readiness(&events);
-                self.drain_posted(&mut e) + e.pass()
+                e.pass()
             } else {
                 self.pass_engine(x.as_ref())
             };
@@ -800,6 +779,20 @@ impl Shared {
             }
             self.idle_wait(left);
         }
+    }
+}
+
+#[cfg(test)]
+impl Shared {
+    /// The kernel backend's pass of a thread that holds the device lock
+    /// as `e`: learn which sockets became ready (waiting up to `wait` for
+    /// one), then [`Engine::pass`].
+    pub(crate) fn pass_when_ready(&self, e: &mut Engine, wait: Duration) -> usize {
+        if let Some((poll, events)) = lock(&self.poll).as_mut() {
+            let _ = poll.poll(events, Some(wait));
+            e.readiness(events);
+        }
+        e.pass()
     }
 }
 

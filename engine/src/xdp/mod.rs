@@ -7,8 +7,9 @@
 //!   and write UMEM frames in place, with an optional pcap capture.
 //! * `raw`: [`RawTcp`], the user-space TCP alone over the same socket
 //!   (transport ceiling for benchmarks).
-//! * `worker`: `XdpIo`, the state one engine pass works on
-//!   (`XdpIo::run_once`), and the connection manager's side of it.
+//! * `worker`: `XdpIo`, the state one engine pass works on (its input,
+//!   the steps on the core, its output), and the connection manager's
+//!   side of it.
 //! * `set`: `XdpSet`, the device's engines as one transport of the
 //!   runtime (`crate::runtime::Transport`).
 //!

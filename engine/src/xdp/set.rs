@@ -16,6 +16,7 @@ use mio::Token;
 
 use super::worker::XdpIo;
 use crate::cm::CmError;
+use crate::post::Posted;
 use crate::runtime::{lock, ConnShared, ListenShared, Sock, XSK};
 
 /// An AF_XDP engine behind its own lock (taken after the device's, never
@@ -196,16 +197,31 @@ impl XdpSet {
             .collect()
     }
 
-    /// Every engine's whole pass (manual progress).
-    pub(crate) fn run_all(&mut self, ctx: &mut Context, now: CoreInstant) -> usize {
-        let mut work = 0;
+    /// Every engine's whole pass under the device lock (manual progress,
+    /// or a device of one engine): every engine's input, then the work
+    /// requests `posted` into the core (a receive posted before the peer
+    /// sent the message it is for is in the core before the message), then
+    /// each engine's steps on the core, then every engine's output.
+    pub(crate) fn run_all(
+        &mut self,
+        ctx: &mut Context,
+        now: CoreInstant,
+        posted: &Posted,
+    ) -> usize {
+        let mut work: usize = self.engines.iter().map(|x| lock(x).io_in(now)).sum();
+        work += posted.drain(ctx, |qp| self.touch_qp(qp));
         for k in 0..self.engines.len() {
             let touched = self.touched.get_mut(k).map(std::mem::take);
             let touched = touched.unwrap_or_default();
             let x = &self.engines[k];
-            work += lock(x).run_once(ctx, now, &touched, &mut self.reaped);
+            work += lock(x).drive(ctx, now, &touched, &mut self.reaped);
             self.give_back(k, touched);
         }
+        work += self
+            .engines
+            .iter()
+            .map(|x| lock(x).io_out(now))
+            .sum::<usize>();
         self.forget_reaped();
         work
     }

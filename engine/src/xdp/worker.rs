@@ -1,8 +1,9 @@
 //! [`XdpIo`]: the AF_XDP engine's state and one pass over it.
 //!
-//! One pass ([`XdpIo::run_once`], clock read once by the caller) visits
-//! only the connections with something to do; its steps are listed in
-//! `docs/design.md` ("One pass of the AF_XDP engine").
+//! One pass ([`XdpIo::io_in`], [`XdpIo::drive`], [`XdpIo::io_out`], the
+//! clock read once by the caller) visits only the connections with
+//! something to do; its steps are listed in `docs/design.md` ("One pass
+//! of the AF_XDP engine").
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -778,17 +779,6 @@ impl XdpIo {
         let dev = self.stack.device_mut();
         dev.tx_burst();
         dev.flush_capture();
-    }
-
-    /// One pass; returns a measure of the work done (0: idle).
-    pub(crate) fn run_once(
-        &mut self,
-        ctx: &mut Context,
-        now: CoreInstant,
-        touched: &[QpId],
-        reaped: &mut Vec<QpId>,
-    ) -> usize {
-        self.io_in(now) + self.drive(ctx, now, touched, reaped) + self.io_out(now)
     }
 
     /// Steps 1-2 of a pass (no core state involved: a multi-core device
