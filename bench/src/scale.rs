@@ -80,6 +80,10 @@ pub struct ScaleResult {
     pub rss_setup: u64,
     /// Process RSS (KiB) after the traffic.
     pub rss_traffic: u64,
+    /// Process RSS (KiB) once every write completed and the connections
+    /// stayed quiet for twice the stacks' `idle_release` (the AF_XDP
+    /// engines give quiet connections' buffer pages back).
+    pub rss_idle: u64,
     /// Side b's configured smoltcp receive + transmit buffer per
     /// connection (KiB): the most one gets (a receive buffer is cut to
     /// the connection's part of the shared frames).
@@ -259,6 +263,19 @@ pub fn run(
         if qps.iter().any(|q| q.state() != iwarp_engine::QpState::Rts) {
             return Err(err(format!("a QP left RTS ({st:?})")));
         }
+        // Every write side a posted has completed; the connections go
+        // quiet long enough to give their buffers back.
+        spin_recv(&dev, &from_a, 2 * WAIT)?;
+        let quiet = cfg.tcp.idle_release.map_or(Duration::ZERO, |d| {
+            Duration::from_micros(2 * d.total_micros()) + Duration::from_millis(200)
+        });
+        let t = Instant::now();
+        while t.elapsed() < quiet {
+            if dev.progress() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let rss_idle = rss()?;
         back_a.send(()).map_err(|_| err("side a is gone"))?;
         drop(qps);
         let t = Instant::now();
@@ -270,6 +287,7 @@ pub fn run(
             rss_before,
             rss_setup,
             rss_traffic,
+            rss_idle,
             tcp_buffers,
             dropped,
             rx_frame_ns,
@@ -368,7 +386,23 @@ pub fn run(
         let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
         crate::rdma::debug_stats(&dev);
         to_b.send(()).map_err(|_| err("side b is gone"))?;
-        spin_recv(&dev, &b_says, WAIT)?;
+        // The writes still outstanding complete; then side b waits for
+        // the connections to go quiet (this side's engine runs meanwhile).
+        let mut outstanding = n * p.window;
+        let drained = Instant::now();
+        while outstanding > 0 {
+            dev.progress();
+            let k = cq.poll(&mut wc);
+            if let Some(w) = wc[..k].iter().find(|w| w.status != WcStatus::Success) {
+                return Err(err(format!("completion error {w:?}")));
+            }
+            outstanding = outstanding.saturating_sub(k);
+            if drained.elapsed() > 2 * WAIT {
+                return Err(err(format!("{outstanding} writes never completed")));
+            }
+        }
+        to_b.send(()).map_err(|_| err("side b is gone"))?;
+        spin_recv(&dev, &b_says, 2 * WAIT)?;
         drop(qps);
         let t = Instant::now();
         while t.elapsed() < Duration::from_millis(50) {
@@ -385,13 +419,23 @@ pub fn run(
     match (ra?, rb?) {
         (
             Ok(gbps),
-            Ok((rss_before, rss_setup, rss_traffic, tcp_buffers, rx_dropped, rx_frame_ns, rx_gbps)),
+            Ok((
+                rss_before,
+                rss_setup,
+                rss_traffic,
+                rss_idle,
+                tcp_buffers,
+                rx_dropped,
+                rx_frame_ns,
+                rx_gbps,
+            )),
         ) => Ok(ScaleResult {
             gbps,
             rx_gbps,
             rss_before,
             rss_setup,
             rss_traffic,
+            rss_idle,
             tcp_buffers,
             rx_dropped,
             rx_frame_ns,

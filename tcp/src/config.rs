@@ -129,6 +129,17 @@ pub struct Config {
     /// Seed of smoltcp's generator (initial sequence numbers, ephemeral
     /// choices): fixed for reproducible runs.
     pub seed: u64,
+    /// How long a connection goes unvisited (no frame, no call of the
+    /// application's, no timer) before the stack gives the pages of its
+    /// socket buffers back to the system, if they hold nothing it will
+    /// read again: no unread or unacknowledged data, nothing that arrived
+    /// beyond our acknowledgement. Its buffers stay allocated; a page
+    /// comes back, zeroed, when the ring next writes it (a fault per page
+    /// as traffic resumes). A quiet connection is released between one
+    /// and two of these after its last visit, counted in
+    /// [`Counters::idle_releases`](crate::Counters::idle_releases).
+    /// `None`: buffers stay resident.
+    pub idle_release: Option<Duration>,
 }
 
 impl Default for Config {
@@ -149,6 +160,7 @@ impl Default for Config {
             timeout: None,
             keep_alive: None,
             seed: 0x5eed_1a2b,
+            idle_release: Some(Duration::from_secs(1)),
         }
     }
 }

@@ -6,7 +6,9 @@
 //!
 //! Like the `iwarp` core this crate is sans-IO: no sockets, no threads, no
 //! clock reads. Time enters as a `smoltcp::time::Instant` argument; frames
-//! enter and leave only through the device.
+//! enter and leave only through the device. Its one system call gives the
+//! pages of idle connections' socket buffers back
+//! ([`Config::idle_release`]).
 //!
 //! One pass of the caller's loop:
 //!
@@ -65,6 +67,7 @@ pub mod csum;
 mod cwnd;
 mod flow;
 mod hash;
+mod pages;
 mod port;
 pub mod sim;
 mod stack;

@@ -154,6 +154,9 @@ pub(crate) struct Sent {
     rx_open: usize,
     /// The acknowledgement number of our last segment.
     rx_ack: u32,
+    /// One past the highest data byte that arrived from the peer (of
+    /// segments within a window of our last acknowledgement).
+    rx_end: u32,
     /// smoltcp's own right edge as of our last segment (its
     /// acknowledgement + its window field): what its buffer takes.
     smol_edge: u32,
@@ -204,6 +207,24 @@ impl Sent {
     /// socket runs without congestion control.
     pub(crate) fn congestion_window(&self) -> Option<usize> {
         self.reno.map(|r| r.window())
+    }
+
+    /// Data arrived beyond our last acknowledgement: bytes smoltcp may
+    /// hold out of order in its receive buffer, or has yet to
+    /// acknowledge.
+    pub(crate) fn holds_unacknowledged(&self) -> bool {
+        self.arrived_beyond_ack() > 0
+    }
+
+    /// Bytes from our last acknowledgement to the end of the data that
+    /// arrived (0 if that lies behind it).
+    fn arrived_beyond_ack(&self) -> u32 {
+        let ahead = self.rx_end.wrapping_sub(self.rx_ack);
+        if ahead <= crate::MAX_BUFFER as u32 {
+            ahead
+        } else {
+            0
+        }
     }
 
     /// The bytes of its window [`WindowShare`] counts.
@@ -690,6 +711,12 @@ impl SentTable {
                 return out;
             }
             let start = seq.wrapping_add(1);
+            // A SYN-ACK acknowledges the peer's SYN: its data follows.
+            let acked = if tcp.ack() {
+                tcp.ack_number().0 as u32
+            } else {
+                0
+            };
             let sent = Sent {
                 start,
                 next: start,
@@ -705,7 +732,8 @@ impl SentTable {
                 lent: false,
                 touched: self.share.period.get(),
                 holding: false,
-                rx_ack: 0,
+                rx_ack: acked,
+                rx_end: acked,
                 smol_edge: 0,
                 wait: None,
                 update_due: false,
@@ -805,6 +833,10 @@ impl SentTable {
         let shift = if tcp.syn() { 0 } else { s.our_shift };
         let smol = usize::from(field) << shift;
         s.rx_ack = ack;
+        if s.arrived_beyond_ack() == 0 {
+            // What arrived is all acknowledged (or nothing has yet).
+            s.rx_end = ack;
+        }
         s.smol_edge = ack.wrapping_add(smol as u32);
         let cut = self
             .share
@@ -955,6 +987,13 @@ impl SentTable {
                 .is_some_and(|edge| end.wrapping_sub(edge) as i32 >= 0)
             {
                 s.filled = true;
+            }
+            // A segment's end up to a buffer's reach past our
+            // acknowledgement (anything further is outside every window
+            // smoltcp offers, and a corrupted sequence number no mark).
+            let ahead = end.wrapping_sub(s.rx_ack);
+            if ahead <= crate::MAX_BUFFER as u32 && ahead > s.arrived_beyond_ack() {
+                s.rx_end = end;
             }
         }
         if tcp.fin() && tcp.verify_checksum(&IpAddress::Ipv4(seg.src), &IpAddress::Ipv4(seg.dst)) {

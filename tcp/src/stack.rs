@@ -51,6 +51,7 @@ use smoltcp::wire::{
 
 use crate::config::{Config, SHARED_BUFFER_MIN};
 use crate::flow::FlowTable;
+use crate::pages::{self, Span};
 use crate::port::{tcp_mss, Flow, Port, WindowShare};
 
 /// How long a static neighbour entry lives in the control interface's
@@ -178,6 +179,11 @@ pub struct Counters {
     /// Connection visits: a connection's egress and state, for frames,
     /// timers or calls that concerned it.
     pub conn_visits: u64,
+    /// Times a quiet connection's socket buffers were given back to the
+    /// system ([`Config::idle_release`]).
+    pub idle_releases: u64,
+    /// Bytes of whole pages given back in those.
+    pub idle_released_bytes: u64,
 }
 
 /// What the stack knows about one connection beyond smoltcp's state.
@@ -219,6 +225,12 @@ struct Conn {
     deadline: Option<Instant>,
     /// Receive buffer bytes, counted against [`Config::rx_budget`].
     rx_capacity: usize,
+    /// Where the socket's receive and transmit buffers lie.
+    buffers: [Span; 2],
+    /// The last visit.
+    visited: Instant,
+    /// In the queue of connections [`Core::release_idle`] looks at.
+    idle_queued: bool,
 }
 
 impl Conn {
@@ -314,6 +326,9 @@ struct Core {
     egress_due: bool,
     /// Flows of connections that left, for the device wrapper's tables.
     forgotten: Vec<Flow>,
+    /// Connections visited since their buffers were last given back, by
+    /// the time they were queued ([`Config::idle_release`]).
+    idle: VecDeque<(Instant, ConnId)>,
 }
 
 /// A user-space TCP/IPv4 stack over one Ethernet device. See the module
@@ -820,7 +835,7 @@ impl Core {
             .routes_mut()
             .add_default_ipv4_route(self.gateway.unwrap_or(flow.0));
         let rx_capacity = self.rx_size();
-        let mut s = new_socket(&self.config, rx_capacity);
+        let (mut s, buffers) = new_socket(&self.config, rx_capacity);
         if let Err(e) = setup(&mut iface, &mut s) {
             self.free.push(index);
             return Err(e);
@@ -849,6 +864,9 @@ impl Core {
             active: false,
             deadline: None,
             rx_capacity,
+            buffers,
+            visited: self.now,
+            idle_queued: false,
         };
         if self.flows.insert(flow, id).is_err() {
             self.free.push(index);
@@ -1100,9 +1118,12 @@ impl Core {
             }
             return changed;
         }
+        let idle_release = self.config.idle_release.is_some();
         let Some(c) = self.conn_mut(id) else {
             return changed;
         };
+        c.visited = now;
+        let idle_queue = idle_release && !std::mem::replace(&mut c.idle_queued, true);
         let mut due = false;
         let mut timer = None;
         match c.iface.poll_at(now, &c.sockets) {
@@ -1122,10 +1143,63 @@ impl Core {
         if let Some(t) = timer {
             self.timers.push(Reverse((t, id.index, id.generation)));
         }
+        if idle_queue {
+            self.idle.push_back((now, id));
+        }
         if due {
             self.touch(id);
         }
         changed
+    }
+
+    /// When [`Self::release_idle`] has a connection to look at.
+    fn idle_due(&self) -> Option<Instant> {
+        let after = self.config.idle_release?;
+        self.idle.front().map(|&(queued, _)| queued + after)
+    }
+
+    /// Give back the buffer pages of each connection that no visit has
+    /// touched for [`Config::idle_release`] and whose buffers hold
+    /// nothing it will read again; look at one that was visited, or still
+    /// holds data, a period later.
+    fn release_idle<D>(&mut self, port: &Port<D>, now: Instant) {
+        let Some(after) = self.config.idle_release else {
+            return;
+        };
+        while let Some(&(queued, id)) = self.idle.front() {
+            if queued + after > now {
+                break;
+            }
+            self.idle.pop_front();
+            let Some(c) = slot_conn_mut(&mut self.slots, id) else {
+                continue;
+            };
+            // Without the wrapper's entry (its table is full) nothing
+            // tells whether data waits out of order: the buffers stay.
+            let Some(sent) = port.sent.get(c.flow()) else {
+                c.idle_queued = false;
+                continue;
+            };
+            let s = c.socket();
+            let holds = s.recv_queue() > 0 || s.send_queue() > 0 || sent.holds_unacknowledged();
+            if c.visited + after > now || holds {
+                self.idle.push_back((now, id));
+                continue;
+            }
+            c.idle_queued = false;
+            let mut bytes = 0;
+            for span in c.buffers {
+                // SAFETY: the span is of this connection's socket buffer,
+                // alive as long as the connection; the stack holds
+                // `&mut self`, so nothing borrows the buffer; and it holds
+                // nothing the socket reads before writing it: no unread
+                // or unsent data, nothing unacknowledged either way, so no
+                // out-of-order data either.
+                bytes += unsafe { pages::release(span) };
+            }
+            self.counters.idle_releases += 1;
+            self.counters.idle_released_bytes += bytes as u64;
+        }
     }
 
     /// A passive connection finished its handshake: to the accept queue,
@@ -1261,6 +1335,7 @@ impl<D: Device> Stack<D> {
             counters: Counters::default(),
             egress_due: false,
             forgotten: Vec::new(),
+            idle: VecDeque::new(),
         };
         Self { port, core }
     }
@@ -1870,6 +1945,7 @@ impl<D: Device> Stack<D> {
         }
         self.flush_forgotten();
         did |= self.port.send_window_updates(now);
+        self.core.release_idle(&self.port, now);
         did
     }
 
@@ -1903,6 +1979,7 @@ impl<D: Device> Stack<D> {
             || c.timers.peek().is_some_and(|Reverse((t, _, _))| *t <= now)
             || (!c.arp_wait.is_empty() && now >= c.arp_retry_at)
             || (!c.neighbors.is_empty() && now >= c.neighbor_refresh_at)
+            || c.idle_due().is_some_and(|t| t <= now)
     }
 
     /// Whether data, a FIN, a reset or a SYN was queued since the last
@@ -1922,7 +1999,7 @@ impl<D: Device> Stack<D> {
         let control = c.control.poll_at(now, &c.control_sockets);
         let refresh = (!c.neighbors.is_empty()).then_some(c.neighbor_refresh_at);
         let arp = (!c.arp_wait.is_empty()).then_some(c.arp_retry_at);
-        [c.next_timer(), control, refresh, arp]
+        [c.next_timer(), control, refresh, arp, c.idle_due()]
             .into_iter()
             .flatten()
             .min()
@@ -1981,17 +2058,18 @@ fn fin_state(state: State) -> bool {
     )
 }
 
-/// A socket with the stack's settings and a receive buffer of `rx_size`.
-fn new_socket(config: &Config, rx_size: usize) -> tcp::Socket<'static> {
-    let rx = tcp::SocketBuffer::new(vec![0; rx_size]);
-    let tx = tcp::SocketBuffer::new(vec![0; config.tx_buffer]);
-    let mut s = tcp::Socket::new(rx, tx);
+/// A socket with the stack's settings and a receive buffer of `rx_size`,
+/// and where its receive and transmit buffers lie.
+fn new_socket(config: &Config, rx_size: usize) -> (tcp::Socket<'static>, [Span; 2]) {
+    let (mut rx, mut tx) = (vec![0; rx_size], vec![0; config.tx_buffer]);
+    let spans = [Span::of(&mut rx), Span::of(&mut tx)];
+    let mut s = tcp::Socket::new(tcp::SocketBuffer::new(rx), tcp::SocketBuffer::new(tx));
     s.set_nagle_enabled(config.nagle);
     s.set_ack_delay(config.ack_delay);
     s.set_congestion_control(config.congestion);
     s.set_timeout(config.timeout);
     s.set_keep_alive(config.keep_alive);
-    s
+    (s, spans)
 }
 
 #[cfg(test)]

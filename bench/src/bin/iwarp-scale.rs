@@ -120,8 +120,10 @@ fn main() -> std::process::ExitCode {
         "RSS before",
         "RSS setup",
         "RSS traffic",
+        "RSS idle",
         "KiB/QP setup",
         "KiB/QP traffic",
+        "KiB/QP idle",
         "tcp bufs KiB/QP",
         "rx drops",
         "ns/rx frame",
@@ -140,6 +142,7 @@ fn main() -> std::process::ExitCode {
                 Ok(r) => {
                     let setup = scale::per_qp(r.rss_before, r.rss_setup, n);
                     let traffic = scale::per_qp(r.rss_before, r.rss_traffic, n);
+                    let idle = scale::per_qp(r.rss_before, r.rss_idle, n);
                     rows.push(vec![
                         n.to_string(),
                         format!("{:.2}", r.gbps),
@@ -147,8 +150,10 @@ fn main() -> std::process::ExitCode {
                         r.rss_before.to_string(),
                         r.rss_setup.to_string(),
                         r.rss_traffic.to_string(),
+                        r.rss_idle.to_string(),
                         format!("{setup:.1}"),
                         format!("{traffic:.1}"),
+                        format!("{idle:.1}"),
                         format!("{:.0}", r.tcp_buffers),
                         r.rx_dropped.to_string(),
                         format!("{:.0}", r.rx_frame_ns),
@@ -165,6 +170,7 @@ fn main() -> std::process::ExitCode {
                         "KiB",
                         traffic,
                     ));
+                    new.push(rec(&format!("{name}/idle"), "mem_per_qp", "KiB", idle));
                     new.push(rec(
                         &format!("{name}/tcp-buffers"),
                         "mem_per_qp",
@@ -192,7 +198,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received)");
+    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: every write complete and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received)");
     let metric = |m: &str, n: usize| {
         recs.iter()
             .find(|r| r.metric == m && r.qps == Some(n) && r.config == name)

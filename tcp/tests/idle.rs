@@ -1,0 +1,141 @@
+//! Quiet connections give their socket buffers' pages back
+//! (`Config::idle_release`), never while a buffer holds data the socket
+//! will read again.
+
+mod common;
+
+use common::{connect, data};
+use iwarp_tcp::sim::{LinkConfig, Sim, Step};
+use iwarp_tcp::{Config, ConnId};
+use smoltcp::time::Duration;
+use smoltcp::wire::{EthernetFrame, Ipv4Packet, TcpPacket};
+
+/// Send `out` from `a` on A to `b` on B and read it there; returns what
+/// arrived.
+fn transfer(sim: &mut Sim, a: ConnId, b: ConnId, out: &[u8]) -> Vec<u8> {
+    let mut got = Vec::with_capacity(out.len());
+    let mut sent = 0;
+    let limit = sim.now + Duration::from_secs(60);
+    sim.run(limit, |s| {
+        let n = s.a.send_slice(a, &out[sent..]).unwrap();
+        sent += n;
+        let m =
+            s.b.recv(b, |buf| {
+                got.extend_from_slice(buf);
+                buf.len()
+            })
+            .unwrap();
+        if got.len() == out.len() && s.a.send_queue(a) == 0 {
+            Step::Done
+        } else if n + m > 0 {
+            Step::Progress
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    got
+}
+
+/// Let the simulated time run for `d` with nothing to send.
+fn idle_for(sim: &mut Sim, d: Duration) {
+    let until = sim.now + d;
+    let r = sim.run(until + Duration::from_secs(1), |s| {
+        if s.now >= until {
+            Step::Done
+        } else {
+            Step::IdleUntil(until)
+        }
+    });
+    r.unwrap();
+}
+
+#[test]
+fn quiet_connections_give_their_buffer_pages_back() {
+    let config = Config::default();
+    let after = config.idle_release.unwrap();
+    let mut sim = Sim::new(config, config, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+    let out = data(1 << 20, 3);
+    assert!(transfer(&mut sim, a, b, &out) == out);
+    // Busy the whole time: nothing given back yet.
+    assert_eq!(sim.b.counters().idle_releases, 0);
+    // Quiet for two periods: each side gives its buffers back once.
+    idle_for(&mut sim, after * 2 + Duration::from_millis(10));
+    for (side, s) in [("A", &sim.a), ("B", &sim.b)] {
+        let c = s.counters();
+        assert_eq!(c.idle_releases, 1, "{side}: {c:?}");
+        assert!(c.idle_released_bytes > 0, "{side}: {c:?}");
+    }
+    // Quiet on: nothing more to give back until the connection is used.
+    idle_for(&mut sim, after * 3);
+    assert_eq!(sim.b.counters().idle_releases, 1);
+    // The pages come back as the rings write them; the bytes are whole.
+    let out = data(1 << 20, 4);
+    assert!(transfer(&mut sim, a, b, &out) == out);
+    idle_for(&mut sim, after * 2 + Duration::from_millis(10));
+    assert_eq!(sim.b.counters().idle_releases, 2);
+}
+
+/// The sequence number of a TCP segment from A in `frame`, with its
+/// payload length.
+fn segment(frame: &[u8]) -> Option<(u32, usize)> {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+    let tcp = TcpPacket::new_checked(ip.payload()).ok()?;
+    (ip.src_addr() == Sim::IP_A).then(|| (tcp.seq_number().0 as u32, tcp.payload().len()))
+}
+
+/// B receives the second and third segments of a message while the
+/// first (and every copy of it) is lost for longer than B's idle period:
+/// B holds them out of order, and gives back nothing while it does.
+/// Once the first arrives, the message reads whole.
+#[test]
+fn data_held_out_of_order_is_not_given_back() {
+    let after = Duration::from_millis(50);
+    let b_config = Config {
+        idle_release: Some(after),
+        ..Config::default()
+    };
+    let mut sim = Sim::new(Config::default(), b_config, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+    let out = data(3 * 1460, 5);
+    assert_eq!(sim.a.send_slice(a, &out).unwrap(), out.len());
+    let mut first = None;
+    let lost_until = sim.now + Duration::from_secs(3);
+    let mut got = Vec::new();
+    let mut released_while_held = None;
+    let limit = sim.now + Duration::from_secs(30);
+    sim.run(limit, |s| {
+        let now = s.now;
+        s.b.device_mut().rx.retain(|f| match segment(f) {
+            Some((seq, len)) if len > 0 => {
+                let first = *first.get_or_insert(seq);
+                seq != first || now >= lost_until
+            }
+            _ => true,
+        });
+        if now < lost_until && now > lost_until - Duration::from_millis(100) {
+            released_while_held.get_or_insert(s.b.counters().idle_releases);
+        }
+        let m =
+            s.b.recv(b, |buf| {
+                got.extend_from_slice(buf);
+                buf.len()
+            })
+            .unwrap();
+        if got.len() == out.len() {
+            Step::Done
+        } else if m > 0 {
+            Step::Progress
+        } else {
+            Step::IdleUntil(lost_until)
+        }
+    })
+    .unwrap();
+    assert_eq!(released_while_held, Some(0));
+    assert!(got == out, "the message arrived changed");
+    // Read and acknowledged: now the buffers go back.
+    idle_for(&mut sim, after * 2 + Duration::from_millis(10));
+    assert!(sim.b.counters().idle_releases > 0);
+}
