@@ -276,6 +276,7 @@ pub fn run(
             }
         }
         let rss_idle = rss()?;
+        crate::rdma::debug_stats(&dev);
         back_a.send(()).map_err(|_| err("side a is gone"))?;
         drop(qps);
         let t = Instant::now();

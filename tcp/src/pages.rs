@@ -17,8 +17,9 @@ use std::sync::OnceLock;
 use nix::sys::mman::{madvise, MmapAdvise};
 use nix::unistd::{sysconf, SysconfVar};
 
-/// Where the bytes of a socket buffer lie: the heap block of the `Vec`
-/// the socket owns.
+/// Where a socket buffer lies: a part of the heap block of the `Vec` the
+/// socket owns (its bytes, and for [`buffer`]'s the spare page after
+/// them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Span {
     addr: usize,
@@ -26,9 +27,11 @@ pub(crate) struct Span {
 }
 
 impl Span {
-    /// The bytes of `buf`, which then moves into its socket (moving a
-    /// `Vec` leaves its heap block where it is; the ring never grows it).
-    pub(crate) fn of(buf: &mut Vec<u8>) -> Self {
+    /// The bytes of `buf` (its length), which then moves into its socket
+    /// (moving a `Vec` leaves its heap block where it is; the ring never
+    /// grows it).
+    #[cfg(test)]
+    fn of(buf: &mut Vec<u8>) -> Self {
         Self {
             addr: buf.as_mut_ptr().expose_provenance(),
             len: buf.len(),
@@ -42,6 +45,21 @@ impl Span {
         let end = (self.addr + self.len) / page * page;
         (end > start).then(|| (start, end - start))
     }
+}
+
+/// A zeroed socket buffer of `len` bytes, with where it lies. Its heap
+/// block holds a page more, never used: the page the buffer ends in then
+/// belongs to the buffer alone and can be given back whole (a ring moves
+/// through its whole buffer).
+pub(crate) fn buffer(len: usize) -> (Vec<u8>, Span) {
+    let slack = page_size().unwrap_or(0);
+    let mut buf = vec![0; len + slack];
+    buf.truncate(len);
+    let span = Span {
+        addr: buf.as_mut_ptr().expose_provenance(),
+        len: len + slack,
+    };
+    (buf, span)
 }
 
 /// The system's page size (a power of two); `None` if it is unknown,
@@ -59,10 +77,10 @@ fn page_size() -> Option<usize> {
 ///
 /// # Safety
 ///
-/// `span` was taken with [`Span::of`] from a buffer that is still alive
-/// (its socket has not been dropped), no reference into it is live, and
-/// none of its bytes is read again before it is written: the contents
-/// of its pages become zeros.
+/// `span` came with a buffer from [`buffer`] that is still alive (its
+/// socket has not been dropped), no reference into it is live, and none
+/// of its bytes is read again before it is written: the contents of its
+/// pages become zeros.
 pub(crate) unsafe fn release(span: Span) -> usize {
     let Some((start, len)) = page_size().and_then(|p| span.pages(p)) else {
         return 0;
@@ -105,6 +123,23 @@ mod tests {
             len: 4096,
         };
         assert_eq!(small.pages(4096), None);
+    }
+
+    /// A buffer is as long as asked; its span reaches a page further, so
+    /// the page it ends in is a whole page of the span (for a buffer that
+    /// starts on an earlier page).
+    #[test]
+    fn a_buffer_owns_the_page_it_ends_in() {
+        let page = page_size().unwrap();
+        for len in [64 * 1024, 256 * 1024, 10 * page + 100, 3 * page] {
+            let (buf, span) = buffer(len);
+            assert_eq!(buf.len(), len);
+            assert!(buf.capacity() >= len + page);
+            let end = buf.as_ptr().addr() + len;
+            let (start, n) = span.pages(page).unwrap();
+            assert!(start + n >= end.next_multiple_of(page), "{len}");
+            assert!(start + n <= buf.as_ptr().addr() + buf.capacity(), "{len}");
+        }
     }
 
     /// Released pages read as zeros and leave the process's resident

@@ -2059,10 +2059,10 @@ fn fin_state(state: State) -> bool {
 }
 
 /// A socket with the stack's settings and a receive buffer of `rx_size`,
-/// and where its receive and transmit buffers lie.
+/// and where its receive and transmit buffers lie ([`pages::buffer`]).
 fn new_socket(config: &Config, rx_size: usize) -> (tcp::Socket<'static>, [Span; 2]) {
-    let (mut rx, mut tx) = (vec![0; rx_size], vec![0; config.tx_buffer]);
-    let spans = [Span::of(&mut rx), Span::of(&mut tx)];
+    let ((rx, rx_span), (tx, tx_span)) = (pages::buffer(rx_size), pages::buffer(config.tx_buffer));
+    let spans = [rx_span, tx_span];
     let mut s = tcp::Socket::new(tcp::SocketBuffer::new(rx), tcp::SocketBuffer::new(tx));
     s.set_nagle_enabled(config.nagle);
     s.set_ack_delay(config.ack_delay);
