@@ -80,10 +80,14 @@ pub struct ScaleResult {
     pub rss_setup: u64,
     /// Process RSS (KiB) after the traffic.
     pub rss_traffic: u64,
-    /// Process RSS (KiB) once every write completed and the connections
-    /// stayed quiet for twice the stacks' `idle_release` (the AF_XDP
-    /// engines give quiet connections' buffer pages back).
+    /// Process RSS (KiB) once the writes completed (see
+    /// [`Self::stuck_writes`]) and the connections stayed quiet for twice
+    /// the stacks' `idle_release` (the AF_XDP engines give quiet
+    /// connections' buffer pages back).
     pub rss_idle: u64,
+    /// Writes side a posted that had not completed `2 * WAIT` after the
+    /// counted traffic ended (the quiet period starts then regardless).
+    pub stuck_writes: usize,
     /// Side b's configured smoltcp receive + transmit buffer per
     /// connection (KiB): the most one gets (a receive buffer is cut to
     /// the connection's part of the shared frames).
@@ -263,9 +267,10 @@ pub fn run(
         if qps.iter().any(|q| q.state() != iwarp_engine::QpState::Rts) {
             return Err(err(format!("a QP left RTS ({st:?})")));
         }
-        // Every write side a posted has completed; the connections go
-        // quiet long enough to give their buffers back.
-        spin_recv(&dev, &from_a, 2 * WAIT)?;
+        // The writes side a posted have completed (or are counted as
+        // stuck); the connections go quiet long enough to give their
+        // buffers back.
+        spin_recv(&dev, &from_a, 3 * WAIT)?;
         let quiet = cfg.tcp.idle_release.map_or(Duration::ZERO, |d| {
             Duration::from_micros(2 * d.total_micros()) + Duration::from_millis(200)
         });
@@ -295,131 +300,135 @@ pub fn run(
             rx_gbps,
         ))
     })?;
-    let ha = spawn_in(&topo.ns_a, cpus.0, "scale-a", move || -> io::Result<f64> {
-        let backend = match p.sender {
-            Sender::Kernel => Backend::Kernel,
-            Sender::Afxdp => Backend::AfXdp(xdp(veth, false, p.frames)),
-        };
-        let dev = retry_open(|| Device::open(backend.clone(), manual(1)))?;
-        let pd = dev.alloc_pd();
-        let cq = dev.create_cq(n * p.window + 64);
-        let src = dev.reg_mr(&pd, p.size, Access::LOCAL_WRITE)?;
-        let t = from_b
-            .recv_timeout(WAIT)
-            .map_err(|_| err("side b did not listen"))?;
-        to_b.send(()).map_err(|_| err("side b is gone"))?;
-        let mut qps: Vec<Qp> = Vec::with_capacity(n);
-        for i in 0..n {
-            let qi = QpInit {
-                pd: pd.clone(),
-                send_cq: cq.clone(),
-                recv_cq: cq.clone(),
-                sq_depth: p.window + 4,
-                rq_depth: 4,
-                sig_all: false,
-                srq: None,
+    let ha = spawn_in(
+        &topo.ns_a,
+        cpus.0,
+        "scale-a",
+        move || -> io::Result<(f64, usize)> {
+            let backend = match p.sender {
+                Sender::Kernel => Backend::Kernel,
+                Sender::Afxdp => Backend::AfXdp(xdp(veth, false, p.frames)),
             };
-            qps.push(
-                dev.connect(t.addr, qi, ConnParams::default())
-                    .map_err(|e| err(format!("connect {i}: {e}")))?,
-            );
-        }
-        to_b.send(()).map_err(|_| err("side b is gone"))?;
-        spin_recv(&dev, &b_says, WAIT)?;
-        let post = |q: usize| {
-            qps[q]
-                .post_send(&SendWr {
-                    wr_id: q as u64,
-                    op: SendOp::Write {
-                        remote_addr: t.va,
-                        rkey: t.rkey,
-                    },
-                    sgl: &[src.sge(0, p.size)],
-                    signaled: true,
-                })
-                .map_err(|e| err(format!("post_send on QP {q}: {e:?}")))
-        };
-        for _ in 0..p.window {
-            for q in 0..n {
-                post(q)?;
+            let dev = retry_open(|| Device::open(backend.clone(), manual(1)))?;
+            let pd = dev.alloc_pd();
+            let cq = dev.create_cq(n * p.window + 64);
+            let src = dev.reg_mr(&pd, p.size, Access::LOCAL_WRITE)?;
+            let t = from_b
+                .recv_timeout(WAIT)
+                .map_err(|_| err("side b did not listen"))?;
+            to_b.send(()).map_err(|_| err("side b is gone"))?;
+            let mut qps: Vec<Qp> = Vec::with_capacity(n);
+            for i in 0..n {
+                let qi = QpInit {
+                    pd: pd.clone(),
+                    send_cq: cq.clone(),
+                    recv_cq: cq.clone(),
+                    sq_depth: p.window + 4,
+                    rq_depth: 4,
+                    sig_all: false,
+                    srq: None,
+                };
+                qps.push(
+                    dev.connect(t.addr, qi, ConnParams::default())
+                        .map_err(|e| err(format!("connect {i}: {e}")))?,
+                );
             }
-        }
-        let mut wc = vec![EMPTY_WC; 256];
-        let t0 = Instant::now();
-        let warm = Duration::from_secs_f64(p.warmup);
-        let count = Duration::from_secs_f64(p.secs);
-        let (mut counted, mut last) = (0u64, Instant::now());
-        let mut counting: Option<Instant> = None;
-        // QPs that have not seen a write complete yet.
-        let mut cold = vec![true; n];
-        let mut cold_left = n;
-        loop {
-            let el = t0.elapsed();
-            if counting.is_some_and(|c| c.elapsed() >= count) {
-                break;
+            to_b.send(()).map_err(|_| err("side b is gone"))?;
+            spin_recv(&dev, &b_says, WAIT)?;
+            let post = |q: usize| {
+                qps[q]
+                    .post_send(&SendWr {
+                        wr_id: q as u64,
+                        op: SendOp::Write {
+                            remote_addr: t.va,
+                            rkey: t.rkey,
+                        },
+                        sgl: &[src.sge(0, p.size)],
+                        signaled: true,
+                    })
+                    .map_err(|e| err(format!("post_send on QP {q}: {e:?}")))
+            };
+            for _ in 0..p.window {
+                for q in 0..n {
+                    post(q)?;
+                }
             }
-            if counting.is_none() && el >= warm && (cold_left == 0 || el >= warm + WAIT) {
-                counting = Some(Instant::now());
-                to_b.send(()).map_err(|_| err("side b is gone"))?;
+            let mut wc = vec![EMPTY_WC; 256];
+            let t0 = Instant::now();
+            let warm = Duration::from_secs_f64(p.warmup);
+            let count = Duration::from_secs_f64(p.secs);
+            let (mut counted, mut last) = (0u64, Instant::now());
+            let mut counting: Option<Instant> = None;
+            // QPs that have not seen a write complete yet.
+            let mut cold = vec![true; n];
+            let mut cold_left = n;
+            loop {
+                let el = t0.elapsed();
+                if counting.is_some_and(|c| c.elapsed() >= count) {
+                    break;
+                }
+                if counting.is_none() && el >= warm && (cold_left == 0 || el >= warm + WAIT) {
+                    counting = Some(Instant::now());
+                    to_b.send(()).map_err(|_| err("side b is gone"))?;
+                }
+                dev.progress();
+                let k = cq.poll(&mut wc);
+                if k > 0 {
+                    last = Instant::now();
+                } else if last.elapsed() > WAIT {
+                    return Err(err(format!("stalled ({:?})", dev.stats())));
+                }
+                for w in &wc[..k] {
+                    if w.status != WcStatus::Success {
+                        return Err(err(format!("completion error {w:?}")));
+                    }
+                    if counting.is_some() {
+                        counted += p.size as u64;
+                    }
+                    let q = w.wr_id as usize;
+                    if cold.get(q).copied().unwrap_or(false) {
+                        cold[q] = false;
+                        cold_left -= 1;
+                    }
+                    post(q)?;
+                }
             }
-            dev.progress();
-            let k = cq.poll(&mut wc);
-            if k > 0 {
-                last = Instant::now();
-            } else if last.elapsed() > WAIT {
-                return Err(err(format!("stalled ({:?})", dev.stats())));
-            }
-            for w in &wc[..k] {
-                if w.status != WcStatus::Success {
+            let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
+            crate::rdma::debug_stats(&dev);
+            to_b.send(()).map_err(|_| err("side b is gone"))?;
+            // The writes still outstanding complete (those that have not
+            // after `2 * WAIT` are counted); then side b waits for the
+            // connections to go quiet (this side's engine runs meanwhile).
+            let mut outstanding = n * p.window;
+            let drained = Instant::now();
+            while outstanding > 0 && drained.elapsed() < 2 * WAIT {
+                dev.progress();
+                let k = cq.poll(&mut wc);
+                if let Some(w) = wc[..k].iter().find(|w| w.status != WcStatus::Success) {
                     return Err(err(format!("completion error {w:?}")));
                 }
-                if counting.is_some() {
-                    counted += p.size as u64;
-                }
-                let q = w.wr_id as usize;
-                if cold.get(q).copied().unwrap_or(false) {
-                    cold[q] = false;
-                    cold_left -= 1;
-                }
-                post(q)?;
+                outstanding = outstanding.saturating_sub(k);
             }
-        }
-        let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
-        crate::rdma::debug_stats(&dev);
-        to_b.send(()).map_err(|_| err("side b is gone"))?;
-        // The writes still outstanding complete; then side b waits for
-        // the connections to go quiet (this side's engine runs meanwhile).
-        let mut outstanding = n * p.window;
-        let drained = Instant::now();
-        while outstanding > 0 {
-            dev.progress();
-            let k = cq.poll(&mut wc);
-            if let Some(w) = wc[..k].iter().find(|w| w.status != WcStatus::Success) {
-                return Err(err(format!("completion error {w:?}")));
+            to_b.send(()).map_err(|_| err("side b is gone"))?;
+            spin_recv(&dev, &b_says, 2 * WAIT)?;
+            drop(qps);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(50) {
+                dev.progress();
             }
-            outstanding = outstanding.saturating_sub(k);
-            if drained.elapsed() > 2 * WAIT {
-                return Err(err(format!("{outstanding} writes never completed")));
-            }
-        }
-        to_b.send(()).map_err(|_| err("side b is gone"))?;
-        spin_recv(&dev, &b_says, 2 * WAIT)?;
-        drop(qps);
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_millis(50) {
-            dev.progress();
-        }
-        Ok(if dt > 0.0 {
-            counted as f64 * 8.0 / dt / 1e9
-        } else {
-            0.0
-        })
-    })?;
+            let gbps = if dt > 0.0 {
+                counted as f64 * 8.0 / dt / 1e9
+            } else {
+                0.0
+            };
+            Ok((gbps, outstanding))
+        },
+    )?;
     let ra = ha.join().map_err(|_| err("side a panicked"))?;
     let rb = hb.join().map_err(|_| err("side b panicked"))?;
     match (ra?, rb?) {
         (
-            Ok(gbps),
+            Ok((gbps, stuck_writes)),
             Ok((
                 rss_before,
                 rss_setup,
@@ -437,6 +446,7 @@ pub fn run(
             rss_setup,
             rss_traffic,
             rss_idle,
+            stuck_writes,
             tcp_buffers,
             rx_dropped,
             rx_frame_ns,

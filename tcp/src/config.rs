@@ -133,7 +133,8 @@ pub struct Config {
     /// application's, no timer) before the stack gives the pages of its
     /// socket buffers back to the system, if they hold nothing it will
     /// read again: no unread or unacknowledged data, nothing that arrived
-    /// beyond our acknowledgement. Its buffers stay allocated; a page
+    /// beyond our acknowledgement; and that does not wait for its turn of
+    /// [`window_frames`](Self::window_frames). Its buffers stay allocated; a page
     /// comes back, zeroed, when the ring next writes it (a fault per page
     /// as traffic resumes). A quiet connection is released between one
     /// and two of these after its last visit, counted in
@@ -160,7 +161,7 @@ impl Default for Config {
             timeout: None,
             keep_alive: None,
             seed: 0x5eed_1a2b,
-            idle_release: Some(Duration::from_secs(1)),
+            idle_release: Some(Duration::from_secs(10)),
         }
     }
 }

@@ -1181,7 +1181,12 @@ impl Core {
                 continue;
             };
             let s = c.socket();
-            let holds = s.recv_queue() > 0 || s.send_queue() > 0 || sent.holds_unacknowledged();
+            // A connection waiting for its turn of the shared frames is
+            // not quiet: its peer has more to send.
+            let holds = s.recv_queue() > 0
+                || s.send_queue() > 0
+                || sent.holds_unacknowledged()
+                || sent.waits_for_credit();
             if c.visited + after > now || holds {
                 self.idle.push_back((now, id));
                 continue;

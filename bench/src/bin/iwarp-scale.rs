@@ -124,6 +124,7 @@ fn main() -> std::process::ExitCode {
         "KiB/QP setup",
         "KiB/QP traffic",
         "KiB/QP idle",
+        "stuck writes",
         "tcp bufs KiB/QP",
         "rx drops",
         "ns/rx frame",
@@ -154,6 +155,7 @@ fn main() -> std::process::ExitCode {
                         format!("{setup:.1}"),
                         format!("{traffic:.1}"),
                         format!("{idle:.1}"),
+                        r.stuck_writes.to_string(),
                         format!("{:.0}", r.tcp_buffers),
                         r.rx_dropped.to_string(),
                         format!("{:.0}", r.rx_frame_ns),
@@ -198,7 +200,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: every write complete and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received)");
+    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes) and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received)");
     let metric = |m: &str, n: usize| {
         recs.iter()
             .find(|r| r.metric == m && r.qps == Some(n) && r.config == name)
