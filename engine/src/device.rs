@@ -1798,16 +1798,15 @@ mod tests {
         panic!("condition not reached");
     }
 
-    #[test]
-    fn dropped_qps_are_destroyed_after_close() {
-        let (a, b) = (manual(), manual());
+    /// A QP of `a` (made with `ia`) connected to one of `b` (with `ib`),
+    /// both devices manual.
+    fn connected(a: &Device, b: &Device, ia: QpInit, ib: QpInit) -> (Qp, Qp) {
         let l = b.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr();
-        let bi = init(&b);
         let b2 = b.clone();
         let t = std::thread::spawn(move || {
             let req = l.get_request(Some(Duration::from_secs(30))).unwrap();
-            let qp = req.accept(bi, ConnParams::default()).unwrap();
+            let qp = req.accept(ib, ConnParams::default()).unwrap();
             // Keep driving until the client is through.
             for _ in 0..50 {
                 b2.progress();
@@ -1815,8 +1814,14 @@ mod tests {
             }
             qp
         });
-        let qa = a.connect(addr, init(&a), ConnParams::default()).unwrap();
-        let qb = t.join().unwrap();
+        let qa = a.connect(addr, ia, ConnParams::default()).unwrap();
+        (qa, t.join().unwrap())
+    }
+
+    #[test]
+    fn dropped_qps_are_destroyed_after_close() {
+        let (a, b) = (manual(), manual());
+        let (qa, qb) = connected(&a, &b, init(&a), init(&b));
         assert_eq!(a.inner.shared.engine().conn_count(), 1);
         assert_eq!(b.inner.shared.engine().conn_count(), 1);
         drop(qa);
@@ -1833,8 +1838,6 @@ mod tests {
     #[test]
     fn a_pass_moves_queued_receives_before_the_input_it_reads() {
         let (a, b) = (manual(), manual());
-        let l = b.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = l.local_addr();
         let (ia, ib) = (init(&a), init(&b));
         let (pda, pdb, cqa, cqb) = (
             ia.pd.clone(),
@@ -1842,18 +1845,7 @@ mod tests {
             ia.send_cq.clone(),
             ib.recv_cq.clone(),
         );
-        let b2 = b.clone();
-        let t = std::thread::spawn(move || {
-            let req = l.get_request(Some(Duration::from_secs(30))).unwrap();
-            let qp = req.accept(ib, ConnParams::default()).unwrap();
-            for _ in 0..50 {
-                b2.progress();
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            qp
-        });
-        let qa = a.connect(addr, ia, ConnParams::default()).unwrap();
-        let qb = t.join().unwrap();
+        let (qa, qb) = connected(&a, &b, ia, ib);
         let src = a.reg_mr(&pda, 8, Access::LOCAL_WRITE).unwrap();
         let dst = b.reg_mr(&pdb, 8, Access::LOCAL_WRITE).unwrap();
         src.write(0, b"in time!");

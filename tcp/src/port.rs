@@ -223,14 +223,11 @@ impl Sent {
     }
 
     /// Bytes from our last acknowledgement to the end of the data that
-    /// arrived (0 if that lies behind it).
-    fn arrived_beyond_ack(&self) -> u32 {
-        let ahead = self.rx_end.wrapping_sub(self.rx_ack);
-        if ahead <= crate::MAX_BUFFER as u32 {
-            ahead
-        } else {
-            0
-        }
+    /// arrived (0 if that lies behind it, or a buffer's reach ahead).
+    fn arrived_beyond_ack(&self) -> usize {
+        Some(self.beyond_ack(self.rx_end))
+            .filter(|&n| n <= crate::MAX_BUFFER)
+            .unwrap_or(0)
     }
 
     /// The bytes of its window [`WindowShare`] counts.
@@ -997,8 +994,8 @@ impl SentTable {
             // A segment's end up to a buffer's reach past our
             // acknowledgement (anything further is outside every window
             // smoltcp offers, and a corrupted sequence number no mark).
-            let ahead = end.wrapping_sub(s.rx_ack);
-            if ahead <= crate::MAX_BUFFER as u32 && ahead > s.arrived_beyond_ack() {
+            let ahead = s.beyond_ack(end);
+            if ahead <= crate::MAX_BUFFER && ahead > s.arrived_beyond_ack() {
                 s.rx_end = end;
             }
         }

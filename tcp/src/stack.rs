@@ -1174,6 +1174,10 @@ impl Core {
             let Some(c) = slot_conn_mut(&mut self.slots, id) else {
                 continue;
             };
+            if c.visited + after > now {
+                self.idle.push_back((now, id));
+                continue;
+            }
             // Without the wrapper's entry (its table is full) nothing
             // tells whether data waits out of order: the buffers stay.
             let Some(sent) = port.sent.get(c.flow()) else {
@@ -1187,7 +1191,7 @@ impl Core {
                 || s.send_queue() > 0
                 || sent.holds_unacknowledged()
                 || sent.waits_for_credit();
-            if c.visited + after > now || holds {
+            if holds {
                 self.idle.push_back((now, id));
                 continue;
             }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bulk, connect, data, PORT};
+use common::{bulk, connect, data, one_way_on, PORT};
 use iwarp_tcp::sim::{Faults, LinkConfig, Sim, Step};
 use iwarp_tcp::{Config, Error, State};
 use smoltcp::time::Duration;
@@ -115,32 +115,10 @@ fn emss_is_the_smaller_mss_of_both_ends() {
     assert_eq!(sim.a.emss(a), Some(4056));
     assert_eq!(sim.b.emss(b), Some(4056));
     // Segments on the wire respect it.
-    let got = one_way_on(&mut sim, a, b, 200_000);
+    let got = one_way_on(&mut sim, a, b, &data(200_000, 9));
     assert_eq!(got, data(200_000, 9));
     let s = sim.a_to_b();
     assert!(s.sent >= 200_000 / 4056);
-}
-
-fn one_way_on(sim: &mut Sim, a: iwarp_tcp::ConnId, b: iwarp_tcp::ConnId, len: usize) -> Vec<u8> {
-    let out = data(len, 9);
-    let mut got = Vec::new();
-    let mut sent = 0;
-    let limit = sim.now + Duration::from_secs(10);
-    sim.run(limit, |s| {
-        sent += s.a.send_slice(a, &out[sent..]).unwrap();
-        s.b.recv(b, |buf| {
-            got.extend_from_slice(buf);
-            buf.len()
-        })
-        .unwrap();
-        if got.len() == len {
-            Step::Done
-        } else {
-            Step::Idle
-        }
-    })
-    .unwrap();
-    got
 }
 
 #[test]
@@ -548,7 +526,10 @@ fn rx_budget_bounds_the_sum_of_receive_buffers() {
     );
     // The connection left with the smallest buffer still moves data.
     let (a, b) = conns[3];
-    assert_eq!(one_way_on(&mut sim, a, b, 200_000), data(200_000, 9));
+    assert_eq!(
+        one_way_on(&mut sim, a, b, &data(200_000, 9)),
+        data(200_000, 9)
+    );
     // Without a budget every connection gets the full buffer.
     let mut free = Sim::new(
         Config::default(),
@@ -598,7 +579,10 @@ fn shared_frames_size_new_receive_buffers() {
     }
     assert_eq!(caps[7], iwarp_tcp::SHARED_BUFFER_MIN, "{caps:?}");
     let (a, b) = conns[7];
-    assert_eq!(one_way_on(&mut sim, a, b, 300_000), data(300_000, 9));
+    assert_eq!(
+        one_way_on(&mut sim, a, b, &data(300_000, 9)),
+        data(300_000, 9)
+    );
     let mut free = Sim::new(Config::default(), Config::default(), LinkConfig::default());
     let opened: Vec<_> = (0..8)
         .map(|i| connect(&mut free, 40040 + i, Duration::from_secs(5)))
@@ -627,7 +611,7 @@ fn narrow_windows_are_acknowledged_at_once() {
     let (a, b) = connect(&mut sim, 40050, Duration::from_secs(5));
     let len = SEGMENTS * sim.b.local_mss();
     let start = sim.now;
-    assert_eq!(one_way_on(&mut sim, a, b, len), data(len, 9));
+    assert_eq!(one_way_on(&mut sim, a, b, &data(len, 9)), data(len, 9));
     let took = sim.now - start;
     assert!(sim.b.counters().windows_cut > 0);
     assert!(

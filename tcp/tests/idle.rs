@@ -4,38 +4,11 @@
 
 mod common;
 
-use common::{connect, data};
+use common::{connect, data, one_way_on};
 use iwarp_tcp::sim::{LinkConfig, Sim, Step};
-use iwarp_tcp::{Config, ConnId};
+use iwarp_tcp::Config;
 use smoltcp::time::Duration;
 use smoltcp::wire::{EthernetFrame, Ipv4Packet, TcpPacket};
-
-/// Send `out` from `a` on A to `b` on B and read it there; returns what
-/// arrived.
-fn transfer(sim: &mut Sim, a: ConnId, b: ConnId, out: &[u8]) -> Vec<u8> {
-    let mut got = Vec::with_capacity(out.len());
-    let mut sent = 0;
-    let limit = sim.now + Duration::from_secs(60);
-    sim.run(limit, |s| {
-        let n = s.a.send_slice(a, &out[sent..]).unwrap();
-        sent += n;
-        let m =
-            s.b.recv(b, |buf| {
-                got.extend_from_slice(buf);
-                buf.len()
-            })
-            .unwrap();
-        if got.len() == out.len() && s.a.send_queue(a) == 0 {
-            Step::Done
-        } else if n + m > 0 {
-            Step::Progress
-        } else {
-            Step::Idle
-        }
-    })
-    .unwrap();
-    got
-}
 
 /// Let the simulated time run for `d` with nothing to send.
 fn idle_for(sim: &mut Sim, d: Duration) {
@@ -57,7 +30,7 @@ fn quiet_connections_give_their_buffer_pages_back() {
     let mut sim = Sim::new(config, config, LinkConfig::default());
     let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
     let out = data(1 << 20, 3);
-    assert!(transfer(&mut sim, a, b, &out) == out);
+    assert!(one_way_on(&mut sim, a, b, &out) == out);
     // Busy the whole time: nothing given back yet.
     assert_eq!(sim.b.counters().idle_releases, 0);
     // Quiet for two periods: each side gives its buffers back once.
@@ -72,7 +45,7 @@ fn quiet_connections_give_their_buffer_pages_back() {
     assert_eq!(sim.b.counters().idle_releases, 1);
     // The pages come back as the rings write them; the bytes are whole.
     let out = data(1 << 20, 4);
-    assert!(transfer(&mut sim, a, b, &out) == out);
+    assert!(one_way_on(&mut sim, a, b, &out) == out);
     idle_for(&mut sim, after * 2 + Duration::from_millis(10));
     assert_eq!(sim.b.counters().idle_releases, 2);
 }

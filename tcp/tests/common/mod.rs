@@ -41,6 +41,29 @@ pub fn connect(sim: &mut Sim, local_port: u16, limit: Duration) -> (ConnId, Conn
     (a, b.unwrap())
 }
 
+/// Send `out` from `a` on A to `b` on B and read it there (within 10 s);
+/// returns what arrived.
+pub fn one_way_on(sim: &mut Sim, a: ConnId, b: ConnId, out: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut sent = 0;
+    let limit = sim.now + Duration::from_secs(10);
+    sim.run(limit, |s| {
+        sent += s.a.send_slice(a, &out[sent..]).unwrap();
+        s.b.recv(b, |buf| {
+            got.extend_from_slice(buf);
+            buf.len()
+        })
+        .unwrap();
+        if got.len() == out.len() {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    got
+}
+
 /// Outcome of a bulk transfer.
 #[derive(Debug)]
 pub struct Bulk {
