@@ -59,7 +59,7 @@ use crate::verbs::{
     self, global, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
     ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, qp_by_num, recv_wrs, QpObj,
 };
-use crate::{is_live, lock, obj, register, set_errno, unregister, Kind};
+use crate::{is_live, lock, obj, register, reregister, set_errno, unregister, Kind};
 
 fn fail(e: c_int) -> c_int {
     set_errno(e);
@@ -272,13 +272,18 @@ impl Channel {
         let worker = std::thread::Builder::new()
             .name("iwarp-compat-cm".into())
             .spawn(move || run(&s))?;
-        Ok(Box::new(Self {
+        let c = Box::new(Self {
             raw: rdma_event_channel {
                 fd: shared.app.as_raw_fd(),
             },
             shared,
             worker: Some(worker),
-        }))
+        });
+        // A channel destroyed at this address before is gone for good;
+        // calls on the address are this channel's now, registered or not
+        // (a synchronous ID's channel is not).
+        unregister(c.raw_ptr(), Kind::DestroyedChannel);
+        Ok(c)
     }
 
     fn raw_ptr(&self) -> *mut rdma_event_channel {
@@ -324,9 +329,23 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel)
     if c.shared.ids.load(Ordering::SeqCst) > 0 {
         return;
     }
-    if unregister(ch, Kind::EventChannel) {
-        // SAFETY: registered until now: a leaked Box<Channel>, freed once
-        // (its worker is joined).
+    // SAFETY: F_GETFL on the channel's open descriptor.
+    let flags = unsafe { libc::fcntl(c.raw.fd, libc::F_GETFL) };
+    let gone = if flags >= 0 && flags & libc::O_NONBLOCK == 0 {
+        // A later blocking call on this address waits (see
+        // rdma_get_cm_event) until a new object takes the address.
+        Kind::DestroyedChannel
+    } else {
+        Kind::EventChannel
+    };
+    let taken = if gone == Kind::EventChannel {
+        unregister(ch, Kind::EventChannel)
+    } else {
+        reregister(ch, Kind::EventChannel, gone)
+    };
+    if taken {
+        // SAFETY: registered as a channel until now: a leaked
+        // Box<Channel>, freed once (its worker is joined).
         drop(unsafe { Box::from_raw(ch.cast::<Channel>()) });
     }
 }
@@ -403,6 +422,16 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     out: *mut *mut rdma_cm_event,
 ) -> c_int {
     let Some(c) = obj::<_, Channel>(ch, Kind::EventChannel) else {
+        if is_live(ch, Kind::DestroyedChannel) {
+            // A blocking channel destroyed before this call came (rping's
+            // CM thread asks for the next event while the main thread
+            // tears down) delivers no event, as it delivers none to a
+            // call that was already waiting: the call waits until the
+            // process ends.
+            loop {
+                std::thread::park();
+            }
+        }
         crate::exit::wait_if_exiting();
         return fail(libc::EINVAL);
     };

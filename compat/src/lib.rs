@@ -105,6 +105,9 @@ pub(crate) enum Kind {
     CompChannel,
     Qp,
     EventChannel,
+    /// The address of an event channel the application destroyed while
+    /// it was in blocking mode, until the address is handed out again.
+    DestroyedChannel,
     CmId,
     CmEvent,
     Srq,
@@ -132,6 +135,19 @@ pub(crate) fn unregister<T>(p: *const T, kind: Kind) -> bool {
         true
     } else {
         false
+    }
+}
+
+/// Re-register `p` from `from` to `to` under one lock; false if it was
+/// not registered as `from`.
+pub(crate) fn reregister<T>(p: *const T, from: Kind, to: Kind) -> bool {
+    let mut l = lock(live());
+    match l.get_mut(&(p as usize)) {
+        Some(k) if *k == from => {
+            *k = to;
+            true
+        }
+        _ => false,
     }
 }
 

@@ -125,6 +125,7 @@ fn connection_manager_edge_cases_and_the_synchronous_api() {
         "ok sync: rdma_disconnect waits for DISCONNECTED",
         "ok sync: server (rdma_get_request, accept, receive, send, disconnect)",
         "ok sync: refused connect -> ECONNREFUSED, REJECTED kept",
+        "ok get_cm_event after the blocking channel was destroyed waits",
         "all ok",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");

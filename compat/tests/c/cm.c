@@ -174,6 +174,44 @@ static void *migrate_thread(void *p)
 	return NULL;
 }
 
+/* rdma_get_cm_event on a blocking channel another thread has destroyed
+ * (rping's CM thread asks for the next event while the main thread tears
+ * down): the call waits, as a call already waiting when the channel went
+ * does, instead of failing. */
+struct late_arg {
+	struct rdma_event_channel *ch;
+	int go, calling, returned;
+};
+
+static void *late_get(void *p)
+{
+	struct late_arg *l = p;
+	struct rdma_cm_event *ev;
+	while (!__atomic_load_n(&l->go, __ATOMIC_SEQ_CST))
+		usleep(1000);
+	__atomic_store_n(&l->calling, 1, __ATOMIC_SEQ_CST);
+	rdma_get_cm_event(l->ch, &ev);
+	__atomic_store_n(&l->returned, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static void get_after_destroy(void)
+{
+	static struct late_arg l;
+	pthread_t t;
+	l.ch = rdma_create_event_channel();
+	CHECK(l.ch && pthread_create(&t, NULL, late_get, &l) == 0, "a blocking channel, a thread for it");
+	rdma_destroy_event_channel(l.ch);
+	__atomic_store_n(&l.go, 1, __ATOMIC_SEQ_CST);
+	for (int i = 0; i < 10000 && !__atomic_load_n(&l.calling, __ATOMIC_SEQ_CST); i++)
+		usleep(1000);
+	usleep(200000);
+	CHECK(__atomic_load_n(&l.calling, __ATOMIC_SEQ_CST) && !__atomic_load_n(&l.returned, __ATOMIC_SEQ_CST),
+	      "get_cm_event after the blocking channel was destroyed waits");
+	/* The thread stays in the call; the process ends with it there. */
+	pthread_detach(t);
+}
+
 /* ------------------------------------------------ the synchronous API */
 
 static const char *server_msg = "server says hi", *client_msg = "client says hi";
@@ -527,6 +565,7 @@ int main(void)
 	rdma_destroy_event_channel(b);
 
 	sync_mode();
+	get_after_destroy();
 
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
