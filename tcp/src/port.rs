@@ -691,6 +691,44 @@ impl SentTable {
         }
     }
 
+    /// When [`Self::tick`] has a step to take that comes with time alone
+    /// (no frame need arrive): a window to check for lending, a window
+    /// update to send again, or the first waiting connection's wait for a
+    /// turn's worth of credit to end while less is free. A stack polls by
+    /// then (`Stack::poll_at`), or a window held by a peer that stopped
+    /// sending would stay held, and the connections waiting behind it
+    /// would wait for their peers' zero-window probes, which back off to
+    /// a minute. The earliest is the next period: a step due now was
+    /// taken when this one began.
+    pub(crate) fn due(&self) -> Option<Instant> {
+        let share = &self.share;
+        let lend = share
+            .holders
+            .borrow()
+            .front()
+            .map(|&(_, p)| p.saturating_add(LEND_PERIODS));
+        let repeat = share
+            .unanswered
+            .borrow()
+            .front()
+            .map(|&(_, p)| p.saturating_add(REPEAT_PERIODS));
+        let short = share
+            .short_since
+            .get()
+            .filter(|_| share.waiting.get() > 0 && share.free() >= share.mss)
+            .map(|p| p.saturating_add(2));
+        let period = [lend, repeat, short]
+            .into_iter()
+            .flatten()
+            .min()?
+            .max(share.period.get().saturating_add(1));
+        Some(Instant::from_millis(
+            i64::try_from(period)
+                .unwrap_or(i64::MAX)
+                .saturating_mul(SHARE_PERIOD_MS),
+        ))
+    }
+
     /// Whether a window update is due ([`Port::send_window_updates`]).
     pub(crate) fn updates_due(&self) -> bool {
         !self.updates.borrow().is_empty()
@@ -2019,6 +2057,50 @@ mod tests {
         // 40001 goes: what is counted is 40000's.
         t.forget(flow(40001));
         assert_eq!(t.share.open.get(), 1990);
+    }
+
+    /// The steps the share takes with time alone say when they are due
+    /// ([`SentTable::due`]): the check of a held window for lending, each
+    /// repeat of an unanswered window update, and nothing once no window
+    /// is held or unanswered.
+    #[test]
+    fn the_share_says_when_its_next_step_is_due() {
+        let t = held_by_40000(2);
+        let p = SHARE_PERIOD_MS;
+        let at = |periods: u64| Some(Instant::from_millis(periods as i64 * p));
+        // 40000 holds the pool since period 0: it is looked at after
+        // LEND_PERIODS.
+        assert_eq!(t.due(), at(LEND_PERIODS));
+        // Not before: nothing happens at the period before.
+        t.tick(Instant::from_millis((LEND_PERIODS as i64 - 1) * p));
+        assert_eq!(updates(&t), vec![]);
+        assert_eq!(t.due(), at(LEND_PERIODS));
+        // Then it is lent and 40001 is granted a segment; the update's
+        // repeats come every REPEAT_PERIODS, MAX_REPEATS of them.
+        t.tick(Instant::from_millis(LEND_PERIODS as i64 * p));
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
+        let mut cur = LEND_PERIODS;
+        for _ in 0..MAX_REPEATS {
+            assert_eq!(t.due(), at(cur + REPEAT_PERIODS));
+            cur += REPEAT_PERIODS;
+            t.tick(Instant::from_millis(cur as i64 * p));
+            assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
+        }
+        // The last repeat gives up at its turn; 40001's window is looked
+        // at LEND_PERIODS after its grant, and lent then (its peer sent
+        // nothing): nothing is held, nothing is due.
+        assert_eq!(t.due(), at(cur + REPEAT_PERIODS));
+        cur += REPEAT_PERIODS;
+        t.tick(Instant::from_millis(cur as i64 * p));
+        assert_eq!(updates(&t), vec![]);
+        assert_eq!(t.due(), at(2 * LEND_PERIODS));
+        t.tick(Instant::from_millis(2 * LEND_PERIODS as i64 * p));
+        assert_eq!((t.share.open.get(), t.due()), (0, None));
+        // A step that came due while the table was not ticked is due at
+        // once (the next period), not in the past.
+        let t = held_by_40000(2);
+        t.share.period.set(5 * LEND_PERIODS);
+        assert_eq!(t.due(), at(5 * LEND_PERIODS + 1));
     }
 
     /// A table of `frames` frames of 1000 bytes where 40000 holds the

@@ -1989,6 +1989,7 @@ impl<D: Device> Stack<D> {
             || (!c.arp_wait.is_empty() && now >= c.arp_retry_at)
             || (!c.neighbors.is_empty() && now >= c.neighbor_refresh_at)
             || c.idle_due().is_some_and(|t| t <= now)
+            || self.port.sent.due().is_some_and(|t| t <= now)
     }
 
     /// Whether data, a FIN, a reset or a SYN was queued since the last
@@ -2008,7 +2009,8 @@ impl<D: Device> Stack<D> {
         let control = c.control.poll_at(now, &c.control_sockets);
         let refresh = (!c.neighbors.is_empty()).then_some(c.neighbor_refresh_at);
         let arp = (!c.arp_wait.is_empty()).then_some(c.arp_retry_at);
-        [c.next_timer(), control, refresh, arp, c.idle_due()]
+        let share = self.port.sent.due();
+        [c.next_timer(), control, refresh, arp, c.idle_due(), share]
             .into_iter()
             .flatten()
             .min()

@@ -550,3 +550,78 @@ fn more_receivers_than_frames_take_turns_within_the_frames() {
         FRAMES * mss
     );
 }
+
+/// A window a peer leaves unused is lent to the connections waiting for
+/// credit on time although no frame arrives: B polls by the time the
+/// share's next step is due (`Stack::poll_at`), as the engine gates its
+/// polls (`Sim::gate_polls`). Connection 1's peer sends a few bytes and
+/// stops, its window holding all of B's frames; connection 2's peer has
+/// more to send than its first window took, and waits. The data arrives
+/// as soon as with polls every round, by a window update B sends itself,
+/// not in answer to the peer's zero-window probe, which backs off to a
+/// minute.
+#[test]
+fn a_window_its_peer_leaves_unused_is_lent_without_a_frame_arriving() {
+    const FRAMES: usize = 4;
+    let took = |gated: bool| {
+        let b_cfg = Config {
+            window_frames: Some(FRAMES),
+            ..Config::default()
+        };
+        let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+        sim.gate_polls(gated);
+        let (a1, b1) = connect(&mut sim, 40000, Duration::from_secs(5));
+        // B acknowledges the few bytes with a window of the whole pool,
+        // which their peer leaves unused.
+        let few = data(100, 1);
+        assert_eq!(common::one_way_on(&mut sim, a1, b1, &few), few);
+        let acked = sim.now + Duration::from_millis(50);
+        sim.run(acked, |s| {
+            if s.now >= acked {
+                Step::Done
+            } else {
+                Step::IdleUntil(acked)
+            }
+        })
+        .unwrap();
+        let (a2, b2) = connect(&mut sim, 40001, Duration::from_secs(5));
+        let len = 128 * sim.b.local_mss();
+        let out = data(len, 2);
+        let (mut sent, mut got) = (0, Vec::new());
+        let start = sim.now;
+        let limit = sim.now + Duration::from_secs(120);
+        sim.run(limit, |s| {
+            let mut progress = false;
+            if sent < len {
+                let n = s.a.send_slice(a2, &out[sent..]).unwrap();
+                sent += n;
+                progress |= n > 0;
+            }
+            let _ = s.b.recv(b2, |buf| {
+                got.extend_from_slice(buf);
+                progress |= !buf.is_empty();
+                buf.len()
+            });
+            if got.len() == len {
+                Step::Done
+            } else if progress {
+                Step::Progress
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap_or_else(|e| panic!("gated {gated}: {e}; got {} of {len}", got.len()));
+        assert_eq!(got, out);
+        // The credit reached connection 2 by a window update B sent on
+        // its own (a grant answering a frame of the peer's, such as a
+        // zero-window probe, rides on that frame's acknowledgement).
+        assert!(sim.b.counters().window_updates > 0, "gated {gated}");
+        sim.now - start
+    };
+    let every = took(false);
+    let gated = took(true);
+    assert!(
+        gated.total_micros() * 10 <= every.total_micros() * 11,
+        "gated polls took {gated}, polls every round {every}"
+    );
+}
