@@ -130,8 +130,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
     }
     // SAFETY: the library's context.
     let fd = unsafe { (*ctx).async_fd };
-    // SAFETY: plain syscall on our epoll fd.
-    let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let nonblocking = crate::nonblocking(fd);
     loop {
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
         let timeout = if nonblocking { 0 } else { -1 };

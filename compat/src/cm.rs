@@ -59,7 +59,7 @@ use crate::verbs::{
     self, global, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
     ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, qp_by_num, recv_wrs, QpObj,
 };
-use crate::{is_live, lock, obj, register, reregister, set_errno, unregister, Kind};
+use crate::{is_live, lock, nonblocking, obj, register, reregister, set_errno, unregister, Kind};
 
 fn fail(e: c_int) -> c_int {
     set_errno(e);
@@ -329,19 +329,12 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel)
     if c.shared.ids.load(Ordering::SeqCst) > 0 {
         return;
     }
-    // SAFETY: F_GETFL on the channel's open descriptor.
-    let flags = unsafe { libc::fcntl(c.raw.fd, libc::F_GETFL) };
-    let gone = if flags >= 0 && flags & libc::O_NONBLOCK == 0 {
-        // A later blocking call on this address waits (see
-        // rdma_get_cm_event) until a new object takes the address.
-        Kind::DestroyedChannel
-    } else {
-        Kind::EventChannel
-    };
-    let taken = if gone == Kind::EventChannel {
+    let taken = if nonblocking(c.raw.fd) {
         unregister(ch, Kind::EventChannel)
     } else {
-        reregister(ch, Kind::EventChannel, gone)
+        // A later blocking call on this address waits (see
+        // rdma_get_cm_event) until a new object takes the address.
+        reregister(ch, Kind::EventChannel, Kind::DestroyedChannel)
     };
     if taken {
         // SAFETY: registered as a channel until now: a leaked
@@ -438,9 +431,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
     if out.is_null() {
         return fail(libc::EINVAL);
     }
-    // SAFETY: F_GETFL on the channel's open descriptor.
-    let flags = unsafe { libc::fcntl(c.raw.fd, libc::F_GETFL) };
-    let block = flags >= 0 && flags & libc::O_NONBLOCK == 0;
+    let block = !nonblocking(c.raw.fd);
     // Another thread may destroy the channel while this call waits (rping
     // leaves its CM thread waiting when it exits): the call holds its own
     // reference to the queue, not the channel's.

@@ -76,6 +76,17 @@ pub(crate) fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// Whether the application set the descriptor `fd` (an event channel's
+/// or a completion channel's) non-blocking: its calls then return EAGAIN
+/// instead of waiting. A descriptor F_GETFL fails on counts as
+/// non-blocking (nothing would wake a wait on it).
+pub(crate) fn nonblocking(fd: libc::c_int) -> bool {
+    // SAFETY: F_GETFL reads the descriptor's flags and touches no memory
+    // of ours; on a closed descriptor it fails with EBADF.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags < 0 || flags & libc::O_NONBLOCK != 0
+}
+
 /// A post call's failure at `wr`: `*bad = wr` (when `bad` is given), as
 /// the post functions of verbs.h report the first work request not
 /// posted; returns `e`.

@@ -780,8 +780,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         set_errno(libc::EINVAL);
         return -1;
     }
-    // SAFETY: plain syscall on our epoll fd.
-    let nonblocking = unsafe { libc::fcntl(c.raw.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let nonblocking = crate::nonblocking(c.raw.fd);
     loop {
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
         let timeout = if nonblocking { 0 } else { -1 };

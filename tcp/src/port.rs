@@ -440,9 +440,13 @@ impl WindowShare {
     /// (windows their peers leave unused hold the rest, and they only
     /// come back when lent).
     fn short_for_long(&self) -> bool {
-        self.short_since
-            .get()
-            .is_some_and(|p| p.saturating_add(2) <= self.period.get())
+        self.short_until().is_some_and(|p| p <= self.period.get())
+    }
+
+    /// The period from which [`Self::short_for_long`] holds, while the
+    /// first waiting connection waits for a turn's worth.
+    fn short_until(&self) -> Option<u64> {
+        self.short_since.get().map(|p| p.saturating_add(2))
     }
 
     /// Bytes one connection may hold: its fair part of the pool among
@@ -713,10 +717,8 @@ impl SentTable {
             .front()
             .map(|&(_, p)| p.saturating_add(REPEAT_PERIODS));
         let short = share
-            .short_since
-            .get()
-            .filter(|_| share.waiting.get() > 0 && share.free() >= share.mss)
-            .map(|p| p.saturating_add(2));
+            .short_until()
+            .filter(|_| share.waiting.get() > 0 && share.free() >= share.mss);
         let period = [lend, repeat, short]
             .into_iter()
             .flatten()

@@ -4,24 +4,11 @@
 
 mod common;
 
-use common::{connect, data, one_way_on};
+use common::{connect, data, idle_for, one_way_on};
 use iwarp_tcp::sim::{LinkConfig, Sim, Step};
 use iwarp_tcp::Config;
 use smoltcp::time::Duration;
 use smoltcp::wire::{EthernetFrame, Ipv4Packet, TcpPacket};
-
-/// Let the simulated time run for `d` with nothing to send.
-fn idle_for(sim: &mut Sim, d: Duration) {
-    let until = sim.now + d;
-    let r = sim.run(until + Duration::from_secs(1), |s| {
-        if s.now >= until {
-            Step::Done
-        } else {
-            Step::IdleUntil(until)
-        }
-    });
-    r.unwrap();
-}
 
 #[test]
 fn quiet_connections_give_their_buffer_pages_back() {

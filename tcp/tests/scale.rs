@@ -575,15 +575,7 @@ fn a_window_its_peer_leaves_unused_is_lent_without_a_frame_arriving() {
         // which their peer leaves unused.
         let few = data(100, 1);
         assert_eq!(common::one_way_on(&mut sim, a1, b1, &few), few);
-        let acked = sim.now + Duration::from_millis(50);
-        sim.run(acked, |s| {
-            if s.now >= acked {
-                Step::Done
-            } else {
-                Step::IdleUntil(acked)
-            }
-        })
-        .unwrap();
+        common::idle_for(&mut sim, Duration::from_millis(50));
         let (a2, b2) = connect(&mut sim, 40001, Duration::from_secs(5));
         let len = 128 * sim.b.local_mss();
         let out = data(len, 2);

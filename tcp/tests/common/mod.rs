@@ -64,6 +64,19 @@ pub fn one_way_on(sim: &mut Sim, a: ConnId, b: ConnId, out: &[u8]) -> Vec<u8> {
     got
 }
 
+/// Let the simulated time run for `d` with nothing to send.
+pub fn idle_for(sim: &mut Sim, d: Duration) {
+    let until = sim.now + d;
+    let r = sim.run(until + Duration::from_secs(1), |s| {
+        if s.now >= until {
+            Step::Done
+        } else {
+            Step::IdleUntil(until)
+        }
+    });
+    r.unwrap();
+}
+
 /// Outcome of a bulk transfer.
 #[derive(Debug)]
 pub struct Bulk {
