@@ -174,6 +174,10 @@ pub(crate) struct Sent {
     /// past it) since its last grant: it has more to send than it was
     /// offered, and is granted a turn ([`SentTable::grant`]).
     filled: bool,
+    /// The window (bytes beyond the acknowledgement) of the turn granted
+    /// last, until the peer fills it or leaves it to be lent: what the
+    /// peer then used of it is a sample of [`WindowShare::demand`].
+    turn: Option<usize>,
     /// The sequence number after our FIN, once we sent one.
     fin_end: Option<u32>,
     /// The acknowledgement number that covers the peer's FIN, once one
@@ -277,6 +281,12 @@ const LEND_PERIODS: u64 = 100;
 /// with Linux, while the credit stays held).
 const REPEAT_PERIODS: u64 = 3;
 
+/// The weight of one turn in [`WindowShare::demand`]: 1/8, so that a
+/// change in what peers use of their turns shows within a few dozen
+/// turns (a fraction of a second when they matter, thousands of
+/// connections taking turns).
+const DEMAND_WEIGHT: usize = 8;
+
 /// How often a window update is sent again at most (a peer that has
 /// nothing to send costs that many pure acknowledgements per grant).
 const MAX_REPEATS: u8 = 2;
@@ -319,6 +329,18 @@ const TURN_SEGMENTS: usize = 16;
 ///   segments, smoltcp's own window permitting), once a turn's worth is
 ///   free; a connection whose peer has not sent up to the edge it was
 ///   offered gets one segment instead ([`Sent::filled`]).
+/// * A turn granted to a waiting connection is as long as what peers
+///   lately used of theirs ([`demand`](Self::demand)), at most
+///   [`TURN_SEGMENTS`]: a turn its peer fills counts whole (it had
+///   more), one left to be lent counts what its peer used (if
+///   anything: a turn left untouched may be one whose window update was
+///   lost). When
+///   thousands of connections finish at once, each peer with a tail
+///   shorter than a turn, the rest of each turn stays held until it is
+///   lent; shorter turns then serve many more of them per second, and
+///   turns filled again lengthen them back. Offers to connections that
+///   do not wait stay at least the longest turn: a window of one
+///   segment per round trip is what turns exist to avoid.
 /// * A connection that is granted credit is sent a window update at
 ///   once: a pure acknowledgement the device wrapper builds itself
 ///   ([`SentTable::window_update`]), because smoltcp sends none for a
@@ -375,6 +397,13 @@ pub(crate) struct WindowShare {
     unanswered: RefCell<VecDeque<(Flow, u64)>>,
     /// Window updates sent again.
     pub(crate) repeated: Cell<u64>,
+    /// Turns filled by their peers, and turns lent with part unused.
+    pub(crate) turns_filled: Cell<u64>,
+    pub(crate) turns_lent: Cell<u64>,
+    /// The bytes a peer uses of its turn, a moving average over the turns
+    /// that ended ([`Self::turn_used`]; a filled turn counts as a whole
+    /// one): `None` before any ended.
+    demand: Cell<Option<usize>>,
 }
 
 impl WindowShare {
@@ -427,12 +456,52 @@ impl WindowShare {
         self.pool().saturating_sub(self.open.get())
     }
 
-    /// The least credit a waiting connection is granted at its turn:
-    /// [`TURN_SEGMENTS`], but at most an eighth of the pool (so that
-    /// several connections hold turns at once and one peer's round trip
-    /// does not idle the pool), at least one segment.
+    /// The most segments of a turn: [`TURN_SEGMENTS`], but at most an
+    /// eighth of the pool (so that several connections hold turns at once
+    /// and one peer's round trip does not idle the pool), at least one.
+    fn turn_segments(&self) -> usize {
+        TURN_SEGMENTS.min(self.frames / 8).max(1)
+    }
+
+    /// The longest turn, in bytes: [`Self::turn_segments`] segments.
+    fn longest_turn(&self) -> usize {
+        self.turn_segments() * self.mss
+    }
+
+    /// The credit a waiting connection whose peer filled its window is
+    /// granted at its turn: what peers lately used of their turns
+    /// ([`Self::demand`]), in whole segments, at most the longest turn, at
+    /// least one segment.
     fn turn(&self) -> usize {
-        TURN_SEGMENTS.min(self.frames / 8).max(1) * self.mss
+        let most = self.turn_segments();
+        let demand = self.demand.get().unwrap_or(self.longest_turn());
+        demand.div_ceil(self.mss).clamp(1, most) * self.mss
+    }
+
+    /// [`Self::turn`] for the counters: 0 when windows are not cut.
+    pub(crate) fn turn_bytes(&self) -> u64 {
+        if self.cuts() {
+            self.turn() as u64
+        } else {
+            0
+        }
+    }
+
+    /// A turn ended with its peer having used `used` bytes of it (some)
+    /// (`None`: the peer filled it, it had more): one sample of
+    /// [`Self::demand`].
+    fn turn_used(&self, used: Option<usize>) {
+        let counter = match used {
+            None => &self.turns_filled,
+            Some(_) => &self.turns_lent,
+        };
+        counter.set(counter.get() + 1);
+        let most = self.longest_turn();
+        let sample = used.map_or(most, |u| u.min(most));
+        let demand = self.demand.get().unwrap_or(most);
+        self.demand.set(Some(
+            (demand * (DEMAND_WEIGHT - 1) + sample) / DEMAND_WEIGHT,
+        ));
     }
 
     /// Whether the first waiting connection may be granted less than a
@@ -451,14 +520,14 @@ impl WindowShare {
 
     /// Bytes one connection may hold: its fair part of the pool among
     /// the connections that received lately and those waiting, at least
-    /// a turn.
+    /// the longest turn.
     fn bytes(&self) -> Option<usize> {
         if self.frames == 0 {
             return None;
         }
         let receiving =
             (self.now_count.get() + self.before_count.get() + self.waiting.get()).max(1);
-        Some((self.pool() / receiving).max(self.turn()))
+        Some((self.pool() / receiving).max(self.longest_turn()))
     }
 
     /// Bytes a connection whose window holds `mine` open may be offered
@@ -655,6 +724,14 @@ impl SentTable {
                 continue;
             }
             s.holding = false;
+            // A turn its peer sent nothing into tells nothing of what
+            // peers use: its window update may have been lost.
+            if let Some(turn) = s.turn.take() {
+                let used = turn.saturating_sub(s.counted());
+                if used > 0 {
+                    share.turn_used(Some(used));
+                }
+            }
             if s.counted() > 0 {
                 share.reopen(s.counted(), 0);
                 s.lent = true;
@@ -783,6 +860,7 @@ impl SentTable {
                 granted: None,
                 repeats: 0,
                 filled: false,
+                turn: None,
                 fin_end: None,
                 peer_fin: None,
                 hdr: Some((seg.src_mac, seg.dst_mac, seg.src)),
@@ -933,12 +1011,17 @@ impl SentTable {
                 Some(edge) => (s.beyond_ack(edge), s.beyond_ack(s.smol_edge)),
                 None => (0, 0),
             };
-            // A turn for a peer that filled its window; one segment for
-            // one that showed no more to send (a connection that came
-            // while the frames were held): such a window is likely to go
-            // unused, to be lent, and then to be filled beyond the pool
-            // once the peer starts sending.
-            let most = if s.filled { fair } else { mss };
+            // A turn for a peer that filled its window (its fair part
+            // while peers use whole turns); one segment for one that
+            // showed no more to send (a connection that came while the
+            // frames were held): such a window is likely to go unused, to
+            // be lent, and then to be filled beyond the pool once the
+            // peer starts sending.
+            let most = match (s.filled, turn < share.longest_turn()) {
+                (false, _) => mss,
+                (true, true) => turn,
+                (true, false) => fair,
+            };
             let want = most.min(room.saturating_sub(open)) / mss * mss;
             if want > 0 && share.free() < want.min(turn) && !share.short_for_long() {
                 // The first in line waits for a turn's worth, for a
@@ -968,6 +1051,7 @@ impl SentTable {
             let cur = share.period.get();
             s.granted = Some(cur);
             s.repeats = 0;
+            s.turn = s.filled.then_some(new_open);
             s.filled = false;
             share.unanswered.borrow_mut().push_back((flow, cur));
             if !s.update_due {
@@ -1030,6 +1114,9 @@ impl SentTable {
                 .is_some_and(|edge| end.wrapping_sub(edge) as i32 >= 0)
             {
                 s.filled = true;
+                if s.turn.take().is_some() {
+                    self.share.turn_used(None);
+                }
             }
             // A segment's end up to a buffer's reach past our
             // acknowledgement (anything further is outside every window
@@ -2131,6 +2218,18 @@ mod tests {
         t
     }
 
+    /// [`pool_held_by_40000`] after 40000's peer filled eight segments: a
+    /// turn each for 40001 and 40002, their window updates sent.
+    fn two_turns_granted() -> SentTable {
+        let t = pool_held_by_40000();
+        for k in 1..=8u32 {
+            fill_40000(&t, k);
+        }
+        let turn = |port| (port, 1000, 1, 4000);
+        assert_eq!(updates(&t), vec![turn(40001), turn(40002)]);
+        t
+    }
+
     /// 40000's peer sends its `k`-th segment (from 1) and we acknowledge
     /// it: the window that acknowledgement left with.
     fn fill_40000(t: &SentTable, k: u32) -> u16 {
@@ -2181,6 +2280,100 @@ mod tests {
         assert_eq!(updates(&t), vec![(40002, 1000, 1, 2000)]);
     }
 
+    /// A turn is as long as what peers lately used of theirs: turns left
+    /// mostly unused shorten them, down to one segment, and filled ones
+    /// lengthen them again, up to the most.
+    #[test]
+    fn turns_follow_what_peers_use_of_them() {
+        let share = WindowShare::new(32, 1000);
+        assert_eq!(share.turn(), 4000);
+        share.turn_used(Some(1000));
+        assert_eq!(share.demand.get(), Some(3625));
+        assert_eq!(
+            share.turn(),
+            4000,
+            "a segment's worth of difference at least"
+        );
+        for _ in 0..100 {
+            share.turn_used(Some(1000));
+        }
+        assert_eq!(share.turn(), 1000);
+        // A peer that used nothing still gets a segment.
+        share.turn_used(Some(0));
+        assert_eq!(share.turn(), 1000);
+        // Filled turns: the peers had more.
+        share.turn_used(None);
+        assert_eq!(share.turn(), 2000);
+        for _ in 0..100 {
+            share.turn_used(None);
+        }
+        assert_eq!(share.turn(), 4000);
+        // What a peer used beyond the most counts as the most.
+        share.turn_used(Some(50_000));
+        assert_eq!(share.turn(), 4000);
+    }
+
+    /// While peers use less than the longest turn, a waiting connection
+    /// is granted what they use (in whole segments), once that much is
+    /// free.
+    #[test]
+    fn waiting_connections_are_granted_what_peers_use() {
+        let t = pool_held_by_40000();
+        t.share.demand.set(Some(1500));
+        assert_eq!(t.share.turn(), 2000);
+        fill_40000(&t, 1);
+        assert_eq!(updates(&t), vec![], "a part of a turn");
+        fill_40000(&t, 2);
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 2000)]);
+        fill_40000(&t, 3);
+        fill_40000(&t, 4);
+        assert_eq!(updates(&t), vec![(40002, 1000, 1, 2000)]);
+    }
+
+    /// A turn ends as a sample of what peers use: the whole turn when its
+    /// peer fills it, what the peer used when it is lent; a window that
+    /// was no turn is no sample.
+    #[test]
+    fn a_turn_counts_what_its_peer_used() {
+        let t = two_turns_granted();
+        let p = SHARE_PERIOD_MS;
+        // 40002's peer fills its turn: a whole one.
+        rx(
+            &t,
+            &seg_of(40002, false, false, 1, Some(1000), 100, &[7; 4000]),
+        );
+        assert_eq!(t.share.demand.get(), Some(4000));
+        // 40001's peer sends a segment of its four and stops; its
+        // acknowledgement keeps the edge (40003 waits, its peer probes).
+        assert_eq!(establish(&t, 40003), 0);
+        rx(&t, &seg_of(40003, false, false, 1, Some(1000), 100, &[7]));
+        rx(
+            &t,
+            &seg_of(40001, false, false, 1, Some(1000), 100, &[7; 1000]),
+        );
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40001, true, false, 1000, Some(1001), 60000, &[])
+            ),
+            3000
+        );
+        assert_eq!(t.share.demand.get(), Some(4000));
+        // Lent after LEND_PERIODS: it used one segment. 40000's window,
+        // lent then too, was no turn.
+        t.tick(Instant::from_millis(LEND_PERIODS as i64 * p));
+        assert_eq!(t.share.demand.get(), Some((7 * 4000 + 1000) / 8));
+        // 40003's peer probed: with the credit lent it gets a turn (four
+        // segments still: 3625 bytes rounded up), sends nothing into it,
+        // and its turn, lent in turn, is no sample.
+        let _ = updates(&t);
+        t.tick(Instant::from_millis((LEND_PERIODS as i64 + 1) * p));
+        assert!(t.get(flow(40003)).is_some_and(|s| s.turn.is_some()));
+        t.tick(Instant::from_millis((2 * LEND_PERIODS as i64 + 1) * p));
+        assert!(t.get(flow(40003)).is_some_and(|s| s.turn.is_none()));
+        assert_eq!(t.share.demand.get(), Some((7 * 4000 + 1000) / 8));
+    }
+
     /// A waiting connection whose peer has not filled a window (it came
     /// while the pool was held) is granted one segment, not a turn.
     #[test]
@@ -2195,15 +2388,8 @@ mod tests {
     /// peer answers is not.
     #[test]
     fn unanswered_window_updates_are_sent_again() {
-        let t = pool_held_by_40000();
+        let t = two_turns_granted();
         let p = SHARE_PERIOD_MS;
-        // 40000's peer fills eight segments: a turn each for 40001 and
-        // 40002.
-        for k in 1..=8u32 {
-            fill_40000(&t, k);
-        }
-        let turn = |port| (port, 1000, 1, 4000);
-        assert_eq!(updates(&t), vec![turn(40001), turn(40002)]);
         // 40001's peer uses its window; 40002's stays silent.
         rx(
             &t,
@@ -2218,7 +2404,10 @@ mod tests {
             t.tick(Instant::from_millis(m * p));
             repeats.extend(updates(&t));
         }
-        assert_eq!(repeats, vec![turn(40002); usize::from(MAX_REPEATS)]);
+        assert_eq!(
+            repeats,
+            vec![(40002, 1000, 1, 4000); usize::from(MAX_REPEATS)]
+        );
         assert_eq!(t.share.repeated.get(), u64::from(MAX_REPEATS));
     }
 

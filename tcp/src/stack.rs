@@ -176,6 +176,15 @@ pub struct Counters {
     /// the reopened window within 20–30 ms (the first may have been
     /// lost, and the peer's persist timer waits a second or more).
     pub window_updates_repeated: u64,
+    /// The credit a waiting connection is granted at its turn now, in
+    /// bytes: what peers lately used of their turns (0 when windows are
+    /// not cut).
+    pub turn_bytes: u64,
+    /// Turns whose peer filled them (it had more to send).
+    pub turns_filled: u64,
+    /// Turns lent with part of them unused (their peer sent something,
+    /// then nothing for a second).
+    pub turns_lent: u64,
     /// Connection visits: a connection's egress and state, for frames,
     /// timers or calls that concerned it.
     pub conn_visits: u64,
@@ -1386,6 +1395,9 @@ impl<D: Device> Stack<D> {
             windows_cut: c.windows_cut.get(),
             window_updates: c.window_updates.get(),
             window_updates_repeated: self.port.sent.share.repeated.get(),
+            turn_bytes: self.port.sent.share.turn_bytes(),
+            turns_filled: self.port.sent.share.turns_filled.get(),
+            turns_lent: self.port.sent.share.turns_lent.get(),
             ..self.core.counters
         }
     }
