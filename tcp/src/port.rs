@@ -332,15 +332,14 @@ const TURN_SEGMENTS: usize = 16;
 /// * A turn granted to a waiting connection is as long as what peers
 ///   lately used of theirs ([`demand`](Self::demand)), at most
 ///   [`TURN_SEGMENTS`]: a turn its peer fills counts whole (it had
-///   more), one left to be lent counts what its peer used (if
-///   anything: a turn left untouched may be one whose window update was
-///   lost). When
-///   thousands of connections finish at once, each peer with a tail
+///   more), one left to be lent counts what its peer used (if anything:
+///   a turn left untouched may be one whose window update was lost).
+///   When thousands of connections finish at once, each peer with a tail
 ///   shorter than a turn, the rest of each turn stays held until it is
 ///   lent; shorter turns then serve many more of them per second, and
 ///   turns filled again lengthen them back. Offers to connections that
-///   do not wait stay at least the longest turn: a window of one
-///   segment per round trip is what turns exist to avoid.
+///   do not wait stay at least the longest turn: a window of one segment
+///   per round trip is what turns exist to avoid.
 /// * A connection that is granted credit is sent a window update at
 ///   once: a pure acknowledgement the device wrapper builds itself
 ///   ([`SentTable::window_update`]), because smoltcp sends none for a
@@ -487,8 +486,8 @@ impl WindowShare {
         }
     }
 
-    /// A turn ended with its peer having used `used` bytes of it (some)
-    /// (`None`: the peer filled it, it had more): one sample of
+    /// A turn ended with its peer having used `used` bytes of it
+    /// (`None`: the peer filled it and had more): one sample of
     /// [`Self::demand`].
     fn turn_used(&self, used: Option<usize>) {
         let counter = match used {
