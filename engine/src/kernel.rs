@@ -30,11 +30,11 @@ use iwarp::verbs::Context;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Registry, Token};
 
-use crate::cm::{CmError, CmEvent};
 use crate::log::conn_event;
 use crate::post::Posted;
+use crate::runtime::established::Driven;
 use crate::runtime::lifecycle::{self, Accepting, Fed};
-use crate::runtime::{drain_events, push_event, ConnShared, ListenShared, Sock};
+use crate::runtime::{ConnShared, ListenShared, Sock};
 use crate::slots::{slotted_without_qp, ConnSlots, Slotted};
 
 /// Size of the receive buffer and of the largest transmit batch.
@@ -58,7 +58,8 @@ const IO_BUDGET: usize = 8;
 /// A connection driven by the core.
 #[derive(Debug)]
 struct Conn {
-    qp: QpId,
+    /// The core's side of the connection.
+    core: Driven,
     sock: Option<TcpStream>,
     /// Bytes from `poll_transmit` the socket has not taken yet, from
     /// `out_pos` on (allocated only while the socket pushes back).
@@ -68,8 +69,6 @@ struct Conn {
     backlogged: bool,
     /// Received bytes the core has not consumed yet.
     input: Vec<u8>,
-    eof: bool,
-    shared: Arc<ConnShared>,
     /// The application no longer holds the QP: destroy it once closed.
     orphan: bool,
     /// The socket's poll token.
@@ -86,7 +85,7 @@ impl Slotted for Conn {
         self.token
     }
     fn qp(&self) -> Option<QpId> {
-        Some(self.qp)
+        Some(self.core.qp())
     }
     fn hot(&mut self) -> &mut bool {
         &mut self.hot
@@ -253,14 +252,12 @@ impl KernelIo {
         self.registry
             .register(&mut sock, token, Interest::READABLE | Interest::WRITABLE)?;
         self.conns.insert(Conn {
-            qp,
+            core: Driven::new(qp, shared),
             sock: Some(sock),
             out: Vec::new(),
             out_pos: 0,
             backlogged: false,
             input,
-            eof: false,
-            shared,
             orphan: false,
             token,
             hot: false,
@@ -288,7 +285,7 @@ impl KernelIo {
     /// Turn pending QP events of `qp` into connection-manager state now.
     pub(crate) fn pass_events(&mut self, ctx: &mut Context, qp: QpId) {
         if let Some(c) = self.conns.of_qp(qp).and_then(|i| self.conns.get(i)) {
-            drain_events(ctx, qp, &c.shared);
+            c.core.events(ctx);
         }
     }
 
@@ -318,7 +315,7 @@ impl KernelIo {
                 let _ = self.registry.deregister(&mut s);
                 let _ = s.shutdown(Shutdown::Both);
             }
-            ctx.handle_eof(c.qp);
+            c.core.shut(ctx);
         }
         self.listeners.clear();
         self.pending.clear();
@@ -326,9 +323,6 @@ impl KernelIo {
         self.lingering.mark_all();
         self.pump_lingering(now);
         self.lingering.clear();
-        for c in self.conns.iter() {
-            drain_events(ctx, c.qp, &c.shared);
-        }
     }
 
     /// When the next timer is due, if any.
@@ -372,7 +366,7 @@ impl KernelIo {
                     continue;
                 }
             }
-            let timer = ctx.poll_timeout(c.qp);
+            let timer = ctx.poll_timeout(c.core.qp());
             self.conns.schedule(i, timer);
         }
         self.conns.give_back(hot);
@@ -504,25 +498,17 @@ impl KernelIo {
         now: CoreInstant,
         posted: &Posted,
     ) -> usize {
-        let mut work = 0;
-        let Some(qp) = self.conns.get(i).map(|c| c.qp) else {
+        let Some(c) = self.conns.get_mut(i) else {
             return 0;
         };
-        // Timers first: a handshake past its deadline fails before more
-        // input is looked at.
-        if ctx.poll_timeout(qp).is_some_and(|d| d <= now) {
-            ctx.handle_timeout(qp, now);
-            work += 1;
-        }
-        let Some(c) = self.conns.get_mut(i) else {
-            return work;
-        };
+        let qp = c.core.qp();
+        let mut work = c.core.timer(ctx, now);
         let Some(sock) = c.sock.as_ref() else {
-            return work + drain_events(ctx, qp, &c.shared);
+            return work + c.core.events(ctx);
         };
         // Input.
         if !c.input.is_empty() {
-            let used = ctx.handle_input(qp, &c.input, now);
+            let used = c.core.input(ctx, &c.input, now);
             c.input.drain(..used.min(c.input.len()));
             work += used;
         }
@@ -532,14 +518,12 @@ impl KernelIo {
         // socket (its budget spent, or the core's input still full)
         // comes back at the next pass.
         let mut again = false;
-        if c.input.is_empty() && !c.eof {
+        if c.input.is_empty() && !c.core.ended() {
             again = true;
             for _ in 0..IO_BUDGET {
                 match s.read(&mut self.rx_buf) {
                     Ok(0) => {
-                        c.eof = true;
-                        ctx.handle_eof(qp);
-                        work += 1;
+                        work += c.core.end(ctx);
                         again = false;
                         break;
                     }
@@ -551,7 +535,7 @@ impl KernelIo {
                         if !posted.is_empty() {
                             work += posted.drain(ctx, |q| self.touched.push(q));
                         }
-                        let used = ctx.handle_input(qp, &self.rx_buf[..n], now);
+                        let used = c.core.input(ctx, &self.rx_buf[..n], now);
                         if used < n {
                             c.input.extend_from_slice(&self.rx_buf[used..n]);
                             again = used > 0;
@@ -630,21 +614,17 @@ impl KernelIo {
         }
         if let Some(kind) = broken {
             // A reset or a write to a closed connection: the stream ended.
-            conn_event!(ctx, qp, WARN, error = ?kind, "connection dropped: I/O error");
-            c.eof = true;
             c.out = Vec::new();
             c.out_pos = 0;
-            ctx.handle_eof(qp);
-            push_event(&c.shared, CmEvent::Error(CmError::Io(kind)));
-            work += 1;
+            work += c.core.failed(ctx, kind, "I/O error");
         }
-        work += drain_events(ctx, qp, &c.shared);
+        work += c.core.events(ctx);
         // Close once the core asks and everything it sent left, or at
         // once when the stream broke: a reset socket carries nothing more,
         // and what the core still had to send is abandoned.
         let flushed = drained && c.out_pos >= c.out.len();
         let mut closed = None;
-        if broken.is_some() || (flushed && ctx.wants_close(qp)) {
+        if broken.is_some() || c.core.closes(ctx, flushed) {
             if let Some(mut s) = c.sock.take() {
                 conn_event!(
                     ctx,
@@ -804,8 +784,8 @@ impl KernelIo {
             }
             if let Some(c) = self.conns.remove(i) {
                 self.backlogged -= usize::from(c.backlogged);
-                drain_events(ctx, c.qp, &c.shared);
-                let _ = ctx.destroy_qp(c.qp);
+                c.core.events(ctx);
+                let _ = ctx.destroy_qp(c.core.qp());
                 n += 1;
             }
         }

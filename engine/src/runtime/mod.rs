@@ -2,7 +2,8 @@
 //! progress threads share ([`Shared`]), the progress loop and its
 //! sleeping, the device state behind the lock with its transport
 //! ([`Engine`], [`Transport`]), the first stage of an accepted
-//! connection ([`lifecycle`]), and the queues between the engine and the
+//! connection ([`lifecycle`]) and the core's side of an established one
+//! ([`established`]), and the queues between the engine and the
 //! application — completions ([`CqQueue`]), connection requests
 //! ([`ListenShared`]), connection-manager state ([`ConnShared`]) and
 //! shared-receive-queue events ([`SrqEvents`]). The I/O of each backend
@@ -34,6 +35,7 @@ use crate::post::Posted;
 use crate::xdp::set::XdpRef;
 
 mod engine;
+pub(crate) mod established;
 pub(crate) mod lifecycle;
 
 pub(crate) use engine::{Engine, Transport};

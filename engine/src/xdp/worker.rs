@@ -21,10 +21,11 @@ use iwarp_tcp::{ConnId, Error as TcpError, Stack};
 use super::device::{FlowKey, Flows, Inbox, Pcap, XskDevice};
 use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
-use crate::cm::{CmError, CmEvent};
+use crate::cm::CmError;
 use crate::log::conn_event;
+use crate::runtime::established::Driven;
 use crate::runtime::lifecycle::{self, Accepting, Fed};
-use crate::runtime::{drain_events, lock, push_event, ConnShared, ListenShared, Sock};
+use crate::runtime::{lock, ConnShared, ListenShared, Sock};
 use crate::slots::{slotted_without_qp, ConnSlots, Slotted};
 
 /// How long a dropped connection may take to finish its close before it is
@@ -73,10 +74,9 @@ struct Dial {
 /// A connection driven by the core.
 #[derive(Debug)]
 struct Conn {
-    qp: QpId,
+    /// The core's side of the connection.
+    core: Driven,
     conn: ConnId,
-    shared: Arc<ConnShared>,
-    eof: bool,
     /// Our FIN is queued.
     closing: bool,
     /// The TCP connection is gone (closed, reset, released).
@@ -94,7 +94,7 @@ impl Slotted for Conn {
         self.conn
     }
     fn qp(&self) -> Option<QpId> {
-        Some(self.qp)
+        Some(self.core.qp())
     }
     fn hot(&mut self) -> &mut bool {
         &mut self.hot
@@ -664,10 +664,8 @@ impl XdpIo {
     pub(crate) fn add_conn(&mut self, qp: QpId, conn: ConnId, shared: Arc<ConnShared>) {
         self.opening.remove(&conn);
         self.conns.insert(Conn {
-            qp,
+            core: Driven::new(qp, shared),
             conn,
-            shared,
-            eof: false,
             closing: false,
             gone: false,
             orphan: None,
@@ -737,7 +735,7 @@ impl XdpIo {
 
     pub(crate) fn pass_events(&mut self, ctx: &mut Context, qp: QpId) {
         if let Some(c) = self.conns.of_qp(qp).and_then(|i| self.conns.get(i)) {
-            drain_events(ctx, qp, &c.shared);
+            c.core.events(ctx);
         }
     }
 
@@ -762,8 +760,7 @@ impl XdpIo {
     pub(crate) fn shutdown(&mut self, ctx: &mut Context, now: CoreInstant) {
         for c in self.conns.iter_mut() {
             let _ = self.stack.abort(c.conn);
-            ctx.handle_eof(c.qp);
-            drain_events(ctx, c.qp, &c.shared);
+            c.core.shut(ctx);
         }
         for p in self.pending.iter() {
             let _ = self.stack.abort(p.conn);
@@ -817,7 +814,11 @@ impl XdpIo {
                     continue;
                 }
             }
-            let timer = ctx.poll_timeout(c.qp).into_iter().chain(linger).min();
+            let timer = ctx
+                .poll_timeout(c.core.qp())
+                .into_iter()
+                .chain(linger)
+                .min();
             self.conns.schedule(i, timer);
         }
         self.conns.give_back(hot);
@@ -1004,37 +1005,24 @@ impl XdpIo {
     }
 
     fn pump_conn(&mut self, ctx: &mut Context, i: usize, now: CoreInstant) -> usize {
-        let mut work = 0;
         let Some(c) = self.conns.get_mut(i) else {
             return 0;
         };
-        let qp = c.qp;
-        if ctx.poll_timeout(qp).is_some_and(|d| d <= now) {
-            ctx.handle_timeout(qp, now);
-            work += 1;
-        }
+        let qp = c.core.qp();
+        let mut work = c.core.timer(ctx, now);
         if c.gone {
-            return work + drain_events(ctx, qp, &c.shared);
+            return work + c.core.events(ctx);
         }
-        if !c.eof {
-            match self.stack.recv(c.conn, |b| ctx.handle_input(qp, b, now)) {
+        if !c.core.ended() {
+            let core = &c.core;
+            match self.stack.recv(c.conn, |b| core.input(ctx, b, now)) {
                 Ok(n) => work += n,
-                Err(TcpError::Finished) => {
-                    c.eof = true;
-                    ctx.handle_eof(qp);
-                    work += 1;
-                }
+                Err(TcpError::Finished) => work += c.core.end(ctx),
                 Err(_) => {}
             }
-            if !c.eof && self.stack.is_reset(c.conn) {
-                conn_event!(ctx, qp, WARN, "connection dropped: reset by the peer");
-                c.eof = true;
-                ctx.handle_eof(qp);
-                push_event(
-                    &c.shared,
-                    CmEvent::Error(CmError::Io(std::io::ErrorKind::ConnectionReset)),
-                );
-                work += 1;
+            if !c.core.ended() && self.stack.is_reset(c.conn) {
+                let reset = std::io::ErrorKind::ConnectionReset;
+                work += c.core.failed(ctx, reset, "reset by the peer");
             }
         }
         let mut drained = true;
@@ -1058,27 +1046,23 @@ impl XdpIo {
                 Err(_) => drained = true,
             }
         }
-        work += drain_events(ctx, qp, &c.shared);
-        if !c.closing && drained && ctx.wants_close(qp) {
+        work += c.core.events(ctx);
+        if !c.closing && c.core.closes(ctx, drained) {
             conn_event!(ctx, qp, DEBUG, "TCP connection closing");
             c.closing = true;
             let _ = self.stack.close(c.conn);
             work += 1;
         }
         if self.stack.is_closed(c.conn) || (c.closing && self.stack.is_reset(c.conn)) {
-            conn_event!(ctx, qp, DEBUG, "TCP connection closed");
             c.gone = true;
-            if !c.eof {
-                c.eof = true;
-                ctx.handle_eof(qp);
-            }
+            let reset = self.stack.is_reset(c.conn);
             release(
                 &mut self.stack,
                 &mut self.passive,
                 &mut self.local_ports,
                 c.conn,
             );
-            work += 1 + drain_events(ctx, qp, &c.shared);
+            work += c.core.closed(ctx, reset);
         }
         if more && !c.gone {
             self.mark(i);
@@ -1104,10 +1088,10 @@ impl XdpIo {
                 let Some(c) = conns.get(i) else {
                     return false;
                 };
-                if c.closing || c.gone || !ctx.may_transmit(c.qp) {
+                if c.closing || c.gone || !ctx.may_transmit(c.core.qp()) {
                     return false;
                 }
-                let n = send_segments(stack, ctx, c.qp, c.conn).unwrap_or(0);
+                let n = send_segments(stack, ctx, c.core.qp(), c.conn).unwrap_or(0);
                 work += n;
                 n > 0
             });
@@ -1198,10 +1182,9 @@ impl XdpIo {
                 );
                 c.gone = true;
             }
-            ctx.handle_eof(c.qp);
-            drain_events(ctx, c.qp, &c.shared);
-            let _ = ctx.destroy_qp(c.qp);
-            reaped.push(c.qp);
+            c.core.shut(ctx);
+            let _ = ctx.destroy_qp(c.core.qp());
+            reaped.push(c.core.qp());
             self.conns.remove(i);
             n += 1;
         }
