@@ -1696,6 +1696,11 @@ fn idle_handshakes_and_draining_sockets_are_not_visited_per_pass() {
 /// and the socket stays open) are visited when their socket becomes
 /// ready or their QP's timer is due, not by every pass
 /// (`Stats::lifecycle_visits` counts visits of dropped connections).
+///
+/// A socket the engine found full may take more later (the longer the
+/// wait, the more of them do), and a connection whose queued bytes then
+/// all leave closes at once. So the test counts the connections still
+/// closing and bounds their visits by the connections, not by the passes.
 #[test]
 fn dropped_connections_still_closing_are_not_visited_per_pass() {
     use std::io::Write;
@@ -1772,17 +1777,15 @@ fn dropped_connections_still_closing_are_not_visited_per_pass() {
     drop(qps);
     until("the drops handled", &|| dev.progress() == 0);
     let closing = dev.stats().connections;
-    assert!(
-        closing > N / 2,
-        "{closing} of {N} dropped connections still closing"
-    );
+    assert!(closing > 0, "no dropped connection still closing");
     let before = visits();
     for _ in 0..PASSES {
         dev.progress();
     }
+    // Visited per pass, even one of them would take `PASSES` visits.
     let added = visits() - before;
     assert!(
-        added <= closing as u64,
+        added <= 2 * N as u64,
         "{closing} dropped connections still closing: {added} visits in {PASSES} passes"
     );
     // The peers close with unread bytes, which resets the connections:
