@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bulk, connect, data, one_way_on, PORT};
+use common::{bulk, connect, data, one_way_on, sharing_frames, PORT};
 use iwarp_tcp::sim::{Faults, LinkConfig, Sim, Step};
 use iwarp_tcp::{Config, Error, State};
 use smoltcp::time::Duration;
@@ -556,11 +556,7 @@ fn rx_budget_bounds_the_sum_of_receive_buffers() {
 #[test]
 fn shared_frames_size_new_receive_buffers() {
     const FRAMES: usize = 200;
-    let b_cfg = Config {
-        window_frames: Some(FRAMES),
-        ..Config::default()
-    };
-    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let mut sim = sharing_frames(FRAMES);
     let mss = sim.b.local_mss();
     let conns: Vec<_> = (0..8)
         .map(|i| connect(&mut sim, 40030 + i, Duration::from_secs(5)))
@@ -569,12 +565,12 @@ fn shared_frames_size_new_receive_buffers() {
         .iter()
         .map(|&(_, b)| sim.b.rx_capacity(b).unwrap())
         .collect();
-    assert_eq!(caps[0], b_cfg.rx_buffer, "{caps:?}");
+    assert_eq!(caps[0], Config::default().rx_buffer, "{caps:?}");
     assert!(caps.windows(2).all(|w| w[1] <= w[0]), "{caps:?}");
     for (i, &cap) in caps.iter().enumerate() {
         assert_eq!(cap % 4096, 0, "{caps:?}");
         let part = (FRAMES * mss / (i + 1)).div_ceil(4096) * 4096;
-        let want = part.clamp(iwarp_tcp::SHARED_BUFFER_MIN, b_cfg.rx_buffer);
+        let want = part.clamp(iwarp_tcp::SHARED_BUFFER_MIN, Config::default().rx_buffer);
         assert_eq!(cap, want, "connection {i}: {caps:?}");
     }
     assert_eq!(caps[7], iwarp_tcp::SHARED_BUFFER_MIN, "{caps:?}");

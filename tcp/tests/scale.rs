@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{connect, data, PORT};
+use common::{connect, data, sharing_frames, PORT};
 use iwarp_tcp::sim::{LinkConfig, Sim, Step};
 use iwarp_tcp::{Config, ConnId, Error};
 use smoltcp::phy::ChecksumCapabilities;
@@ -349,11 +349,7 @@ fn streaming_connections_share_the_receive_frames() {
     const N: u16 = 64;
     const FRAMES: usize = 256;
     const LEN: usize = 64 * 1024;
-    let b_cfg = Config {
-        window_frames: Some(FRAMES),
-        ..Config::default()
-    };
-    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let mut sim = sharing_frames(FRAMES);
     let pairs = open_many(&mut sim, N);
     let capture = Shared::default();
     sim.capture(Box::new(capture.clone()), iwarp_tcp::sim::Capture::Sent);
@@ -430,7 +426,7 @@ fn streaming_connections_share_the_receive_frames() {
     // within the frames plus at most one segment each.
     let bound = FRAMES * mss + usize::from(N) * mss;
     assert!(most <= bound, "{most} bytes open at once, bound {bound}");
-    assert!(most < usize::from(N) * b_cfg.rx_buffer / 4);
+    assert!(most < usize::from(N) * Config::default().rx_buffer / 4);
 }
 
 /// A sends `len` bytes of its own on each of `pairs` (and closes once
@@ -480,11 +476,7 @@ fn stream_each(sim: &mut Sim, pairs: &[(ConnId, ConnId)], len: usize, close: boo
 fn more_receivers_than_frames_take_turns_within_the_frames() {
     const N: u16 = 48;
     const FRAMES: usize = 16;
-    let b_cfg = Config {
-        window_frames: Some(FRAMES),
-        ..Config::default()
-    };
-    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let mut sim = sharing_frames(FRAMES);
     let mss = sim.b.local_mss();
     let len = 20 * mss + 100;
     let capture = Shared::default();
@@ -571,11 +563,7 @@ fn more_receivers_than_frames_take_turns_within_the_frames() {
 fn a_window_its_peer_leaves_unused_is_lent_without_a_frame_arriving() {
     const FRAMES: usize = 4;
     let took = |gated: bool| {
-        let b_cfg = Config {
-            window_frames: Some(FRAMES),
-            ..Config::default()
-        };
-        let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+        let mut sim = sharing_frames(FRAMES);
         sim.gate_polls(gated);
         let (a1, b1) = connect(&mut sim, 40000, Duration::from_secs(5));
         // B acknowledges the few bytes with a window of the whole pool,
@@ -637,11 +625,7 @@ fn a_window_its_peer_leaves_unused_is_lent_without_a_frame_arriving() {
 fn tails_shorter_than_a_turn_drain_in_short_turns() {
     const N: u16 = 256;
     const FRAMES: usize = 64;
-    let b_cfg = Config {
-        window_frames: Some(FRAMES),
-        ..Config::default()
-    };
-    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let mut sim = sharing_frames(FRAMES);
     let mss = sim.b.local_mss();
     let len = 200 * mss + 300;
     let pairs = open_many(&mut sim, N);

@@ -64,6 +64,17 @@ pub fn one_way_on(sim: &mut Sim, a: ConnId, b: ConnId, out: &[u8]) -> Vec<u8> {
     got
 }
 
+/// A simulation whose B's windows share `frames` receive frames
+/// ([`Config::window_frames`]); A, the rest of B's configuration and the
+/// link are the defaults.
+pub fn sharing_frames(frames: usize) -> Sim {
+    let b_cfg = Config {
+        window_frames: Some(frames),
+        ..Config::default()
+    };
+    Sim::new(Config::default(), b_cfg, LinkConfig::default())
+}
+
 /// Let the simulated time run for `d` with nothing to send.
 pub fn idle_for(sim: &mut Sim, d: Duration) {
     let until = sim.now + d;
