@@ -6,9 +6,9 @@
 //!
 //! Like the `iwarp` core this crate is sans-IO: no sockets, no threads, no
 //! clock reads. Time enters as a `smoltcp::time::Instant` argument; frames
-//! enter and leave only through the device. Its one system call gives the
-//! pages of idle connections' socket buffers back
-//! ([`Config::idle_release`]).
+//! enter and leave only through the device. Its system calls are about
+//! memory: each connection's socket buffers are a mapping of their own,
+//! whose pages idle connections give back ([`Config::idle_release`]).
 //!
 //! One pass of the caller's loop:
 //!

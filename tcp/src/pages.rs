@@ -1,181 +1,203 @@
-//! The pages of idle connections' socket buffers, given back to the
-//! system.
+//! Socket buffers in pages of their own, given back while their
+//! connection is quiet and unmapped when it goes.
 //!
 //! smoltcp's socket buffers are fixed for a socket's life, and its rings
 //! move through the whole buffer under traffic, so a connection that has
-//! gone quiet keeps every page its traffic touched. Once a connection's
-//! buffers hold nothing it will read again (see
+//! gone quiet keeps every page its traffic touched. Each connection's two
+//! buffers therefore lie in one anonymous mapping of whole pages that no
+//! other object shares (no allocator header sits in their first page):
+//! once the buffers hold nothing the socket will read again (see
 //! [`Config::idle_release`](crate::Config::idle_release)), the stack
-//! hands their whole pages back with `madvise(MADV_DONTNEED)`: the
-//! memory stays allocated, and a page comes back, zeroed, when the ring
-//! next writes it.
+//! hands every page back with `madvise(MADV_DONTNEED)` (the mapping
+//! stays; a page comes back, zeroed, when the ring next writes it), and
+//! dropping the connection unmaps them. A page is resident only once the
+//! ring writes it, so a fresh connection costs no page of its buffers.
 
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
 use std::sync::OnceLock;
 
-use nix::sys::mman::{madvise, MmapAdvise};
+use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, ProtFlags};
 use nix::unistd::{sysconf, SysconfVar};
 
-/// Where a socket buffer lies: a part of the heap block of the `Vec` the
-/// socket owns (its bytes, and for [`buffer`]'s the spare page after
-/// them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Span {
-    addr: usize,
+/// One connection's receive and transmit buffers: an anonymous mapping,
+/// the receive buffer at its start and the transmit buffer on the first
+/// page after the receive buffer's last. Unmapped when dropped.
+#[derive(Debug)]
+pub(crate) struct Buffers {
+    /// The mapping's first byte (page-aligned; its provenance exposed).
+    addr: NonZeroUsize,
+    /// Bytes mapped: whole pages.
     len: usize,
 }
 
-impl Span {
-    /// The bytes of `buf` (its length), which then moves into its socket
-    /// (moving a `Vec` leaves its heap block where it is; the ring never
-    /// grows it).
-    #[cfg(test)]
-    fn of(buf: &mut Vec<u8>) -> Self {
-        Self {
-            addr: buf.as_mut_ptr().expose_provenance(),
-            len: buf.len(),
+impl Buffers {
+    /// Map zeroed buffers of `rx` and `tx` bytes, returned as the slices
+    /// the socket rings own; `None` if the system refuses the mapping.
+    ///
+    /// # Safety
+    ///
+    /// The slices stay valid only while the returned `Buffers` lives: the
+    /// caller ends every use of them (drops the socket that holds them)
+    /// before it drops the `Buffers`.
+    pub(crate) unsafe fn map(
+        rx: usize,
+        tx: usize,
+    ) -> Option<(Self, &'static mut [u8], &'static mut [u8])> {
+        let page = page_size();
+        let tx_at = rx.checked_next_multiple_of(page)?;
+        let len = tx_at
+            .checked_add(tx.checked_next_multiple_of(page)?)?
+            .max(page);
+        // SAFETY: a fresh private anonymous mapping at an address the
+        // kernel picks overlaps no memory of the process.
+        let addr = unsafe {
+            mmap_anonymous(
+                None,
+                NonZeroUsize::new(len)?,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
+            )
+        }
+        .ok()?
+        .cast::<u8>();
+        let buffers = Self {
+            addr: addr.expose_provenance(),
+            len,
+        };
+        // SAFETY: the mapping is `len` bytes, readable, writable and
+        // zero-filled, and `rx <= tx_at` and `tx_at + tx <= len`: the two
+        // slices lie inside it and do not overlap. Nothing else refers to
+        // the mapping, and the caller's contract keeps the slices' use
+        // within the mapping's life.
+        let (r, t) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(addr.as_ptr(), rx),
+                std::slice::from_raw_parts_mut(addr.as_ptr().add(tx_at), tx),
+            )
+        };
+        Some((buffers, r, t))
+    }
+
+    /// Give every page of both buffers back to the system; returns how
+    /// many bytes (0 if the call failed).
+    ///
+    /// # Safety
+    ///
+    /// Nothing uses the slices during the call, and none of their bytes
+    /// is read again before it is written: their contents become zeros.
+    pub(crate) unsafe fn release(&self) -> usize {
+        // SAFETY: the range is this mapping's, private and anonymous, which
+        // belongs to no other object; MADV_DONTNEED only replaces its
+        // pages' contents with zeros, which the caller's contract allows.
+        match unsafe { madvise(self.start(), self.len, MmapAdvise::MADV_DONTNEED) } {
+            Ok(()) => self.len,
+            Err(_) => 0,
         }
     }
 
-    /// The whole pages inside the span: its first page-aligned address
-    /// and length, if it holds a page.
-    fn pages(&self, page: usize) -> Option<(usize, usize)> {
-        let start = self.addr.checked_next_multiple_of(page)?;
-        let end = (self.addr + self.len) / page * page;
-        (end > start).then(|| (start, end - start))
+    /// The mapping's first byte.
+    fn start(&self) -> NonNull<std::ffi::c_void> {
+        NonNull::with_exposed_provenance(self.addr)
     }
 }
 
-/// A zeroed socket buffer of `len` bytes, with where it lies. Its heap
-/// block holds a page more, never used: the page the buffer ends in then
-/// belongs to the buffer alone and can be given back whole (a ring moves
-/// through its whole buffer).
-pub(crate) fn buffer(len: usize) -> (Vec<u8>, Span) {
-    let slack = page_size().unwrap_or(0);
-    let mut buf = vec![0; len + slack];
-    buf.truncate(len);
-    let span = Span {
-        addr: buf.as_mut_ptr().expose_provenance(),
-        len: len + slack,
-    };
-    (buf, span)
+impl Drop for Buffers {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is this object's, mapped in `map` with this
+        // length, and by `map`'s contract nothing uses the slices into it
+        // any more. A failure leaves the pages mapped; nothing else refers
+        // to them.
+        let _ = unsafe { munmap(self.start(), self.len) };
+    }
 }
 
-/// The system's page size (a power of two); `None` if it is unknown,
-/// and then nothing is released.
-fn page_size() -> Option<usize> {
-    static PAGE: OnceLock<Option<usize>> = OnceLock::new();
+/// The system's page size (a power of two; 4096 if the system does not
+/// say).
+fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
     *PAGE.get_or_init(|| {
-        let p = sysconf(SysconfVar::PAGE_SIZE).ok()??;
-        usize::try_from(p).ok().filter(|p| p.is_power_of_two())
+        sysconf(SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| usize::try_from(p).ok())
+            .filter(|p| p.is_power_of_two())
+            .unwrap_or(4096)
     })
-}
-
-/// Give the whole pages of `span` back to the system; returns how many
-/// bytes (0 if the span holds no whole page or the call failed).
-///
-/// # Safety
-///
-/// `span` came with a buffer from [`buffer`] that is still alive (its
-/// socket has not been dropped), no reference into it is live, and none
-/// of its bytes is read again before it is written: the contents of its
-/// pages become zeros.
-pub(crate) unsafe fn release(span: Span) -> usize {
-    let Some((start, len)) = page_size().and_then(|p| span.pages(p)) else {
-        return 0;
-    };
-    let (Some(ptr), Some(_)) = (
-        NonNull::new(std::ptr::with_exposed_provenance_mut::<u8>(start)),
-        NonZeroUsize::new(len),
-    ) else {
-        return 0;
-    };
-    // SAFETY: the range is whole pages inside the live heap block of a
-    // socket buffer (the caller's contract), which belongs to no other
-    // object, and no reference into it is live. MADV_DONTNEED on private
-    // anonymous memory (the heap's) only replaces the pages' contents
-    // with zeros, and nothing reads those bytes before writing them.
-    match unsafe { madvise(ptr.cast(), len, MmapAdvise::MADV_DONTNEED) } {
-        Ok(()) => len,
-        Err(_) => 0,
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_whole_pages_inside_a_span() {
-        let s = Span {
-            addr: 4096 + 10,
-            len: 3 * 4096,
-        };
-        assert_eq!(s.pages(4096), Some((8192, 2 * 4096)));
-        let aligned = Span {
-            addr: 8192,
-            len: 8192,
-        };
-        assert_eq!(aligned.pages(4096), Some((8192, 8192)));
-        let small = Span {
-            addr: 4000,
-            len: 4096,
-        };
-        assert_eq!(small.pages(4096), None);
+    /// Pages of `b` present in memory: bit 63 of their entries in
+    /// /proc/self/pagemap.
+    fn resident(b: &[u8]) -> usize {
+        use std::io::{Read, Seek, SeekFrom};
+        let page = page_size();
+        let first = b.as_ptr().addr() / page;
+        let last = (b.as_ptr().addr() + b.len() - 1) / page;
+        let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+        f.seek(SeekFrom::Start(first as u64 * 8)).unwrap();
+        let mut e = vec![0u8; (last - first + 1) * 8];
+        f.read_exact(&mut e).unwrap();
+        e.chunks(8)
+            .filter(|&c| u64::from_le_bytes(c.try_into().unwrap()) >> 63 == 1)
+            .count()
     }
 
-    /// A buffer is as long as asked; its span reaches a page further, so
-    /// the page it ends in is a whole page of the span (for a buffer that
-    /// starts on an earlier page).
+    /// Each buffer starts on a page of its own and is as long as asked;
+    /// the two do not overlap; the mapping is whole pages.
     #[test]
-    fn a_buffer_owns_the_page_it_ends_in() {
-        let page = page_size().unwrap();
-        for len in [64 * 1024, 256 * 1024, 10 * page + 100, 3 * page] {
-            let (buf, span) = buffer(len);
-            assert_eq!(buf.len(), len);
-            assert!(buf.capacity() >= len + page);
-            let end = buf.as_ptr().addr() + len;
-            let (start, n) = span.pages(page).unwrap();
-            assert!(start + n >= end.next_multiple_of(page), "{len}");
-            assert!(start + n <= buf.as_ptr().addr() + buf.capacity(), "{len}");
+    fn buffers_start_on_pages_of_their_own() {
+        let page = page_size();
+        for (rx, tx) in [(64 * 1024, 256 * 1024), (10 * page + 100, 3 * page), (1, 0)] {
+            // SAFETY: the slices are dropped before the buffers (end of
+            // the iteration, declared after them).
+            let (b, r, t) = unsafe { Buffers::map(rx, tx) }.unwrap();
+            assert_eq!((r.len(), t.len()), (rx, tx));
+            assert_eq!(r.as_ptr().addr() % page, 0);
+            assert_eq!(t.as_ptr().addr() % page, 0);
+            assert!(r.as_ptr().addr() + rx <= t.as_ptr().addr());
+            assert_eq!(b.len % page, 0);
+            assert_eq!(
+                b.len,
+                (rx.next_multiple_of(page) + tx.next_multiple_of(page)).max(page)
+            );
+            assert!(r.iter().chain(t.iter()).all(|&x| x == 0));
         }
     }
 
-    /// Released pages read as zeros and leave the process's resident
-    /// set; written again, they hold what is written.
+    /// A mapping the system refuses, or sizes that overflow, give `None`
+    /// (the stack refuses the connection) rather than a panic.
     #[test]
-    fn released_pages_leave_the_resident_set_and_come_back_zeroed() {
-        let page = page_size().unwrap();
-        let mut buf = vec![0u8; 256 * page];
-        let span = Span::of(&mut buf);
-        buf.fill(0xa5);
-        // Pages of `b` present in memory: bit 63 of their entries in
-        // /proc/self/pagemap.
-        let resident = |b: &[u8]| -> usize {
-            use std::io::{Read, Seek, SeekFrom};
-            let first = b.as_ptr().addr() / page;
-            let last = (b.as_ptr().addr() + b.len() - 1) / page;
-            let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
-            f.seek(SeekFrom::Start(first as u64 * 8)).unwrap();
-            let mut e = vec![0u8; (last - first + 1) * 8];
-            f.read_exact(&mut e).unwrap();
-            e.chunks(8)
-                .filter(|&c| u64::from_le_bytes(c.try_into().unwrap()) >> 63 == 1)
-                .count()
-        };
-        let before = resident(&buf);
-        // SAFETY: `buf` is alive, not borrowed during the call, and read
-        // below only as the zeros the release leaves.
-        let n = unsafe { release(span) };
-        assert_eq!(n % page, 0);
-        assert!(n >= 254 * page, "released {n}");
-        let after = resident(&buf);
-        assert!(after + 250 <= before, "resident pages {before} -> {after}");
-        let (start, len) = span.pages(page).unwrap();
-        let off = start - buf.as_ptr().addr();
-        assert!(buf[off..off + len].iter().all(|&b| b == 0));
-        buf.fill(7);
-        assert!(buf.iter().all(|&b| b == 7));
+    fn refused_mappings_are_none() {
+        for (rx, tx) in [(1 << 60, 4096), (usize::MAX, 0), (4096, usize::MAX - 100)] {
+            // SAFETY: nothing is mapped, so there are no slices to outlive it.
+            assert!(unsafe { Buffers::map(rx, tx) }.is_none(), "{rx} {tx}");
+        }
+    }
+
+    /// A fresh mapping holds no page until written; released pages read
+    /// as zeros and leave the resident set; written again, they hold what
+    /// is written.
+    #[test]
+    fn pages_are_resident_once_written_and_leave_when_released() {
+        let page = page_size();
+        // SAFETY: `r` and `t` are last used before `b` drops at the end.
+        let (b, r, t) = unsafe { Buffers::map(64 * page, 32 * page) }.unwrap();
+        assert_eq!(resident(r) + resident(t), 0);
+        r.fill(0xa5);
+        t.fill(0x5a);
+        assert_eq!(resident(r) + resident(t), 96);
+        // SAFETY: the slices are not used during the call and read below
+        // only as the zeros the release leaves.
+        let n = unsafe { b.release() };
+        assert_eq!(n, 96 * page);
+        assert_eq!(resident(r) + resident(t), 0);
+        assert!(r.iter().chain(t.iter()).all(|&x| x == 0));
+        r.fill(7);
+        assert!(r.iter().all(|&x| x == 7));
+        assert_eq!(resident(r), 64);
     }
 }

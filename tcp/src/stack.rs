@@ -51,7 +51,7 @@ use smoltcp::wire::{
 
 use crate::config::{Config, SHARED_BUFFER_MIN};
 use crate::flow::FlowTable;
-use crate::pages::{self, Span};
+use crate::pages::Buffers;
 use crate::port::{tcp_mss, Flow, Port, WindowShare};
 
 /// How long a static neighbour entry lives in the control interface's
@@ -103,8 +103,8 @@ pub enum Error {
     InvalidState,
     /// The peer closed its direction and every byte has been read.
     Finished,
-    /// The stack holds [`Config::max_connections`] connections, or the
-    /// flow is taken.
+    /// The stack holds [`Config::max_connections`] connections, the flow
+    /// is taken, or the system maps no memory for a connection's buffers.
     Exhausted,
 }
 
@@ -234,12 +234,13 @@ struct Conn {
     deadline: Option<Instant>,
     /// Receive buffer bytes, counted against [`Config::rx_budget`].
     rx_capacity: usize,
-    /// Where the socket's receive and transmit buffers lie.
-    buffers: [Span; 2],
     /// The last visit.
     visited: Instant,
     /// In the queue of connections [`Core::release_idle`] looks at.
     idle_queued: bool,
+    /// The memory of the socket's receive and transmit buffers. Declared
+    /// after `sockets`, so dropped after the socket that uses it.
+    buffers: Buffers,
 }
 
 impl Conn {
@@ -844,8 +845,17 @@ impl Core {
             .routes_mut()
             .add_default_ipv4_route(self.gateway.unwrap_or(flow.0));
         let rx_capacity = self.rx_size();
-        let (mut s, buffers) = new_socket(&self.config, rx_capacity);
+        // SAFETY (of `new_socket`'s contract): the socket is dropped
+        // first if `setup` fails; otherwise it goes into the connection's
+        // `sockets` and never leaves it, and `buffers` is declared after
+        // `sockets` in `Conn`, so the socket is dropped first.
+        let Some((mut s, buffers)) = (unsafe { new_socket(&self.config, rx_capacity) }) else {
+            self.free.push(index);
+            return Err(Error::Exhausted);
+        };
         if let Err(e) = setup(&mut iface, &mut s) {
+            drop(s);
+            drop(buffers);
             self.free.push(index);
             return Err(e);
         }
@@ -873,9 +883,9 @@ impl Core {
             active: false,
             deadline: None,
             rx_capacity,
-            buffers,
             visited: self.now,
             idle_queued: false,
+            buffers,
         };
         if self.flows.insert(flow, id).is_err() {
             self.free.push(index);
@@ -1205,16 +1215,12 @@ impl Core {
                 continue;
             }
             c.idle_queued = false;
-            let mut bytes = 0;
-            for span in c.buffers {
-                // SAFETY: the span is of this connection's socket buffer,
-                // alive as long as the connection; the stack holds
-                // `&mut self`, so nothing borrows the buffer; and it holds
-                // nothing the socket reads before writing it: no unread
-                // or unsent data, nothing unacknowledged either way, so no
-                // out-of-order data either.
-                bytes += unsafe { pages::release(span) };
-            }
+            // SAFETY: the buffers are this connection's socket's; the
+            // stack holds `&mut self`, so the socket is not using them;
+            // and they hold nothing the socket reads before writing it: no
+            // unread or unsent data, nothing unacknowledged either way, so
+            // no out-of-order data either.
+            let bytes = unsafe { c.buffers.release() };
             self.counters.idle_releases += 1;
             self.counters.idle_released_bytes += bytes as u64;
         }
@@ -2082,17 +2088,21 @@ fn fin_state(state: State) -> bool {
 }
 
 /// A socket with the stack's settings and a receive buffer of `rx_size`,
-/// and where its receive and transmit buffers lie ([`pages::buffer`]).
-fn new_socket(config: &Config, rx_size: usize) -> (tcp::Socket<'static>, [Span; 2]) {
-    let ((rx, rx_span), (tx, tx_span)) = (pages::buffer(rx_size), pages::buffer(config.tx_buffer));
-    let spans = [rx_span, tx_span];
+/// and the memory of its buffers; `None` if the system maps none.
+///
+/// # Safety
+///
+/// The socket is dropped before the [`Buffers`] (see [`Buffers::map`]).
+unsafe fn new_socket(config: &Config, rx_size: usize) -> Option<(tcp::Socket<'static>, Buffers)> {
+    // SAFETY: the caller's contract is `map`'s.
+    let (buffers, rx, tx) = unsafe { Buffers::map(rx_size, config.tx_buffer) }?;
     let mut s = tcp::Socket::new(tcp::SocketBuffer::new(rx), tcp::SocketBuffer::new(tx));
     s.set_nagle_enabled(config.nagle);
     s.set_ack_delay(config.ack_delay);
     s.set_congestion_control(config.congestion);
     s.set_timeout(config.timeout);
     s.set_keep_alive(config.keep_alive);
-    (s, spans)
+    Some((s, buffers))
 }
 
 #[cfg(test)]
