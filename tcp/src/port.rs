@@ -1300,12 +1300,16 @@ pub(crate) struct Port<D> {
     /// smoltcp fills the TCP checksum of what it sends (the device's
     /// capabilities say so).
     pub tcp_checksum: bool,
+    /// The device had no frame for a frame to send since this was last
+    /// cleared (the stack clears it at the start of each egress).
+    pub tx_refused: bool,
 }
 
 impl<D> Port<D> {
     pub(crate) fn new(inner: D) -> Self {
         Self {
             tcp_checksum: true,
+            tx_refused: false,
             inner,
             inject: VecDeque::new(),
             mss: MssTable::default(),
@@ -1511,7 +1515,11 @@ impl<D: Device> Device for Port<D> {
 
     fn transmit(&mut self, timestamp: Instant) -> Option<Self::TxToken<'_>> {
         let (counters, sent, tcp_checksum) = (&self.counters, &self.sent, self.tcp_checksum);
-        self.inner.transmit(timestamp).map(|token| PortTx::Device {
+        let Some(token) = self.inner.transmit(timestamp) else {
+            self.tx_refused = true;
+            return None;
+        };
+        Some(PortTx::Device {
             token,
             counters,
             sent,

@@ -66,6 +66,13 @@ impl SimPort {
             tx_limit: 4096,
         }
     }
+
+    /// How many sent frames the port holds at most (4096 by default):
+    /// past that it has no frame for the stack to send into until the
+    /// owner drains `tx` (as [`Sim`] does after each poll).
+    pub fn set_tx_limit(&mut self, frames: usize) {
+        self.tx_limit = frames;
+    }
 }
 
 /// Receive token of a [`SimPort`].

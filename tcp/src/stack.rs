@@ -138,6 +138,10 @@ pub struct Counters {
     pub ingress_budget_hits: u64,
     /// Connection visits that stopped egress at [`Config::egress_budget`].
     pub egress_budget_hits: u64,
+    /// Polls whose egress stopped because the device had no frame to
+    /// send into: the connections not visited yet wait for the next poll
+    /// instead of each finding the device full.
+    pub egress_device_full: u64,
     /// Connections opened with [`Stack::connect`].
     pub connects: u64,
     /// Connections that reached Established from a listening port.
@@ -1949,8 +1953,19 @@ impl<D: Device> Stack<D> {
         }
         self.core.control.poll_maintenance(now);
         self.core.egress_due = false;
+        self.port.tx_refused = false;
         let work = std::mem::take(&mut self.core.work);
-        for &id in &work {
+        for (k, &id) in work.iter().enumerate() {
+            if self.port.tx_refused {
+                // The device has no frame: the connections not visited
+                // stay listed (and queued) for the next poll, ahead of
+                // those this one visited and listed again.
+                self.core.counters.egress_device_full += 1;
+                let visited = std::mem::take(&mut self.core.work);
+                self.core.work.extend_from_slice(&work[k..]);
+                self.core.work.extend(visited);
+                break;
+            }
             let Some(c) = self.core.conn_mut(id) else {
                 continue;
             };
@@ -1985,7 +2000,11 @@ impl<D: Device> Stack<D> {
         let Core { work, slots, .. } = &mut self.core;
         work.retain(|&id| slot_conn(slots, id).is_some());
         let mut sent = false;
+        self.port.tx_refused = false;
         for i in 0..self.core.work.len() {
+            if self.port.tx_refused {
+                break;
+            }
             let id = self.core.work[i];
             sent |= self.core.egress(&mut self.port, id, 1, now).0;
         }

@@ -134,6 +134,59 @@ fn idle_connections_cost_no_visits() {
     assert_eq!(alone, crowded, "visits with 1000 idle connections open");
 }
 
+/// A device out of transmit frames ends the pass's egress: the
+/// connections still waiting to send are visited at a later pass, not
+/// each on every pass only to find the device full, so a pass costs what
+/// the device can take rather than the number of connections with data.
+#[test]
+fn connections_waiting_for_a_transmit_frame_are_not_visited_each_pass() {
+    const CONNS: u16 = 200;
+    const FRAMES_PER_POLL: usize = 4;
+    let mut sim = Sim::new(small(), small(), LinkConfig::default());
+    let pairs = open_many(&mut sim, CONNS);
+    let quiet = sim.now + Duration::from_secs(2);
+    sim.run(quiet, |_| Step::Idle).unwrap_err();
+    sim.a.device_mut().set_tx_limit(FRAMES_PER_POLL);
+    let msg = data(3000, 11);
+    for &(a, _) in &pairs {
+        assert_eq!(sim.a.send_slice(a, &msg).unwrap(), msg.len());
+    }
+    let before = sim.a.counters();
+    let mut got = vec![Vec::new(); pairs.len()];
+    let mut polls = 0u64;
+    let limit = sim.now + Duration::from_secs(30);
+    sim.run(limit, |s| {
+        polls += 1;
+        for (i, &(_, b)) in pairs.iter().enumerate() {
+            let _ = s.b.recv(b, |buf| {
+                got[i].extend_from_slice(buf);
+                buf.len()
+            });
+        }
+        if got.iter().all(|g| g.len() == msg.len()) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert!(
+        got.iter().all(|g| *g == msg),
+        "every connection's bytes arrived"
+    );
+    let after = sim.a.counters();
+    let visits = after.conn_visits - before.conn_visits;
+    let sent = after.tx_frames - before.tx_frames;
+    assert!(after.egress_device_full > before.egress_device_full);
+    // About a visit for each frame sent and each acknowledgement
+    // received (about 500 in all); a visit for each connection waiting
+    // for a frame, at each poll, makes more than 10,000.
+    assert!(
+        visits <= 2 * sent + u64::from(CONNS),
+        "{visits} visits for {sent} frames sent in {polls} polls"
+    );
+}
+
 #[test]
 fn a_released_connection_id_names_nothing_after_its_slot_is_reused() {
     let mut sim = Sim::new(small(), small(), LinkConfig::default());
