@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{connect, data, sharing_frames, PORT};
+use common::{connect, data, idle_for, sharing_frames, PORT};
 use iwarp_tcp::sim::{LinkConfig, Sim, Step};
 use iwarp_tcp::{Config, ConnId, Error};
 use smoltcp::phy::ChecksumCapabilities;
@@ -99,8 +99,7 @@ fn idle_connections_cost_no_visits() {
         let mut sim = Sim::new(small(), small(), LinkConfig::default());
         let pairs = open_many(&mut sim, idle + 1);
         // Let every handshake's delayed ACKs and timers run out.
-        let quiet = sim.now + Duration::from_secs(2);
-        sim.run(quiet, |_| Step::Idle).unwrap_err();
+        idle_for(&mut sim, Duration::from_secs(2));
         let (a, b) = pairs[0];
         let before = (sim.a.counters().conn_visits, sim.b.counters().conn_visits);
         let msg = data(3000, 7);
@@ -144,8 +143,7 @@ fn connections_waiting_for_a_transmit_frame_are_not_visited_each_pass() {
     const FRAMES_PER_POLL: usize = 4;
     let mut sim = Sim::new(small(), small(), LinkConfig::default());
     let pairs = open_many(&mut sim, CONNS);
-    let quiet = sim.now + Duration::from_secs(2);
-    sim.run(quiet, |_| Step::Idle).unwrap_err();
+    idle_for(&mut sim, Duration::from_secs(2));
     sim.a.device_mut().set_tx_limit(FRAMES_PER_POLL);
     let msg = data(3000, 11);
     for &(a, _) in &pairs {
@@ -623,7 +621,7 @@ fn a_window_its_peer_leaves_unused_is_lent_without_a_frame_arriving() {
         // which their peer leaves unused.
         let few = data(100, 1);
         assert_eq!(common::one_way_on(&mut sim, a1, b1, &few), few);
-        common::idle_for(&mut sim, Duration::from_millis(50));
+        idle_for(&mut sim, Duration::from_millis(50));
         let (a2, b2) = connect(&mut sim, 40001, Duration::from_secs(5));
         let len = 128 * sim.b.local_mss();
         let out = data(len, 2);
