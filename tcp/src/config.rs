@@ -78,21 +78,22 @@ pub struct Config {
     /// below one segment waits in a FIFO queue; credit freed by a peer
     /// that filled its window, by an acknowledged FIN, by a connection
     /// that is gone, or by a window its peer left unused for a second
-    /// (lent: such a peer may still send into it) goes to the waiting
-    /// connections in order, a turn's worth at a time (less only when
+    /// (retracted: a window update closes it, once a connection waits)
+    /// goes to the waiting connections in order, a turn's worth at a time (less only when
     /// no more has come free for a whole period; one segment to a
     /// connection whose peer has not filled a window it was offered),
     /// each sent a window update at once (a pure
     /// acknowledgement the stack builds itself, counted in
     /// [`Counters::window_updates`](crate::Counters::window_updates)).
     /// smoltcp's own window, when smaller, stands. The right edge of a
-    /// window never moves back, so a shrinking share takes effect as the
-    /// peers fill what they were offered. The window of a SYN or
+    /// window moves back only in a retraction, so a shrinking share takes
+    /// effect as the peers fill what they were offered. The window of a SYN or
     /// SYN-ACK is not cut: a connection takes its share from its first
     /// acknowledgement after the handshake on. `None`: the AF_XDP
-    /// engine fills in three quarters of its fill ring (the rest is for
-    /// the acknowledgements of what it sends), a stack on its own cuts
-    /// nothing; `Some(0)`: windows are never cut.
+    /// engine fills in half its fill ring (the rest takes what arrives
+    /// beyond the windows: the burst it holds until its next refill,
+    /// acknowledgements, window updates, probes, retransmissions), a
+    /// stack on its own cuts nothing; `Some(0)`: windows are never cut.
     pub window_frames: Option<usize>,
     /// Nagle's algorithm: hold back small segments while data is
     /// unacknowledged. Off by default, so each FPDU leaves at once.

@@ -175,17 +175,25 @@ pub(crate) struct Sent {
     /// offered, and is granted a turn ([`SentTable::grant`]).
     filled: bool,
     /// The window (bytes beyond the acknowledgement) of the turn granted
-    /// last, until the peer fills it or leaves it to be lent: what the
-    /// peer then used of it is a sample of [`WindowShare::demand`].
+    /// last, until the peer fills it or leaves the rest unused for
+    /// [`UNUSED_PERIODS`]: what the peer then used of it is a sample of
+    /// [`WindowShare::demand`].
     turn: Option<usize>,
     /// The sequence number after our FIN, once we sent one.
     fin_end: Option<u32>,
     /// The acknowledgement number that covers the peer's FIN, once one
     /// arrived.
     peer_fin: Option<u32>,
-    /// The window is lent: its peer left it unused for [`LEND_PERIODS`], so
-    /// it is not counted in [`WindowShare`]'s total.
-    lent: bool,
+    /// The window is parked: its peer left it unused for
+    /// [`UNUSED_PERIODS`] while no connection waited, so it is the first
+    /// to be retracted once one does; the period it was parked in (its
+    /// entry in [`WindowShare`]'s parked queue).
+    parked: Option<u64>,
+    /// The window is being retracted ([`SentTable::retract`]): the bytes
+    /// it held when the window update that closes it was queued. They
+    /// stay counted until that update leaves, so that no other window is
+    /// opened with them before the peer is told.
+    retracting: Option<usize>,
     /// The [`WindowShare`] period in which the peer last sent data or the
     /// connection was granted credit.
     touched: u64,
@@ -236,11 +244,7 @@ impl Sent {
 
     /// The bytes of its window [`WindowShare`] counts.
     fn counted(&self) -> usize {
-        if self.lent {
-            0
-        } else {
-            self.rx_open
-        }
+        self.rx_open
     }
 
     /// Bytes the peer may send beyond what we acknowledged, as we last
@@ -267,12 +271,12 @@ impl Sent {
 /// segment: between one and two of these periods.
 const SHARE_PERIOD_MS: i64 = 10;
 
-/// After how many periods without data a window is lent
+/// After how many periods without data a window counts as unused
 /// ([`WindowShare`]): one second, far beyond the time a busy peer takes
 /// to use its window (at 4096 connections sharing 1536 frames a
 /// connection's turn comes every few tens of milliseconds), so that
-/// only a peer that stopped sending is lent past.
-const LEND_PERIODS: u64 = 100;
+/// only the window of a peer that stopped sending is retracted.
+const UNUSED_PERIODS: u64 = 100;
 
 /// After how many periods a window update the peer did not answer with
 /// data is sent again (20–30 ms: a peer with data answers within its
@@ -332,11 +336,11 @@ const TURN_SEGMENTS: usize = 16;
 /// * A turn granted to a waiting connection is as long as what peers
 ///   lately used of theirs ([`demand`](Self::demand)), at most
 ///   [`TURN_SEGMENTS`]: a turn its peer fills counts whole (it had
-///   more), one left to be lent counts what its peer used (if anything:
-///   a turn left untouched may be one whose window update was lost).
-///   When thousands of connections finish at once, each peer with a tail
+///   more), one left unused counts what its peer used (if anything: a
+///   turn left untouched may be one whose window update was lost). When
+///   thousands of connections finish at once, each peer with a tail
 ///   shorter than a turn, the rest of each turn stays held until it is
-///   lent; shorter turns then serve many more of them per second, and
+///   retracted; shorter turns then serve many more of them per second, and
 ///   turns filled again lengthen them back. Offers to connections that
 ///   do not wait stay at least the longest turn: a window of one segment
 ///   per round trip is what turns exist to avoid.
@@ -350,11 +354,22 @@ const TURN_SEGMENTS: usize = 16;
 ///   acknowledgement is not retransmitted).
 /// * Credit comes back when a peer fills its window and we acknowledge
 ///   it, when the peer's FIN is acknowledged, and when the connection
-///   is gone. A window a peer leaves unused stays held (its edge cannot
-///   move back) until it has been unused for [`LEND_PERIODS`]: then it
-///   is lent, no longer counted, so that idle connections cannot keep
-///   the others waiting forever; such a peer may still fill it, beyond
-///   the pool.
+///   is gone. A window a peer leaves unused stays held until it has been
+///   unused for [`UNUSED_PERIODS`]. Then, if a connection waits, it is
+///   retracted ([`SentTable::retract`]): a window update moves its right
+///   edge back to the acknowledgement, a zero window, and the credit
+///   goes to the waiting ones. If none waits it is parked, still held,
+///   and retracted, oldest first, as soon as one waits and less than a
+///   turn is free. A retracted window is the one exception to the right
+///   edge never moving back. RFC 9293 §3.8.6 has a sender robust
+///   against it: smoltcp takes the window of every acceptable segment,
+///   Linux a zero window from an acknowledgement that repeats its
+///   sequence number. It is what keeps the windows within the pool:
+///   a window left open past it, once its peer starts sending, would
+///   make the device drop frames (thousands of idle connections, each
+///   with a turn's window open, start sending at once). A peer with more
+///   to send into a retracted window probes it (its persist timer); our
+///   acknowledgement of the probe queues the connection for credit.
 /// * A SYN's window is left alone: a connection takes its share from
 ///   its first acknowledgement after the handshake on.
 ///
@@ -396,9 +411,23 @@ pub(crate) struct WindowShare {
     unanswered: RefCell<VecDeque<(Flow, u64)>>,
     /// Window updates sent again.
     pub(crate) repeated: Cell<u64>,
-    /// Turns filled by their peers, and turns lent with part unused.
+    /// Turns filled by their peers, and turns left partly unused.
     pub(crate) turns_filled: Cell<u64>,
-    pub(crate) turns_lent: Cell<u64>,
+    pub(crate) turns_unfilled: Cell<u64>,
+    /// Connections whose window went unused while none waited, with the
+    /// period they were parked in, oldest first: an entry whose period
+    /// the connection no longer holds in [`Sent::parked`] is stale.
+    parked: RefCell<VecDeque<(Flow, u64)>>,
+    /// Connections holding [`Sent::parked`].
+    parked_count: Cell<usize>,
+    /// Windows retracted ([`SentTable::retract`]).
+    pub(crate) retracted: Cell<u64>,
+    /// Segments that arrived at a closed window: zero-window probes, and
+    /// data sent before the peer learnt that its window closed.
+    pub(crate) closed_segments: Cell<u64>,
+    /// The bytes of the windows being retracted, whose updates have not
+    /// left yet ([`Sent::retracting`]).
+    pending: Cell<usize>,
     /// The bytes a peer uses of its turn, a moving average over the turns
     /// that ended ([`Self::turn_used`]; a filled turn counts as a whole
     /// one): `None` before any ended.
@@ -492,7 +521,7 @@ impl WindowShare {
     fn turn_used(&self, used: Option<usize>) {
         let counter = match used {
             None => &self.turns_filled,
-            Some(_) => &self.turns_lent,
+            Some(_) => &self.turns_unfilled,
         };
         counter.set(counter.get() + 1);
         let most = self.longest_turn();
@@ -506,7 +535,7 @@ impl WindowShare {
     /// Whether the first waiting connection may be granted less than a
     /// turn: the credit free has stayed short of one for a whole period
     /// (windows their peers leave unused hold the rest, and they only
-    /// come back when lent).
+    /// come back when retracted).
     fn short_for_long(&self) -> bool {
         self.short_until().is_some_and(|p| p <= self.period.get())
     }
@@ -565,12 +594,45 @@ impl WindowShare {
         self.queue.borrow_mut().push_back((flow, ticket));
     }
 
-    /// Drop the queue's stale entries once they outnumber the live ones
-    /// (amortised constant time: each compaction at least halves it).
+    /// Drop the wait and parked queues' stale entries once they
+    /// outnumber the live ones (amortised constant time: each compaction
+    /// at least halves a queue).
     fn compact(&self, entries: &HashMap<Flow, Sent, FlowHash>) {
         let mut queue = self.queue.borrow_mut();
         if queue.len() > 2 * self.waiting.get() + 64 {
             queue.retain(|(f, t)| entries.get(f).is_some_and(|s| s.wait == Some(*t)));
+        }
+        let mut parked = self.parked.borrow_mut();
+        if parked.len() > 2 * self.parked_count.get() + 64 {
+            parked.retain(|(f, p)| entries.get(f).is_some_and(|s| s.parked == Some(*p)));
+        }
+    }
+
+    /// The window of the connection of `flow` (`s`) went unused while no
+    /// connection waited: park it (again, if it is parked).
+    fn park(&self, flow: Flow, s: &mut Sent) {
+        let cur = self.period.get();
+        if s.parked.replace(cur).is_none() {
+            self.parked_count.set(self.parked_count.get() + 1);
+        }
+        self.parked.borrow_mut().push_back((flow, cur));
+    }
+
+    /// The connection `s` is no longer parked (its entry in the parked
+    /// queue becomes stale).
+    fn unpark(&self, s: &mut Sent) {
+        if s.parked.take().is_some() {
+            self.parked_count
+                .set(self.parked_count.get().saturating_sub(1));
+        }
+    }
+
+    /// The retraction of `s`'s window, if one is under way, is called
+    /// off (its peer sends again, or the connection is gone): its window
+    /// update, if still queued, carries the window as it stands.
+    fn keep(&self, s: &mut Sent) {
+        if let Some(n) = s.retracting.take() {
+            self.pending.set(self.pending.get().saturating_sub(n));
         }
     }
 
@@ -681,6 +743,8 @@ impl SentTable {
         if let Some(mut s) = entries.remove(&flow) {
             self.share.reopen(s.counted(), 0);
             self.share.leave(&mut s);
+            self.share.unpark(&mut s);
+            self.share.keep(&mut s);
             self.grant(&mut entries);
         }
     }
@@ -694,8 +758,9 @@ impl SentTable {
         }
     }
 
-    /// Move the share's period forward to `now`; lend the windows of the
-    /// connections whose peers left them unused for [`LEND_PERIODS`] (the
+    /// Move the share's period forward to `now`; retract (or, while none
+    /// waits, park) the windows of the connections whose peers left them
+    /// unused for [`UNUSED_PERIODS`] (the
     /// holder queue's oldest entries, each checked once per that time
     /// it holds a window and the peer sends: amortised constant time per
     /// received segment) and give the credit to the waiting ones.
@@ -709,15 +774,15 @@ impl SentTable {
         }
         let mut entries = self.entries.borrow_mut();
         self.repeat_unanswered(&mut entries);
-        let mut lent = share.short_for_long();
-        while let Some((flow, _)) = pop_due(&share.holders, LEND_PERIODS, cur) {
+        let mut freed = share.short_for_long();
+        while let Some((flow, _)) = pop_due(&share.holders, UNUSED_PERIODS, cur) {
             let Some(s) = entries.get_mut(&flow) else {
                 continue;
             };
             if !s.holding {
                 continue;
             }
-            if s.touched.saturating_add(LEND_PERIODS) > cur && s.counted() > 0 {
+            if s.touched.saturating_add(UNUSED_PERIODS) > cur && s.counted() > 0 {
                 // Touched since it was queued: check again later.
                 share.holders.borrow_mut().push_back((flow, cur));
                 continue;
@@ -731,14 +796,87 @@ impl SentTable {
                     share.turn_used(Some(used));
                 }
             }
-            if s.counted() > 0 {
-                share.reopen(s.counted(), 0);
-                s.lent = true;
-                lent = true;
+            if s.counted() == 0 {
+                continue;
+            }
+            if share.waiting.get() > 0 {
+                self.retract(flow, s);
+                freed = true;
+            } else {
+                share.park(flow, s);
             }
         }
-        if lent {
+        if freed {
             self.grant(&mut entries);
+        }
+    }
+
+    /// Retract the window of the connection of `flow` (`s`), which its
+    /// peer left unused: a window update is queued like a grant's, and
+    /// when it leaves (or a segment of the connection carries it) the
+    /// right edge moves back to the acknowledgement, a zero window, and
+    /// the credit returns to the pool ([`Self::release`]).
+    fn retract(&self, flow: Flow, s: &mut Sent) {
+        let share = &self.share;
+        share.unpark(s);
+        if s.retracting.is_some() {
+            return;
+        }
+        let n = s.counted();
+        s.retracting = Some(n);
+        share.pending.set(share.pending.get() + n);
+        s.granted = None;
+        if !s.update_due {
+            s.update_due = true;
+            self.updates.borrow_mut().push_back(flow);
+        }
+    }
+
+    /// The window update of `s`'s retraction (of `flow`) is leaving:
+    /// close its window at our last acknowledgement and give its credit
+    /// back. Returns whether there was one.
+    ///
+    /// A connection whose peer sent data within two [`UNUSED_PERIODS`]
+    /// then waits for a segment at the end of the queue. Its peer may
+    /// have gone quiet because its data was lost and it waits for its
+    /// retransmission timeout; smoltcp, whose window is then closed,
+    /// sends nothing more (no retransmission, no probe) until a segment
+    /// arrives. One whose peer has been quiet longer does not: it would
+    /// take a segment of the pool for a second at its turn, and then
+    /// again after every retraction.
+    fn release(&self, flow: Flow, s: &mut Sent) -> bool {
+        let share = &self.share;
+        let Some(n) = s.retracting.take() else {
+            return false;
+        };
+        share.pending.set(share.pending.get().saturating_sub(n));
+        share.reopen(s.counted(), 0);
+        s.rx_open = 0;
+        s.rx_edge = Some(s.rx_ack);
+        share.retracted.set(share.retracted.get() + 1);
+        let cur = share.period.get();
+        if s.rx_period != u64::MAX && s.rx_period.saturating_add(2 * UNUSED_PERIODS) >= cur {
+            share.enqueue(flow, s);
+        }
+        true
+    }
+
+    /// Retract parked windows, oldest first, while a connection waits and
+    /// less than a turn is free or on its way back.
+    fn reclaim(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) {
+        let share = &self.share;
+        while share.waiting.get() > 0 && share.free() + share.pending.get() < share.turn() {
+            let Some((flow, stamp)) = share.parked.borrow_mut().pop_front() else {
+                break;
+            };
+            let Some(s) = entries.get_mut(&flow).filter(|s| s.parked == Some(stamp)) else {
+                continue;
+            };
+            if s.counted() == 0 {
+                share.unpark(s);
+                continue;
+            }
+            self.retract(flow, s);
         }
     }
 
@@ -756,7 +894,7 @@ impl SentTable {
             if s.granted != Some(stamp) {
                 continue;
             }
-            if s.repeats >= MAX_REPEATS || s.rx_open == 0 || s.lent {
+            if s.repeats >= MAX_REPEATS || s.rx_open == 0 {
                 s.granted = None;
                 continue;
             }
@@ -772,7 +910,7 @@ impl SentTable {
     }
 
     /// When [`Self::tick`] has a step to take that comes with time alone
-    /// (no frame need arrive): a window to check for lending, a window
+    /// (no frame need arrive): a window to check for use, a window
     /// update to send again, or the first waiting connection's wait for a
     /// turn's worth of credit to end while less is free. A stack polls by
     /// then (`Stack::poll_at`), or a window held by a peer that stopped
@@ -782,11 +920,11 @@ impl SentTable {
     /// taken when this one began.
     pub(crate) fn due(&self) -> Option<Instant> {
         let share = &self.share;
-        let lend = share
+        let unused = share
             .holders
             .borrow()
             .front()
-            .map(|&(_, p)| p.saturating_add(LEND_PERIODS));
+            .map(|&(_, p)| p.saturating_add(UNUSED_PERIODS));
         let repeat = share
             .unanswered
             .borrow()
@@ -795,7 +933,7 @@ impl SentTable {
         let short = share
             .short_until()
             .filter(|_| share.waiting.get() > 0 && share.free() >= share.mss);
-        let period = [lend, repeat, short]
+        let period = [unused, repeat, short]
             .into_iter()
             .flatten()
             .min()?
@@ -848,7 +986,8 @@ impl SentTable {
                 rx_edge: None,
                 rx_period: u64::MAX,
                 rx_open: 0,
-                lent: false,
+                parked: None,
+                retracting: None,
                 touched: self.share.period.get(),
                 holding: false,
                 rx_ack: acked,
@@ -869,13 +1008,15 @@ impl SentTable {
             if let Some(mut old) = entries.remove(&key) {
                 self.share.reopen(old.counted(), 0);
                 self.share.leave(&mut old);
+                self.share.unpark(&mut old);
+                self.share.keep(&mut old);
             }
             // A SYN's window (never scaled) is left alone: the connection
             // takes its share from its first acknowledgement on. Cut to
             // nothing while the frames are held, it would keep a new
             // connection from even sending its first message (the MPA
-            // request) until a window that an idle connection holds is
-            // lent, and a window lent is one its peer may still fill.
+            // request) until a window that an idle connection holds has
+            // gone unused for a second and is retracted.
             entries.insert(key, sent);
             self.grant(&mut entries);
             self.share.compact(&entries);
@@ -888,10 +1029,12 @@ impl SentTable {
         if tcp.fin() {
             s.fin_end = Some(seq.wrapping_add(len).wrapping_add(1));
         }
-        let held = s.counted();
+        let (held, waited) = (s.counted(), s.wait.is_some());
         if tcp.ack() && !tcp.rst() {
             out.window = self.advertise(key, s, tcp);
         }
+        // A connection that starts waiting takes back parked windows.
+        let reclaim = !waited && s.wait.is_some() && self.share.parked_count.get() > 0;
         if let Some(r) = &mut s.reno {
             let seg = cwnd::Sent {
                 seq,
@@ -912,7 +1055,7 @@ impl SentTable {
                 s.next = end;
             }
         }
-        if freed {
+        if freed || reclaim {
             self.grant(&mut entries);
         }
         self.share.compact(&entries);
@@ -935,11 +1078,14 @@ impl SentTable {
         if !s.update_due {
             return;
         }
-        let Some(field) = s.edge_field() else {
-            return;
-        };
-        s.update_due = false;
-        out.window = Some(field);
+        let released = self.release(flow, s);
+        if let Some(field) = s.edge_field() {
+            s.update_due = false;
+            out.window = Some(field);
+        }
+        if released {
+            self.grant(entries);
+        }
     }
 
     /// Our segment `tcp` of the connection `s` (of `flow`) acknowledges:
@@ -958,6 +1104,7 @@ impl SentTable {
             s.rx_end = ack;
         }
         s.smol_edge = ack.wrapping_add(smol as u32);
+        let first = s.rx_edge.is_none();
         let cut = self
             .share
             .offer(s.counted())
@@ -970,14 +1117,26 @@ impl SentTable {
         let held = if finished { 0 } else { open };
         self.share.reopen(s.counted(), held);
         s.rx_open = held;
-        s.lent = false;
         if held > 0 {
             self.share.hold(flow, s);
         }
         let mss = self.share.mss;
+        // A connection waits for credit when its peer has shown it has
+        // data: it filled its window or probed it, or sent lately. A new
+        // one waits too: its peer's first message (such as an MPA reply)
+        // needs a window. One whose peer shows nothing does not, or
+        // every connection that only sends would take a segment of the
+        // pool at its turn, hold it unused for a second and have it
+        // retracted, over and over.
+        let cur = self.share.period.get();
+        let lately = s.rx_period != u64::MAX && s.rx_period.saturating_add(1) >= cur;
         if finished {
             self.share.leave(s);
-        } else if self.share.cuts() && open < mss && smol >= open + mss {
+        } else if self.share.cuts()
+            && open < mss
+            && smol >= open + mss
+            && (first || s.filled || lately)
+        {
             self.share.enqueue(flow, s);
         }
         cut
@@ -996,6 +1155,7 @@ impl SentTable {
         let Some(fair) = share.bytes() else {
             return;
         };
+        self.reclaim(entries);
         let (mss, turn) = (share.mss, share.turn());
         while share.free() >= mss {
             let Some((flow, ticket)) = share.queue.borrow().front().copied() else {
@@ -1013,9 +1173,8 @@ impl SentTable {
             // A turn for a peer that filled its window (its fair part
             // while peers use whole turns); one segment for one that
             // showed no more to send (a connection that came while the
-            // frames were held): such a window is likely to go unused, to
-            // be lent, and then to be filled beyond the pool once the
-            // peer starts sending.
+            // frames were held): such a window is likely to go unused,
+            // holding its credit for a second until it is retracted.
             let most = match (s.filled, turn < share.longest_turn()) {
                 (false, _) => mss,
                 (true, true) => turn,
@@ -1043,7 +1202,7 @@ impl SentTable {
             }
             share.reopen(s.counted(), new_open);
             s.rx_open = new_open;
-            s.lent = false;
+            share.unpark(s);
             s.touched = share.period.get();
             share.hold(flow, s);
             s.rx_edge = Some(s.rx_ack.wrapping_add(new_open as u32));
@@ -1064,26 +1223,34 @@ impl SentTable {
     /// acknowledgement with our next sequence number (after our FIN, if
     /// sent), the acknowledgement number and right edge last advertised,
     /// and the headers of the connection's last segment. `None` if the
-    /// connection is gone or has nothing due.
+    /// connection is gone or has nothing due. A retraction's update
+    /// closes the window as it leaves, and the credit goes to the waiting
+    /// connections then ([`Self::release`]).
     fn window_update(&self, flow: Flow) -> Option<WindowUpdate> {
         let mut entries = self.entries.borrow_mut();
         let s = entries.get_mut(&flow)?;
         if !std::mem::take(&mut s.update_due) {
             return None;
         }
-        let (src_mac, dst_mac, src_ip) = s.hdr?;
-        let field = s.edge_field()?;
-        Some(WindowUpdate {
-            src_mac,
-            dst_mac,
-            src_ip,
-            dst_ip: flow.0,
-            src_port: flow.2,
-            dst_port: flow.1,
-            seq: s.fin_end.unwrap_or(s.next),
-            ack: s.rx_ack,
-            window: field,
-        })
+        let released = self.release(flow, s);
+        let update = match (s.hdr, s.edge_field()) {
+            (Some((src_mac, dst_mac, src_ip)), Some(field)) => Some(WindowUpdate {
+                src_mac,
+                dst_mac,
+                src_ip,
+                dst_ip: flow.0,
+                src_port: flow.2,
+                dst_port: flow.1,
+                seq: s.fin_end.unwrap_or(s.next),
+                ack: s.rx_ack,
+                window: field,
+            }),
+            _ => None,
+        };
+        if released {
+            self.grant(&mut entries);
+        }
+        update
     }
 
     /// Look at one frame we receive: an acknowledgement of a followed
@@ -1104,8 +1271,22 @@ impl SentTable {
             return;
         };
         let ack = tcp.ack_number().0 as u32;
+        let seq = tcp.seq_number().0 as u32;
+        let closed = s.rx_open == 0 && s.rx_edge.is_some() && s.peer_fin.is_none();
+        if closed && !(tcp.payload().is_empty() && seq == s.rx_ack) {
+            let n = &self.share.closed_segments;
+            n.set(n.get() + 1);
+        }
+        if tcp.payload().is_empty() && s.rx_open == 0 && (s.rx_ack.wrapping_sub(seq) as i32) > 0 {
+            // A zero-window probe as Linux sends it: no data, the
+            // sequence number one before what we acknowledged. Its peer
+            // has data for the closed window.
+            s.filled = true;
+        }
         if !tcp.payload().is_empty() {
             self.share.receiving(&mut s.rx_period);
+            self.share.unpark(s);
+            self.share.keep(s);
             s.touched = self.share.period.get();
             s.granted = None;
             let end = (tcp.seq_number().0 as u32).wrapping_add(tcp.payload().len() as u32);
@@ -1344,10 +1525,17 @@ impl<D> Port<D> {
             let Some(update) = self.sent.window_update(flow) else {
                 continue;
             };
-            let Some(tx) = self.transmit(now) else {
+            // Straight to the device: the table already holds what the
+            // update says, and the window it carries is not smoltcp's (as
+            // the table's record of smoltcp's own window, it would hide
+            // the room smoltcp has).
+            let Some(tx) = self.inner.transmit(now) else {
+                self.tx_refused = true;
                 self.sent.requeue(flow);
                 break;
             };
+            bump(&self.counters.tx_frames, 1);
+            bump(&self.counters.tx_bytes, update.len() as u64);
             phy::TxToken::consume(tx, update.len(), |buf| update.emit(buf, &caps));
             bump(&self.counters.window_updates, 1);
             sent = true;
@@ -1862,7 +2050,10 @@ mod tests {
     /// The window updates due, in order, as (port, seq, ack, window).
     fn updates(t: &SentTable) -> Vec<(u16, u32, u32, u16)> {
         let mut out = Vec::new();
-        while let Some(flow) = t.updates.borrow_mut().pop_front() {
+        loop {
+            let Some(flow) = t.updates.borrow_mut().pop_front() else {
+                break;
+            };
             if let Some(u) = t.window_update(flow) {
                 assert_eq!((u.src_ip, u.dst_ip, u.src_port), (US, PEER, 7174));
                 out.push((u.dst_port, u.seq, u.ack, u.window));
@@ -2004,6 +2195,10 @@ mod tests {
         assert_eq!(updates(&t), vec![(40002, 1300, 1, 250)]);
         assert_eq!(order(&t), vec![40003, 40000]);
         // 40001's peer fills its window: 40003 is next.
+        rx(
+            &t,
+            &seg_of(40001, false, false, 1, Some(1000), 100, &[1; 1000]),
+        );
         send(
             &t,
             &seg_of(40001, true, false, 1000, Some(1001), 15000, &[]),
@@ -2051,6 +2246,10 @@ mod tests {
         };
         assert_eq!(establish(&t, 40000), 2000);
         assert_eq!(establish(&t, 40001), 0);
+        rx(
+            &t,
+            &seg_of(40000, false, false, 1, Some(1000), 100, &[1; 2000]),
+        );
         assert_eq!(
             send(
                 &t,
@@ -2118,45 +2317,157 @@ mod tests {
         );
     }
 
-    /// A window whose peer sends nothing for `LEND_PERIODS` is lent to the
-    /// waiting connections (no longer counted), and counted again once
-    /// the connection advertises anew; a connection that receives keeps
-    /// its window.
+    /// A window whose peer sends nothing for `UNUSED_PERIODS` while
+    /// another connection waits is retracted: a window update closes it
+    /// (its right edge moves back to the acknowledgement), its credit goes
+    /// to the waiting connection, and it is counted again once the
+    /// connection advertises anew; a connection that receives keeps its
+    /// window.
     #[test]
-    fn an_unused_window_is_lent_to_waiting_connections() {
+    fn an_unused_window_is_retracted_for_waiting_connections() {
         let t = held_by_40000(2);
         let p = SHARE_PERIOD_MS;
-        let lend = LEND_PERIODS as i64;
-        // 40000's peer sends: it is not idle.
+        let unused = UNUSED_PERIODS as i64;
+        // 40000's peer sends: it is not idle. smoltcp acknowledges, the
+        // edge stays.
         t.tick(Instant::from_millis(p));
         rx(
             &t,
             &seg_of(40000, false, false, 1, Some(1000), 100, &[1; 10]),
         );
-        t.tick(Instant::from_millis(lend * p));
-        t.tick(Instant::from_millis(lend * p + p / 2));
-        assert_eq!(updates(&t), vec![]);
-        // A whole `LEND_PERIODS` without: its window is lent, 40001 gets
-        // of the pool what a peer that has not filled a window gets: a
-        // segment.
-        t.tick(Instant::from_millis((lend + 1) * p));
-        assert_eq!(updates(&t), vec![]);
-        t.tick(Instant::from_millis(2 * lend * p));
-        assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
-        assert_eq!(t.share.open.get(), 1000);
-        // 40000 advertises again: counted again (the edge stays).
         assert_eq!(
             send(&t, &seg_of(40000, true, false, 1000, Some(11), 60000, &[])),
             1990
         );
-        assert_eq!(t.share.open.get(), 2990);
+        t.tick(Instant::from_millis(unused * p));
+        t.tick(Instant::from_millis(unused * p + p / 2));
+        assert_eq!(updates(&t), vec![]);
+        // A whole `UNUSED_PERIODS` without: its window is retracted (a
+        // zero window at our last acknowledgement), 40001 gets of the
+        // pool what a peer that has not filled a window gets: a segment.
+        // 40000's peer sent lately (it may wait for a retransmission
+        // timeout): it waits for a segment too, and gets the other one.
+        t.tick(Instant::from_millis((unused + 1) * p));
+        assert_eq!(updates(&t), vec![]);
+        t.tick(Instant::from_millis(2 * unused * p));
+        assert_eq!(
+            updates(&t),
+            vec![
+                (40000, 1000, 11, 0),
+                (40001, 1000, 1, 1000),
+                (40000, 1000, 11, 1000)
+            ]
+        );
+        assert_eq!(t.share.open.get(), 2000);
+        assert_eq!(t.share.retracted.get(), 1);
         // 40001 goes: what is counted is 40000's.
         t.forget(flow(40001));
-        assert_eq!(t.share.open.get(), 1990);
+        assert_eq!(t.share.open.get(), 1000);
+        // Unused again while another waits: retracted, and its peer,
+        // quiet for two seconds and more, no longer waits for a segment;
+        // nor does 40002's, which never sent.
+        assert_eq!(establish(&t, 40002), 1000);
+        assert_eq!(establish(&t, 40003), 0);
+        t.tick(Instant::from_millis(3 * unused * p));
+        assert_eq!(
+            updates(&t),
+            vec![
+                (40000, 1000, 11, 0),
+                (40002, 1000, 1, 0),
+                (40003, 1000, 1, 1000)
+            ]
+        );
+        assert_eq!(t.share.waiting.get(), 0);
+    }
+
+    /// A window its peer leaves unused while no connection waits stays
+    /// held, parked: nothing is sent, nothing is due. The first
+    /// connection that then waits takes it back at once: the parked
+    /// window is retracted (oldest first), and its credit goes to the
+    /// waiting connection as the update that closes it leaves, not
+    /// before.
+    #[test]
+    fn a_parked_window_is_retracted_when_a_connection_waits() {
+        let t = SentTable {
+            share: WindowShare::new(2, 1000),
+            ..SentTable::default()
+        };
+        t.tick(Instant::from_millis(0));
+        assert_eq!(establish(&t, 40000), 2000);
+        let p = SHARE_PERIOD_MS;
+        t.tick(Instant::from_millis(UNUSED_PERIODS as i64 * p));
+        assert_eq!(updates(&t), vec![]);
+        assert_eq!((t.share.open.get(), t.due()), (2000, None));
+        assert_eq!(t.share.parked_count.get(), 1);
+        // 40001 comes: held out at first, it waits, and takes the parked
+        // credit: a segment (its peer has shown nothing more).
+        assert_eq!(establish(&t, 40001), 0);
+        assert_eq!(t.share.open.get(), 2000);
+        assert_eq!(
+            updates(&t),
+            vec![(40000, 1000, 1, 0), (40001, 1000, 1, 1000)]
+        );
+        assert_eq!((t.share.open.get(), t.share.waiting.get()), (1000, 0));
+        assert_eq!(t.share.parked_count.get(), 0);
+        // A parked window whose peer sends again is no longer parked: the
+        // next connection that waits finds nothing to take back.
+        t.tick(Instant::from_millis(2 * UNUSED_PERIODS as i64 * p));
+        assert_eq!(t.share.parked_count.get(), 1);
+        // (The tick also repeated 40001's unanswered update.)
+        assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
+        rx(
+            &t,
+            &seg_of(40001, false, false, 1, Some(1000), 100, &[1; 10]),
+        );
+        assert_eq!(t.share.parked_count.get(), 0);
+        assert_eq!(establish(&t, 40002), 1000);
+        assert_eq!(updates(&t), vec![]);
+        assert_eq!(establish(&t, 40003), 0);
+        assert_eq!(updates(&t), vec![]);
+        assert_eq!(t.share.waiting.get(), 1);
+    }
+
+    /// A connection waits for credit only when its peer has shown data
+    /// to send: a new one (at its first acknowledgement), or one whose
+    /// peer filled or probed its window or sent lately. One whose peer
+    /// only acknowledges what we send does not wait, or it would take a
+    /// segment of the pool at its turn and leave it unused. A probe as
+    /// Linux sends it (no data, the sequence number before our
+    /// acknowledgement) shows data.
+    #[test]
+    fn only_connections_whose_peers_have_data_wait() {
+        let t = held_by_40000(1);
+        assert_eq!(t.share.waiting.get(), 1);
+        let p = SHARE_PERIOD_MS;
+        t.tick(Instant::from_millis(UNUSED_PERIODS as i64 * p));
+        assert_eq!(
+            updates(&t),
+            vec![(40000, 1000, 1, 0), (40001, 1000, 1, 1000)]
+        );
+        // 40000 sends data of its own; its peer has sent nothing: its
+        // window stays closed and it does not wait.
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40000, true, false, 1000, Some(1), 60000, &[5; 100])
+            ),
+            0
+        );
+        assert_eq!(t.share.waiting.get(), 0);
+        // Its peer probes the closed window (a segment at a closed
+        // window); our acknowledgement of the probe puts it in the queue.
+        assert_eq!(t.share.closed_segments.get(), 0);
+        rx(&t, &seg_of(40000, false, false, 0, Some(1100), 100, &[]));
+        assert_eq!(t.share.closed_segments.get(), 1);
+        assert_eq!(
+            send(&t, &seg_of(40000, true, false, 1100, Some(1), 60000, &[])),
+            0
+        );
+        assert_eq!(t.share.waiting.get(), 1);
     }
 
     /// The steps the share takes with time alone say when they are due
-    /// ([`SentTable::due`]): the check of a held window for lending, each
+    /// ([`SentTable::due`]): the check of a held window for use, each
     /// repeat of an unanswered window update, and nothing once no window
     /// is held or unanswered.
     #[test]
@@ -2165,17 +2476,20 @@ mod tests {
         let p = SHARE_PERIOD_MS;
         let at = |periods: u64| Some(Instant::from_millis(periods as i64 * p));
         // 40000 holds the pool since period 0: it is looked at after
-        // LEND_PERIODS.
-        assert_eq!(t.due(), at(LEND_PERIODS));
+        // UNUSED_PERIODS.
+        assert_eq!(t.due(), at(UNUSED_PERIODS));
         // Not before: nothing happens at the period before.
-        t.tick(Instant::from_millis((LEND_PERIODS as i64 - 1) * p));
+        t.tick(Instant::from_millis((UNUSED_PERIODS as i64 - 1) * p));
         assert_eq!(updates(&t), vec![]);
-        assert_eq!(t.due(), at(LEND_PERIODS));
-        // Then it is lent and 40001 is granted a segment; the update's
-        // repeats come every REPEAT_PERIODS, MAX_REPEATS of them.
-        t.tick(Instant::from_millis(LEND_PERIODS as i64 * p));
-        assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
-        let mut cur = LEND_PERIODS;
+        assert_eq!(t.due(), at(UNUSED_PERIODS));
+        // Then it is retracted and 40001 is granted a segment; the
+        // update's repeats come every REPEAT_PERIODS, MAX_REPEATS of them.
+        t.tick(Instant::from_millis(UNUSED_PERIODS as i64 * p));
+        assert_eq!(
+            updates(&t),
+            vec![(40000, 1000, 1, 0), (40001, 1000, 1, 1000)]
+        );
+        let mut cur = UNUSED_PERIODS;
         for _ in 0..MAX_REPEATS {
             assert_eq!(t.due(), at(cur + REPEAT_PERIODS));
             cur += REPEAT_PERIODS;
@@ -2183,20 +2497,21 @@ mod tests {
             assert_eq!(updates(&t), vec![(40001, 1000, 1, 1000)]);
         }
         // The last repeat gives up at its turn; 40001's window is looked
-        // at LEND_PERIODS after its grant, and lent then (its peer sent
-        // nothing): nothing is held, nothing is due.
+        // at UNUSED_PERIODS after its grant, and parked then (its peer
+        // sent nothing, none waits): nothing is due.
         assert_eq!(t.due(), at(cur + REPEAT_PERIODS));
         cur += REPEAT_PERIODS;
         t.tick(Instant::from_millis(cur as i64 * p));
         assert_eq!(updates(&t), vec![]);
-        assert_eq!(t.due(), at(2 * LEND_PERIODS));
-        t.tick(Instant::from_millis(2 * LEND_PERIODS as i64 * p));
-        assert_eq!((t.share.open.get(), t.due()), (0, None));
+        assert_eq!(t.due(), at(2 * UNUSED_PERIODS));
+        t.tick(Instant::from_millis(2 * UNUSED_PERIODS as i64 * p));
+        assert_eq!((t.share.open.get(), t.due()), (1000, None));
+        assert_eq!(t.share.parked_count.get(), 1);
         // A step that came due while the table was not ticked is due at
         // once (the next period), not in the past.
         let t = held_by_40000(2);
-        t.share.period.set(5 * LEND_PERIODS);
-        assert_eq!(t.due(), at(5 * LEND_PERIODS + 1));
+        t.share.period.set(5 * UNUSED_PERIODS);
+        assert_eq!(t.due(), at(5 * UNUSED_PERIODS + 1));
     }
 
     /// A table of `frames` frames of 1000 bytes where 40000 holds the
@@ -2338,8 +2653,8 @@ mod tests {
     }
 
     /// A turn ends as a sample of what peers use: the whole turn when its
-    /// peer fills it, what the peer used when it is lent; a window that
-    /// was no turn is no sample.
+    /// peer fills it, what the peer used when it is left unused; a window
+    /// that was no turn is no sample.
     #[test]
     fn a_turn_counts_what_its_peer_used() {
         let t = two_turns_granted();
@@ -2366,17 +2681,17 @@ mod tests {
             3000
         );
         assert_eq!(t.share.demand.get(), Some(4000));
-        // Lent after LEND_PERIODS: it used one segment. 40000's window,
-        // lent then too, was no turn.
-        t.tick(Instant::from_millis(LEND_PERIODS as i64 * p));
+        // Retracted after UNUSED_PERIODS: it used one segment. 40000's
+        // window, retracted then too, was no turn.
+        t.tick(Instant::from_millis(UNUSED_PERIODS as i64 * p));
         assert_eq!(t.share.demand.get(), Some((7 * 4000 + 1000) / 8));
-        // 40003's peer probed: with the credit lent it gets a turn (four
-        // segments still: 3625 bytes rounded up), sends nothing into it,
-        // and its turn, lent in turn, is no sample.
+        // 40003's peer probed: with the credit retracted it gets a turn
+        // (four segments still: 3625 bytes rounded up), sends nothing into
+        // it, and its turn, retracted in turn, is no sample.
         let _ = updates(&t);
-        t.tick(Instant::from_millis((LEND_PERIODS as i64 + 1) * p));
+        t.tick(Instant::from_millis((UNUSED_PERIODS as i64 + 1) * p));
         assert!(t.get(flow(40003)).is_some_and(|s| s.turn.is_some()));
-        t.tick(Instant::from_millis((2 * LEND_PERIODS as i64 + 1) * p));
+        t.tick(Instant::from_millis((2 * UNUSED_PERIODS as i64 + 1) * p));
         assert!(t.get(flow(40003)).is_some_and(|s| s.turn.is_none()));
         assert_eq!(t.share.demand.get(), Some((7 * 4000 + 1000) / 8));
     }

@@ -186,9 +186,18 @@ pub struct Counters {
     pub turn_bytes: u64,
     /// Turns whose peer filled them (it had more to send).
     pub turns_filled: u64,
-    /// Turns lent with part of them unused (their peer sent something,
+    /// Turns left with part of them unused (their peer sent something,
     /// then nothing for a second).
-    pub turns_lent: u64,
+    pub turns_unfilled: u64,
+    /// Windows retracted: their peers left them unused for a second
+    /// while other connections waited for credit, and a window update
+    /// closed them ([`Config::window_frames`]).
+    pub windows_retracted: u64,
+    /// Segments that arrived at a closed window, each in a frame of its
+    /// own: zero-window probes (a byte past the window, or Linux's
+    /// segment one before our acknowledgement) and data sent before the
+    /// peer learnt that its window closed.
+    pub closed_window_segments: u64,
     /// Connection visits: a connection's egress and state, for frames,
     /// timers or calls that concerned it.
     pub conn_visits: u64,
@@ -1407,7 +1416,9 @@ impl<D: Device> Stack<D> {
             window_updates_repeated: self.port.sent.share.repeated.get(),
             turn_bytes: self.port.sent.share.turn_bytes(),
             turns_filled: self.port.sent.share.turns_filled.get(),
-            turns_lent: self.port.sent.share.turns_lent.get(),
+            turns_unfilled: self.port.sent.share.turns_unfilled.get(),
+            windows_retracted: self.port.sent.share.retracted.get(),
+            closed_window_segments: self.port.sent.share.closed_segments.get(),
             ..self.core.counters
         }
     }

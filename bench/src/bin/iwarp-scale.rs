@@ -47,8 +47,8 @@ struct Cli {
     #[arg(long, conflicts_with = "fit_window")]
     rx_budget: bool,
     /// Receive frames the receiver's windows share
-    /// (`iwarp_tcp::Config::window_frames`; default: three quarters of
-    /// its fill ring; 0: windows are not cut).
+    /// (`iwarp_tcp::Config::window_frames`; default: half its fill
+    /// ring; 0: windows are not cut).
     #[arg(long)]
     window_frames: Option<usize>,
 }

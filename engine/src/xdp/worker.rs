@@ -371,10 +371,13 @@ impl XdpIo {
             let fd = dev.frames.fd();
             let mut tcp = cfg.tcp;
             tcp.seed ^= seed ^ (index as u64).rotate_left(17);
-            // Half the frames stock the fill ring; the windows share three
-            // quarters of those, the rest is for acknowledgements.
+            // Half the frames stock the fill ring; the windows share half
+            // of those. The rest takes what arrives beyond the windows: the
+            // burst the engine holds until its next refill, the peers'
+            // acknowledgements and window updates, zero-window probes and
+            // retransmissions.
             if tcp.window_frames.is_none() {
-                tcp.window_frames = Some(cfg.frames as usize / 2 * 3 / 4);
+                tcp.window_frames = Some(cfg.frames as usize / 4);
             }
             let stack = Stack::new(
                 dev,
