@@ -221,6 +221,12 @@ impl Sent {
         self.reno.map(|r| r.window())
     }
 
+    /// The peer sent data in period `cur` or the `periods` before it
+    /// ([`WindowShare`]'s periods).
+    fn received_within(&self, periods: u64, cur: u64) -> bool {
+        self.rx_period != u64::MAX && self.rx_period.saturating_add(periods) >= cur
+    }
+
     /// Data arrived beyond our last acknowledgement: bytes smoltcp may
     /// hold out of order in its receive buffer, or has yet to
     /// acknowledge.
@@ -854,8 +860,7 @@ impl SentTable {
         s.rx_open = 0;
         s.rx_edge = Some(s.rx_ack);
         share.retracted.set(share.retracted.get() + 1);
-        let cur = share.period.get();
-        if s.rx_period != u64::MAX && s.rx_period.saturating_add(2 * UNUSED_PERIODS) >= cur {
+        if s.received_within(2 * UNUSED_PERIODS, share.period.get()) {
             share.enqueue(flow, s);
         }
         true
@@ -1128,8 +1133,7 @@ impl SentTable {
         // every connection that only sends would take a segment of the
         // pool at its turn, hold it unused for a second and have it
         // retracted, over and over.
-        let cur = self.share.period.get();
-        let lately = s.rx_period != u64::MAX && s.rx_period.saturating_add(1) >= cur;
+        let lately = s.received_within(1, self.share.period.get());
         if finished {
             self.share.leave(s);
         } else if self.share.cuts()
@@ -1289,7 +1293,7 @@ impl SentTable {
             self.share.keep(s);
             s.touched = self.share.period.get();
             s.granted = None;
-            let end = (tcp.seq_number().0 as u32).wrapping_add(tcp.payload().len() as u32);
+            let end = seq.wrapping_add(tcp.payload().len() as u32);
             if s.rx_edge
                 .is_some_and(|edge| end.wrapping_sub(edge) as i32 >= 0)
             {
