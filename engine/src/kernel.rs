@@ -30,7 +30,6 @@ use iwarp::verbs::Context;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Registry, Token};
 
-use crate::log::conn_event;
 use crate::post::Posted;
 use crate::runtime::established::Driven;
 use crate::runtime::lifecycle::{self, Accepting, Fed};
@@ -626,23 +625,16 @@ impl KernelIo {
         let mut closed = None;
         if broken.is_some() || c.core.closes(ctx, flushed) {
             if let Some(mut s) = c.sock.take() {
-                conn_event!(
-                    ctx,
-                    qp,
-                    DEBUG,
-                    reset = broken.is_some(),
-                    "TCP connection closed"
-                );
                 let _ = self.registry.deregister(&mut s);
                 if broken.is_some() {
                     let _ = s.shutdown(Shutdown::Both);
                 } else {
                     closed = Some(s);
                 }
+                work += c.core.closed(ctx, broken.is_some());
             }
             c.out = Vec::new();
             c.input = Vec::new();
-            work += 1;
         }
         let backlog = c.out_pos < c.out.len();
         if backlog != c.backlogged {

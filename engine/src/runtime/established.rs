@@ -104,8 +104,7 @@ impl Driven {
     /// The device is going away: the stream ends for the core and the
     /// QP's events go to the connection manager.
     pub(crate) fn shut(&mut self, ctx: &mut Context) {
-        ctx.handle_eof(self.qp);
-        self.ended = true;
+        self.end(ctx);
         self.events(ctx);
     }
 }
