@@ -45,6 +45,14 @@ pub(crate) struct PortCounters {
     pub window_updates: Cell<u64>,
 }
 
+impl PortCounters {
+    /// A frame of `len` bytes went to the device.
+    fn transmitted(&self, len: usize) {
+        bump(&self.tx_frames, 1);
+        bump(&self.tx_bytes, len as u64);
+    }
+}
+
 fn bump(c: &Cell<u64>, n: u64) {
     c.set(c.get().wrapping_add(n));
 }
@@ -633,6 +641,16 @@ impl WindowShare {
         }
     }
 
+    /// The connection `s` left the table (it is gone, or its SYN was sent
+    /// again): its window is no longer counted, and it leaves the wait
+    /// and parked queues and any retraction under way.
+    fn remove(&self, s: &mut Sent) {
+        self.reopen(s.counted(), 0);
+        self.leave(s);
+        self.unpark(s);
+        self.keep(s);
+    }
+
     /// The retraction of `s`'s window, if one is under way, is called
     /// off (its peer sends again, or the connection is gone): its window
     /// update, if still queued, carries the window as it stands.
@@ -747,10 +765,7 @@ impl SentTable {
     fn forget(&self, flow: Flow) {
         let mut entries = self.entries.borrow_mut();
         if let Some(mut s) = entries.remove(&flow) {
-            self.share.reopen(s.counted(), 0);
-            self.share.leave(&mut s);
-            self.share.unpark(&mut s);
-            self.share.keep(&mut s);
+            self.share.remove(&mut s);
             self.grant(&mut entries);
         }
     }
@@ -1011,10 +1026,7 @@ impl SentTable {
             // A SYN sent again restarts the entry: what the old one held
             // open is no longer counted, its place in the queue is lost.
             if let Some(mut old) = entries.remove(&key) {
-                self.share.reopen(old.counted(), 0);
-                self.share.leave(&mut old);
-                self.share.unpark(&mut old);
-                self.share.keep(&mut old);
+                self.share.remove(&mut old);
             }
             // A SYN's window (never scaled) is left alone: the connection
             // takes its share from its first acknowledgement on. Cut to
@@ -1538,8 +1550,7 @@ impl<D> Port<D> {
                 self.sent.requeue(flow);
                 break;
             };
-            bump(&self.counters.tx_frames, 1);
-            bump(&self.counters.tx_bytes, update.len() as u64);
+            self.counters.transmitted(update.len());
             phy::TxToken::consume(tx, update.len(), |buf| update.emit(buf, &caps));
             bump(&self.counters.window_updates, 1);
             sent = true;
@@ -1647,8 +1658,7 @@ impl<T: phy::TxToken> phy::TxToken for PortTx<'_, T> {
                 sent,
                 tcp_checksum,
             } => {
-                bump(&counters.tx_frames, 1);
-                bump(&counters.tx_bytes, len as u64);
+                counters.transmitted(len);
                 token.consume(len, |buf| {
                     let r = f(buf);
                     let how = Segment::parse(buf, true)
