@@ -69,10 +69,12 @@ mod flow;
 mod hash;
 mod pages;
 mod port;
+mod probe;
 pub mod sim;
 mod stack;
 
 pub use config::{Config, MAX_BUFFER, MIN_BUFFER, SHARED_BUFFER_MIN};
+pub use probe::{PROBE_ANSWER_WAIT, PROBE_LIMIT};
 pub use smoltcp;
 pub use smoltcp::socket::tcp::{CongestionControl, State};
 pub use stack::{ConnId, Counters, Error, Stack};

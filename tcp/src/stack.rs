@@ -53,6 +53,7 @@ use crate::config::{Config, SHARED_BUFFER_MIN};
 use crate::flow::FlowTable;
 use crate::pages::Buffers;
 use crate::port::{tcp_mss, Flow, Port, WindowShare};
+use crate::probe::{Probe, ProbeGate};
 
 /// How long a static neighbour entry lives in the control interface's
 /// cache before it is refreshed (smoltcp's entries expire after 60 s).
@@ -198,6 +199,11 @@ pub struct Counters {
     /// segment one before our acknowledgement) and data sent before the
     /// peer learnt that its window closed.
     pub closed_window_segments: u64,
+    /// Zero-window probes that waited for a turn ([`PROBE_LIMIT`](crate::PROBE_LIMIT)).
+    pub probes_delayed: u64,
+    /// Turns of zero-window probes that came back unanswered
+    /// ([`PROBE_ANSWER_WAIT`](crate::PROBE_ANSWER_WAIT)).
+    pub probes_unanswered: u64,
     /// Connection visits: a connection's egress and state, for frames,
     /// timers or calls that concerned it.
     pub conn_visits: u64,
@@ -251,6 +257,8 @@ struct Conn {
     visited: Instant,
     /// In the queue of connections [`Core::release_idle`] looks at.
     idle_queued: bool,
+    /// Its zero-window probe's turn ([`crate::probe`]).
+    probe: Probe,
     /// The memory of the socket's receive and transmit buffers. Declared
     /// after `sockets`, so dropped after the socket that uses it.
     buffers: Buffers,
@@ -352,6 +360,8 @@ struct Core {
     /// Connections visited since their buffers were last given back, by
     /// the time they were queued ([`Config::idle_release`]).
     idle: VecDeque<(Instant, ConnId)>,
+    /// The turns of zero-window probes.
+    probes: ProbeGate<ConnId>,
 }
 
 /// A user-space TCP/IPv4 stack over one Ethernet device. See the module
@@ -394,6 +404,23 @@ struct SegmentRoom {
 }
 
 impl SegmentRoom {
+    /// The peer's window is closed and nothing is in flight: whatever
+    /// smoltcp sends next is a zero-window probe.
+    fn window_closed(&self) -> bool {
+        self.room == Some(0) && self.in_flight == 0
+    }
+
+    /// Bytes written now make smoltcp probe at once: nothing was queued
+    /// (its probe timer starts from its clock's zero).
+    fn probes_on_write(&self) -> bool {
+        self.window_closed() && self.unsent == 0
+    }
+
+    /// The connection's timer is a zero-window probe: bytes wait.
+    fn probes_on_timer(&self) -> bool {
+        self.window_closed() && self.unsent > 0
+    }
+
     /// Whether Nagle's rule should hold the queue (see
     /// [`hold_full`]): a full segment waits at its head and at
     /// least two are in flight.
@@ -895,6 +922,7 @@ impl Core {
             queued: false,
             active: false,
             deadline: None,
+            probe: Probe::None,
             rx_capacity,
             visited: self.now,
             idle_queued: false,
@@ -932,6 +960,7 @@ impl Core {
             l.half_open_count = l.half_open_count.saturating_sub(1);
         }
         self.rx_held = self.rx_held.saturating_sub(c.rx_capacity);
+        self.probes.end(c.probe);
         self.live -= 1;
         if c.next_hop_mac.is_none() {
             self.arp_wait.retain(|w| *w != id);
@@ -1016,6 +1045,8 @@ impl Core {
             let slot = self.slots.get_mut(id.index as usize);
             if let Some(c) = slot.and_then(|s| s.conn.as_deref_mut()) {
                 let hop = *c.next_hop_mac.get_or_insert(src_mac);
+                // The peer answered: any probe's turn returns.
+                self.probes.end(std::mem::take(&mut c.probe));
                 let mut dev = Ingress {
                     frame: frame.get(ETH_HEADER..),
                     tx: Some(EthTx {
@@ -1264,19 +1295,54 @@ impl Core {
         true
     }
 
+    /// Turns of zero-window probes: those unanswered past their
+    /// time come back, and the probes that waited take the free ones (their
+    /// connections are visited).
+    fn admit_probes(&mut self, now: Instant) {
+        while let Some((until, id)) = self.probes.expired(now) {
+            if let Some(c) = slot_conn_mut(&mut self.slots, id) {
+                if c.probe == Probe::Out(until) {
+                    self.probes.end(std::mem::take(&mut c.probe));
+                    self.counters.probes_unanswered += 1;
+                }
+            }
+        }
+        while let Some(id) = self.probes.next_waiting() {
+            if let Some(c) = slot_conn_mut(&mut self.slots, id) {
+                if c.probe == Probe::Waiting {
+                    c.probe = self.probes.take(id, now);
+                    self.touch(id);
+                }
+            }
+        }
+    }
+
     /// Move connections whose deadline has come to the work list.
-    fn fire_timers(&mut self, now: Instant) {
+    fn fire_timers<D>(&mut self, port: &Port<D>, now: Instant) {
         while let Some(&Reverse((t, index, generation))) = self.timers.peek() {
             if t > now {
                 break;
             }
             self.timers.pop();
             let id = ConnId { index, generation };
-            if let Some(c) = self.conn_mut(id) {
-                if c.deadline == Some(t) {
-                    c.deadline = None;
-                    self.touch(id);
-                }
+            let Some(c) = slot_conn_mut(&mut self.slots, id) else {
+                continue;
+            };
+            if c.deadline != Some(t) {
+                continue;
+            }
+            c.deadline = None;
+            // A visit now would probe the peer's closed window: the probe
+            // takes a turn first (`crate::probe`).
+            if c.probe == Probe::None
+                && segment_room(port, &self.config, c).is_some_and(|r| r.probes_on_timer())
+            {
+                c.probe = self.probes.ask(id, now);
+            }
+            if c.probe == Probe::Waiting {
+                self.counters.probes_delayed += 1;
+            } else {
+                self.touch(id);
             }
         }
         // Entries of moved deadlines and of released connections: rebuild
@@ -1373,6 +1439,7 @@ impl<D: Device> Stack<D> {
             egress_due: false,
             forgotten: Vec::new(),
             idle: VecDeque::new(),
+            probes: ProbeGate::default(),
         };
         Self { port, core }
     }
@@ -1752,7 +1819,11 @@ impl<D: Device> Stack<D> {
         limit: usize,
         mut f: F,
     ) -> Result<(usize, bool), Error> {
-        let c = self.conn_mut(conn)?;
+        let probe = self.window_closed(conn);
+        let Core {
+            slots, probes, now, ..
+        } = &mut self.core;
+        let c = slot_conn_mut(slots, conn).ok_or(Error::UnknownConnection)?;
         let s = c.socket_mut();
         if matches!(s.state(), State::SynSent | State::SynReceived) {
             return Ok((0, false));
@@ -1785,10 +1856,31 @@ impl<D: Device> Stack<D> {
         }
         c.written = c.written.wrapping_add(total as u32);
         if total > 0 {
-            self.core.egress_due = true;
-            self.core.touch(conn);
+            // A probe leaves when it has a turn: the connection is
+            // visited then (see `crate::probe`).
+            let waits = match c.probe {
+                Probe::Waiting => true,
+                Probe::Out(_) => false,
+                Probe::None if probe => {
+                    c.probe = probes.ask(conn, *now);
+                    c.probe == Probe::Waiting
+                }
+                Probe::None => false,
+            };
+            if waits {
+                self.core.counters.probes_delayed += 1;
+            } else {
+                self.core.egress_due = true;
+                self.core.touch(conn);
+            }
         }
         Ok((total, wrapped))
+    }
+
+    /// Whether bytes written into `conn` now make smoltcp probe the
+    /// peer's window at once (see [`SegmentRoom::probes_on_write`]).
+    fn window_closed(&self, conn: ConnId) -> bool {
+        self.segment_room(conn).is_some_and(|r| r.probes_on_write())
     }
 
     /// Bytes queued into the connection that smoltcp has not sent even
@@ -1953,7 +2045,8 @@ impl<D: Device> Stack<D> {
         if budget_hit {
             self.core.counters.ingress_budget_hits += 1;
         }
-        self.core.fire_timers(now);
+        self.core.fire_timers(&self.port, now);
+        self.core.admit_probes(now);
         if matches!(
             self.core
                 .control
@@ -2038,6 +2131,7 @@ impl<D: Device> Stack<D> {
             || (!c.neighbors.is_empty() && now >= c.neighbor_refresh_at)
             || c.idle_due().is_some_and(|t| t <= now)
             || self.port.sent.due().is_some_and(|t| t <= now)
+            || c.probes.due().is_some_and(|t| t <= now)
     }
 
     /// Whether data, a FIN, a reset or a SYN was queued since the last
@@ -2058,10 +2152,19 @@ impl<D: Device> Stack<D> {
         let refresh = (!c.neighbors.is_empty()).then_some(c.neighbor_refresh_at);
         let arp = (!c.arp_wait.is_empty()).then_some(c.arp_retry_at);
         let share = self.port.sent.due();
-        [c.next_timer(), control, refresh, arp, c.idle_due(), share]
-            .into_iter()
-            .flatten()
-            .min()
+        let probes = c.probes.due();
+        [
+            c.next_timer(),
+            control,
+            refresh,
+            arp,
+            c.idle_due(),
+            share,
+            probes,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Connections that had something happen since the last call (frames,

@@ -6,7 +6,7 @@ mod common;
 
 use common::{connect, data, idle_for, sharing_frames, PORT};
 use iwarp_tcp::sim::{LinkConfig, Sim, Step};
-use iwarp_tcp::{Config, ConnId, Error};
+use iwarp_tcp::{Config, ConnId, Error, MIN_BUFFER, PROBE_LIMIT};
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::time::Duration;
 use smoltcp::wire::{
@@ -378,11 +378,19 @@ impl std::io::Write for Shared {
 
 /// The frames of a classic pcap file.
 fn pcap_frames(pcap: &[u8]) -> Vec<&[u8]> {
+    pcap_records(pcap).into_iter().map(|(_, f)| f).collect()
+}
+
+/// The frames of a classic pcap file with their times.
+fn pcap_records(pcap: &[u8]) -> Vec<(Duration, &[u8])> {
+    let word = |at: usize| u32::from_le_bytes(pcap[at..at + 4].try_into().unwrap());
     let mut out = Vec::new();
     let mut at = 24;
     while at + 16 <= pcap.len() {
-        let len = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().unwrap()) as usize;
-        out.push(&pcap[at + 16..at + 16 + len]);
+        let time =
+            Duration::from_secs(word(at).into()) + Duration::from_micros(word(at + 4).into());
+        let len = word(at + 8) as usize;
+        out.push((time, &pcap[at + 16..at + 16 + len]));
         at += 16 + len;
     }
     out
@@ -688,6 +696,133 @@ fn peers_quiet_after_a_loss_get_their_window_back() {
     stream_each(&mut sim, &pairs, 40 * mss, true);
     let counters = sim.b.counters();
     assert!(counters.windows_retracted > 0, "{counters:?}");
+}
+
+/// Bytes written into a connection whose peer's window is closed, with
+/// nothing else queued or in flight, leave as a zero-window probe at once.
+/// When many connections write at one instant, at most `PROBE_LIMIT` of
+/// their probes are unanswered at any time, not all of them together;
+/// each connection probes, and once B reads, every byte arrives.
+#[test]
+fn zero_window_probes_of_many_writes_wait_for_answers() {
+    probes_wait_for_answers(false);
+}
+
+/// Connections whose windows closed at one instant with bytes waiting
+/// probe on smoltcp's timers, set at that instant: at most `PROBE_LIMIT`
+/// of their probes are unanswered at any time too.
+#[test]
+fn zero_window_probes_of_many_timers_wait_for_answers() {
+    probes_wait_for_answers(true);
+}
+
+/// `3 * PROBE_LIMIT` connections fill B's windows (B reads nothing), with
+/// one byte more than the windows (`queued`: the probes are on smoltcp's
+/// timers) or with that byte written once the windows closed (a write
+/// into each closed window, all at one instant). Walks the frames in the
+/// order they were sent: a probe is A's segment with payload, answered by
+/// B's next segment on its connection (sent before A hears it, so the
+/// count is at most what A had unanswered).
+fn probes_wait_for_answers(queued: bool) {
+    const N: u16 = 3 * PROBE_LIMIT as u16;
+    let b_cfg = Config {
+        rx_buffer: MIN_BUFFER,
+        ..small()
+    };
+    // No serialisation delay: the windows close at about one instant.
+    let link = LinkConfig {
+        latency: Duration::from_millis(2),
+        rate_bps: 0,
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(small(), b_cfg, link);
+    let pairs = open_many(&mut sim, N);
+    // smoltcp's first probe on a write is due a retransmission timeout
+    // after its clock's zero: at once only past that.
+    idle_for(&mut sim, Duration::from_secs(1));
+    let capture = Shared::default();
+    sim.capture(Box::new(capture.clone()), iwarp_tcp::sim::Capture::Sent);
+    let fill = data(MIN_BUFFER + 1, 1);
+    let before = fill.len() - usize::from(!queued);
+    let mut sent = vec![0; pairs.len()];
+    let limit = sim.now + Duration::from_secs(10);
+    sim.run(limit, |s| {
+        for (i, &(a, _)) in pairs.iter().enumerate() {
+            sent[i] += s.a.send_slice(a, &fill[sent[i]..before]).unwrap();
+        }
+        let waiting = pairs
+            .iter()
+            .all(|&(a, _)| s.a.send_queue(a) == usize::from(queued));
+        if waiting && sent.iter().all(|&n| n == before) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    if queued {
+        idle_for(&mut sim, Duration::from_secs(3));
+    } else {
+        let mut more = vec![false; pairs.len()];
+        let limit = sim.now + Duration::from_secs(2);
+        sim.run(limit, |s| {
+            for (i, &(a, _)) in pairs.iter().enumerate() {
+                if !more[i] {
+                    more[i] = s.a.send_slice(a, &fill[before..]).unwrap() == 1;
+                }
+            }
+            if more.iter().all(|&m| m) && pairs.iter().all(|&(a, _)| s.a.send_queue(a) == 1) {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+        idle_for(&mut sim, Duration::from_millis(50));
+    }
+    sim.finish_capture();
+    let pcap = capture.0.borrow();
+    let mut records = pcap_records(&pcap);
+    records.sort_by_key(|&(time, _)| time);
+    let mut out = std::collections::HashSet::new();
+    let mut probed = std::collections::HashSet::new();
+    let mut most = 0;
+    for (_, frame) in records {
+        let eth = EthernetFrame::new_checked(frame).unwrap();
+        let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+        let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+        if ip.src_addr() == Sim::IP_A && tcp.payload().len() == 1 {
+            out.insert(tcp.src_port());
+            probed.insert(tcp.src_port());
+            most = most.max(out.len());
+        } else if ip.src_addr() == Sim::IP_B {
+            out.remove(&tcp.dst_port());
+        }
+    }
+    assert_eq!(probed.len(), usize::from(N), "connections that probed");
+    assert!(
+        most > PROBE_LIMIT / 2 && most <= PROBE_LIMIT,
+        "{most} probes unanswered at once"
+    );
+    let delayed = sim.a.counters().probes_delayed;
+    assert!(delayed >= u64::from(N) - PROBE_LIMIT as u64, "{delayed}");
+    // B reads: every byte arrives.
+    let mut got = vec![0; pairs.len()];
+    let limit = sim.now + Duration::from_secs(30);
+    sim.run(limit, |s| {
+        for (i, &(_, b)) in pairs.iter().enumerate() {
+            let _ = s.b.recv(b, |buf| {
+                got[i] += buf.len();
+                buf.len()
+            });
+        }
+        if got.iter().all(|&n| n == fill.len()) {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
 }
 
 /// More connections than the frames have turns for stream into one stack
