@@ -1709,7 +1709,8 @@ impl<D: Device> Stack<D> {
         conn: ConnId,
         mut f: F,
     ) -> Result<usize, Error> {
-        self.send_limited(conn, usize::MAX, |buf, _| f(buf))
+        let probe = self.segment_room(conn).is_some_and(|r| r.probes_on_write());
+        self.send_limited(conn, usize::MAX, probe, |buf, _| f(buf))
             .map(|(n, _)| n)
     }
     /// Queue segments for a writer whose records (FPDUs) must not
@@ -1774,7 +1775,9 @@ impl<D: Device> Stack<D> {
             if limit == 0 {
                 break;
             }
-            let (n, wrapped) = self.send_limited(conn, limit, &mut f)?;
+            // Only the first write can meet an empty buffer.
+            let probe = total == 0 && r.probes_on_write();
+            let (n, wrapped) = self.send_limited(conn, limit, probe, &mut f)?;
             total += n;
             if n == 0 {
                 break;
@@ -1811,15 +1814,17 @@ impl<D: Device> Stack<D> {
     }
 
     /// [`Stack::send`] with at most `limit` bytes, passing the writer how
-    /// many of them are left. Returns the bytes written and whether they
-    /// wrapped round the end of the ring.
+    /// many of them are left; `probe`: bytes written make smoltcp probe at
+    /// once ([`SegmentRoom::probes_on_write`], from the caller's room).
+    /// Returns the bytes written and whether they wrapped round the end of
+    /// the ring.
     fn send_limited<F: FnMut(&mut [u8], usize) -> usize>(
         &mut self,
         conn: ConnId,
         limit: usize,
+        probe: bool,
         mut f: F,
     ) -> Result<(usize, bool), Error> {
-        let probe = self.window_closed(conn);
         let Core {
             slots, probes, now, ..
         } = &mut self.core;
@@ -1875,12 +1880,6 @@ impl<D: Device> Stack<D> {
             }
         }
         Ok((total, wrapped))
-    }
-
-    /// Whether bytes written into `conn` now make smoltcp probe the
-    /// peer's window at once (see [`SegmentRoom::probes_on_write`]).
-    fn window_closed(&self, conn: ConnId) -> bool {
-        self.segment_room(conn).is_some_and(|r| r.probes_on_write())
     }
 
     /// Bytes queued into the connection that smoltcp has not sent even
