@@ -76,6 +76,8 @@ fail() {
     local name="$1"
     shift
     echo "FAIL $name: $* (host rc=$(rc_of host), vm rc=$(rc_of vm); $(grep -m1 -E '^iwarp-cm: (connect|accept|reject|waiting|[0-9]+ bytes|[0-9.]+:)' "$HOSTLOG" || true))"
+    # Both sides' last words, for a failure that does not come back.
+    tail -n 70 "$LOG" | sed 's/^/    | /'
 }
 # same WHAT GOT WANT: compare, with a short diagnosis.
 same() {

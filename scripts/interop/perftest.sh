@@ -74,7 +74,7 @@ run() {
     else
         echo "FAIL $name: $why"
         # Both sides' last words, for a failure that does not come back.
-        tail -n 40 "$out" | sed 's/^/    | /'
+        tail -n 70 "$out" | sed 's/^/    | /'
     fi
 }
 
@@ -116,7 +116,7 @@ persistent() {
         echo "PASS $name ($((SECONDS - start)) s)"
     else
         echo "FAIL $name: $why"
-        tail -n 40 "$out" | sed 's/^/    | /'
+        tail -n 70 "$out" | sed 's/^/    | /'
     fi
 }
 persistent

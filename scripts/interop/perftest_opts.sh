@@ -86,7 +86,7 @@ run() {
         echo "PASS $name ($((SECONDS - start)) s)"
     else
         echo "FAIL $name: $why"
-        tail -n 40 "$out" | sed 's/^/    | /'
+        tail -n 70 "$out" | sed 's/^/    | /'
     fi
 }
 

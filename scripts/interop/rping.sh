@@ -49,6 +49,8 @@ fail() {
     local name="$1"
     shift
     echo "FAIL $name: $* (host rc=$(rc_of host), vm rc=$(rc_of vm); last host error: $(grep -m1 '^rping: ' "$LOG" | grep -v 'listening\|connect\|completion\|cm event' || true))"
+    # Both sides' last words, for a failure that does not come back.
+    tail -n 70 "$LOG" | sed 's/^/    | /'
 }
 
 # --- our client <-> VM rping server --------------------------------------

@@ -59,7 +59,7 @@ run() {
     else
         echo "FAIL $name: $why"
         # Both sides' last words, for a failure that does not come back.
-        tail -n 40 "$out" | sed 's/^/    | /'
+        tail -n 70 "$out" | sed 's/^/    | /'
     fi
 }
 

@@ -35,6 +35,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
+use iwarp_apps::{errln, outln};
 use iwarp_engine::xdp::AttachMode;
 use iwarp_engine::{
     Access, Backend, ConnParams, Cq, Device, DeviceConfig, Mr, Progress, Qp, QpInit, QpState,
@@ -155,7 +156,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("iwarp-soak: {e}");
+            errln!("iwarp-soak: {e}");
             ExitCode::from(2)
         }
     }
@@ -451,7 +452,7 @@ impl Client<'_> {
                 });
                 if let Err(e) = r {
                     if !s.dead {
-                        eprintln!("soak-client: QP {i}: post_recv: {e:?}");
+                        errln!("soak-client: QP {i}: post_recv: {e:?}");
                         self.st.errors += 1;
                         s.dead = true;
                     }
@@ -470,7 +471,7 @@ impl Client<'_> {
         };
         if let Err(e) = r {
             if !s.dead {
-                eprintln!("soak-client: QP {i}: post {:?}: {e:?}", s.step);
+                errln!("soak-client: QP {i}: post {:?}: {e:?}", s.step);
                 self.st.errors += 1;
                 s.dead = true;
             }
@@ -491,7 +492,7 @@ impl Client<'_> {
         s.last = now;
         if wc.status != WcStatus::Success {
             if !s.dead {
-                eprintln!("soak-client: QP {i}: {:?}", wc);
+                errln!("soak-client: QP {i}: {:?}", wc);
                 self.st.errors += 1;
                 s.dead = true;
             }
@@ -512,7 +513,7 @@ impl Client<'_> {
                 let mut got = vec![0; s.len];
                 self.dst.read(i * SLOT, &mut got);
                 if got.iter().enumerate().any(|(j, &b)| b != pat(j, s.seed)) {
-                    eprintln!("soak-client: QP {i}: Read of {} B differs", s.len);
+                    errln!("soak-client: QP {i}: Read of {} B differs", s.len);
                     self.st.verify_fail += 1;
                 }
                 Step::Send
@@ -528,7 +529,7 @@ impl Client<'_> {
                     let mut got = vec![0; len];
                     self.rbuf.read(i * REPLY_MAX, &mut got);
                     if !reply_ok(&got, s.seq) {
-                        eprintln!("soak-client: QP {i}: reply of {len} B differs");
+                        errln!("soak-client: QP {i}: reply of {len} B differs");
                         self.st.verify_fail += 1;
                     }
                 }
@@ -538,7 +539,7 @@ impl Client<'_> {
                 Step::Write
             }
             (step, op) => {
-                eprintln!("soak-client: QP {i}: {op:?} completion in step {step:?}");
+                errln!("soak-client: QP {i}: {op:?} completion in step {step:?}");
                 self.st.errors += 1;
                 s.dead = true;
                 return;
@@ -625,7 +626,7 @@ fn dev_counters(dev: &Device) -> String {
 fn client(a: &ClientArgs) -> Res<bool> {
     let dev = open("xa", IP_A, a.qps, a.cpu)?;
     let prog = xdp_prog_id(None, "xa");
-    println!("xdp prog_id={}", prog.map_or(-1, |p| p as i64));
+    outln!("xdp prog_id={}", prog.map_or(-1, |p| p as i64));
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(a.qps * 8 + 64);
     let len = a.qps * SLOT;
@@ -658,7 +659,7 @@ fn client(a: &ClientArgs) -> Res<bool> {
             replied: false,
         });
     }
-    println!(
+    outln!(
         "connected qps={} secs={:.2}",
         a.qps,
         t0.elapsed().as_secs_f64()
@@ -704,14 +705,14 @@ fn client(a: &ClientArgs) -> Res<bool> {
             rss.samples.push(rss_kib());
             let stalled = c.scan_stalls(now);
             let t = now.duration_since(start).as_secs_f64();
-            println!("{}", c.line("stat", t, &rss, stalled, &dev));
+            outln!("{}", c.line("stat", t, &rss, stalled, &dev));
         }
         while let Ok(cmd) = cmd_rx.try_recv() {
             if cmd.trim() == "report" {
                 let stalled = c.scan_stalls(now);
                 rss.samples.push(rss_kib());
                 let t = now.duration_since(start).as_secs_f64();
-                println!("{}", c.line("report", t, &rss, stalled, &dev));
+                outln!("{}", c.line("report", t, &rss, stalled, &dev));
             }
         }
         if end.is_some_and(|e| now >= e) {
@@ -722,7 +723,7 @@ fn client(a: &ClientArgs) -> Res<bool> {
     let stalled = c.scan_stalls(now);
     rss.samples.push(rss_kib());
     let t = now.duration_since(start).as_secs_f64();
-    println!("{}", c.line("report", t, &rss, stalled, &dev));
+    outln!("{}", c.line("report", t, &rss, stalled, &dev));
     let ok = c.st.errors == 0 && c.st.verify_fail == 0 && c.st.stalled_qps == 0;
     for s in &c.slots {
         s.qp.disconnect();
@@ -823,7 +824,7 @@ impl Server {
             if wc.status == WcStatus::Success && wc.opcode == WcOpcode::Send {
                 self.replies_ok += 1;
             } else if self.dead_gens & (1 << gen) == 0 {
-                eprintln!("soak-server: QP {q}: {wc:?}");
+                errln!("soak-server: QP {q}: {wc:?}");
                 self.errors += 1;
             }
             return;
@@ -840,7 +841,7 @@ impl Server {
                 self.flushed += 1;
             }
             if self.dead_gens & (1 << sq.gen) == 0 {
-                eprintln!("soak-server: QP {q}: {wc:?}");
+                errln!("soak-server: QP {q}: {wc:?}");
                 self.errors += 1;
             }
             return;
@@ -866,7 +867,7 @@ impl Server {
         if ok {
             self.recvs_ok += 1;
         } else {
-            eprintln!("soak-server: QP {q}: Send of {len} B differs");
+            errln!("soak-server: QP {q}: Send of {len} B differs");
             self.verify_fail += 1;
         }
         let dead = self.dead_gens & (1 << self.qps[q].gen) != 0;
@@ -976,7 +977,7 @@ struct Summary {
 
 impl Summary {
     fn check(&mut self, name: &str, ok: bool, detail: String) {
-        println!(
+        outln!(
             "soak: {} {name}: {detail}",
             if ok { "PASS" } else { "FAIL" }
         );
@@ -1023,7 +1024,7 @@ fn run(a: &RunArgs) -> Res<bool> {
         dead_gens: 0,
         cap,
     };
-    println!(
+    outln!(
         "soak: server on xb ({IP_B}:{PORT}, progress on core {}), {qps} QPs, {} min, stall bound {} s, TCP keep-alive {:?} / timeout {:?}",
         a.cpu, a.minutes, a.stall_secs, KEEP_ALIVE, TCP_TIMEOUT
     );
@@ -1079,7 +1080,7 @@ fn run(a: &RunArgs) -> Res<bool> {
         while let Ok(line) = cl.lines.try_recv() {
             if line.starts_with("stat") && now >= next_print {
                 next_print += PRINT;
-                println!(
+                outln!(
                     "soak: {:.0} s: server rss {} recvs {}; client {line}",
                     start.elapsed().as_secs_f64(),
                     mib(rss_kib()),
@@ -1106,7 +1107,7 @@ fn run(a: &RunArgs) -> Res<bool> {
     }
     let report = report.ok_or("no report from the client")?;
     let r = kv(&report);
-    println!("soak: client report: {report}");
+    outln!("soak: client report: {report}");
     let ops = num(&r, "ops");
     sum.check(
         "operations",
@@ -1296,16 +1297,16 @@ fn run(a: &RunArgs) -> Res<bool> {
             xsk_end.map_or("?".into(), |n| n.to_string()),
         ),
     );
-    println!("soak: server stats: {:?}", s.dev.stats());
+    outln!("soak: server stats: {:?}", s.dev.stats());
     drop(l);
     drop(s);
 
     let ok = sum.rows.iter().all(|r| r.1);
-    println!("\nsoak summary ({qps} QPs, {} min):", a.minutes);
+    outln!("\nsoak summary ({qps} QPs, {} min):", a.minutes);
     for (name, pass, _) in &sum.rows {
-        println!("  {:4}  {name}", if *pass { "PASS" } else { "FAIL" });
+        outln!("  {:4}  {name}", if *pass { "PASS" } else { "FAIL" });
     }
-    println!(
+    outln!(
         "  RSS rule: after a warm-up of the first 20 % of samples, end <= first warm sample + max(4 MiB, 5 %), and max of the second half of warm samples <= max of the first half + the same margin"
     );
     Ok(ok)

@@ -51,6 +51,7 @@ use iwarp_apps::backend::BackendArgs;
 use iwarp_apps::proto::rping::{
     self, echo_len, fill_ping, Client, ClientAction, RdmaInfo, Server, ServerAction, GO_AHEAD,
 };
+use iwarp_apps::{errln, outln};
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, ConnRequest, Cq, Device, DeviceConfig, Listener,
     Mr, Pd, Qp, QpInit, QpState, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -306,7 +307,7 @@ impl Conn {
         let mut down = false;
         while let Some(ev) = self.qp.poll_event() {
             if self.debug {
-                eprintln!("{}: cm event {ev:?}", self.tag);
+                errln!("{}: cm event {ev:?}", self.tag);
             }
             down |= matches!(
                 ev,
@@ -331,7 +332,7 @@ impl Conn {
                 self.outstanding = self.outstanding.saturating_sub(1);
                 let wc = wc[0];
                 if self.debug {
-                    eprintln!(
+                    errln!(
                         "{}: completion {} {:?} {} bytes",
                         self.tag,
                         wr_name(wc.wr_id),
@@ -377,7 +378,7 @@ impl Conn {
             let n = self.cq.wait(&mut wc, Some(Duration::from_millis(50)));
             for w in &wc[..n] {
                 if self.debug {
-                    eprintln!(
+                    errln!(
                         "{}: completion {} {:?}",
                         self.tag,
                         wr_name(w.wr_id),
@@ -456,7 +457,7 @@ fn reg(dev: &Device, pd: &Pd, len: usize, access: Access) -> Res<Mr> {
 fn report_connected(args: &Args, qp: &Qp, tag: &str) {
     if args.debug {
         let n = qp.negotiated();
-        eprintln!(
+        errln!(
             "{tag}: connected {} -> {}: MPA rev {} crc {} markers tx {} rx {} ird {} ord {}",
             qp.local_addr(),
             qp.peer_addr(),
@@ -499,7 +500,7 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
     let rdma_buf = reg(&dev, &pd, args.size, rw)?;
     let start_buf = reg(&dev, &pd, args.size, rw)?;
     if args.debug {
-        eprintln!("rping: connecting to {peer}");
+        errln!("rping: connecting to {peer}");
     }
     let sge = Conn::recv_sge(&recv_buf);
     let qp = dev
@@ -573,7 +574,7 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
                     ));
                 }
                 if args.verbose {
-                    println!("{}", rping::client_line(&got));
+                    outln!("{}", rping::client_line(&got));
                 }
                 action = client.advance();
             }
@@ -590,14 +591,14 @@ fn run_client(args: &Args, timeout: Duration) -> Res<()> {
         }
         if let Some(e) = conn.qp.wait_event(Duration::from_millis(50)) {
             if args.debug {
-                eprintln!("rping: cm event {e:?}");
+                errln!("rping: cm event {e:?}");
             }
             conn.events.push(e);
         }
     }
     let (total, flushed, state) = conn.drain(None);
     if args.debug {
-        eprintln!(
+        errln!(
             "rping: client DISCONNECT EVENT... QP {state:?}, {flushed} of {total} outstanding work requests flushed"
         );
     }
@@ -623,7 +624,7 @@ fn run_server(args: &Args, timeout: Duration, accept_timeout: Option<Duration>) 
         .listen(bind)
         .map_err(|e| other(format!("listen on {bind}: {e}")))?;
     if args.debug {
-        eprintln!("rping: listening on {}", listener.local_addr());
+        errln!("rping: listening on {}", listener.local_addr());
     }
     let req = listener
         .get_request(accept_timeout)
@@ -651,7 +652,7 @@ fn run_persistent(args: &Args, timeout: Duration, accept_timeout: Option<Duratio
         .listen(bind)
         .map_err(|e| other(format!("listen on {bind}: {e}")))?;
     if args.debug {
-        eprintln!(
+        errln!(
             "rping: listening on {} (persistent{})",
             listener.local_addr(),
             match args.max_conns {
@@ -685,7 +686,7 @@ fn run_persistent(args: &Args, timeout: Duration, accept_timeout: Option<Duratio
                 let status = match serve(&args, dev, req, None, timeout, &tag) {
                     Ok(()) => None,
                     Err(Fail(code, msg)) => {
-                        eprintln!("rping: connection {n} from {peer}: {msg}");
+                        errln!("rping: connection {n} from {peer}: {msg}");
                         Some(code)
                     }
                 };
@@ -694,7 +695,7 @@ fn run_persistent(args: &Args, timeout: Duration, accept_timeout: Option<Duratio
         match spawned {
             Ok(t) => threads.push(t),
             Err(e) => {
-                eprintln!("rping: connection {n} from {peer}: no thread: {e}");
+                errln!("rping: connection {n} from {peer}: no thread: {e}");
                 let _ = done_tx.send((n, Some(status::OTHER)));
             }
         }
@@ -715,7 +716,7 @@ fn run_persistent(args: &Args, timeout: Duration, accept_timeout: Option<Duratio
     results.sort_unstable();
     let failed: Vec<u64> = results.iter().filter_map(|&(n, s)| s.map(|_| n)).collect();
     if args.debug {
-        eprintln!(
+        errln!(
             "rping: persistent server done: {accepted} connections, {} failed{}",
             failed.len(),
             if failed.is_empty() {
@@ -773,7 +774,7 @@ fn serve(
     let rdma_buf = reg(&dev, &pd, rdma_len, rw)?;
     if args.debug {
         let r = req.request();
-        eprintln!(
+        errln!(
             "{tag}: connection request from {}: MPA rev {} crc {} markers {} ird/ord {:?}",
             req.peer_addr(),
             r.revision,
@@ -808,7 +809,7 @@ fn serve(
                 if clean {
                     let (total, flushed, state) = conn.drain(first);
                     if args.debug {
-                        eprintln!(
+                        errln!(
                             "{tag}: server DISCONNECT EVENT... {done} pings, QP {state:?}, {flushed} of {total} outstanding work requests flushed"
                         );
                     }
@@ -842,7 +843,7 @@ fn serve(
                 buf[..read_len].fill(0);
                 rdma_buf.read(0, &mut buf[..read_len]);
                 if args.verbose {
-                    println!("{}", rping::server_line(&buf[..read_len]));
+                    outln!("{}", rping::server_line(&buf[..read_len]));
                 }
                 Some(
                     server
@@ -901,7 +902,7 @@ fn main() -> ExitCode {
     iwarp_apps::logging::init("rping", args.debug);
     let secs = args.timeout.unwrap_or(10.0);
     if !(secs.is_finite() && secs > 0.0) {
-        eprintln!("rping: --timeout must be a positive number of seconds");
+        errln!("rping: --timeout must be a positive number of seconds");
         return ExitCode::from(2);
     }
     let timeout = Duration::from_secs_f64(secs);
@@ -915,7 +916,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail(code, msg)) => {
-            eprintln!("rping: {msg}");
+            errln!("rping: {msg}");
             ExitCode::from(code)
         }
     }
