@@ -207,6 +207,20 @@ pub(crate) struct Sent {
     touched: u64,
     /// The connection has an entry in [`WindowShare`]'s holder queue.
     holding: bool,
+    /// The connection has an entry in [`WindowShare`]'s queue of turns
+    /// watched for a peer gone quiet ([`QUIET_PERIODS`]).
+    watched: bool,
+    /// The period of the connection's entry in [`WindowShare`]'s nudge
+    /// queue and the nudges sent so far, while its peer may have gone
+    /// quiet for a loss behind a retracted window ([`SentTable::release`]).
+    nudge: Option<(u64, u8)>,
+    /// The longest payload the peer has sent.
+    rx_longest: usize,
+    /// The peer's last data segment was shorter than its longest: what it
+    /// had to send ran out there (smoltcp and Linux send a short segment
+    /// only when no more bytes wait behind it). A peer whose last
+    /// segment was a full one may have more on its way, lost.
+    rx_short: bool,
     /// Our Ethernet address, the next hop's and our IP address, from our
     /// last segment: the headers of a window update.
     hdr: Option<(EthernetAddress, EthernetAddress, Ipv4Address)>,
@@ -292,6 +306,25 @@ const SHARE_PERIOD_MS: i64 = 10;
 /// only the window of a peer that stopped sending is retracted.
 const UNUSED_PERIODS: u64 = 100;
 
+/// After how many periods without data a turn its peer used part of
+/// counts as ended while connections wait ([`SentTable::end_quiet_turns`]):
+/// 40–50 ms. A peer with more to send fills the window it was offered in
+/// one flight, or, held back by its congestion window, goes on within a
+/// round trip of our acknowledgement; one that stopped part way had less
+/// to send than its turn (its stream ended, or its application writes no
+/// faster), and the rest of its turn would otherwise stay held for
+/// [`UNUSED_PERIODS`] while the waiting connections wait behind it.
+const QUIET_PERIODS: u64 = 5;
+
+/// How many periods apart a connection whose window was retracted soon
+/// after its peer last sent is nudged ([`SentTable::release`]): one
+/// second, smoltcp's least retransmission timeout.
+const NUDGE_PERIODS: u64 = 100;
+
+/// How many nudges such a connection is sent at most (its peer's
+/// retransmission timeout doubles each time it fires).
+const MAX_NUDGES: u8 = 3;
+
 /// After how many periods a window update the peer did not answer with
 /// data is sent again (20–30 ms: a peer with data answers within its
 /// round trip and a pass; one whose update was lost would otherwise wait
@@ -369,8 +402,12 @@ const TURN_SEGMENTS: usize = 16;
 /// * Credit comes back when a peer fills its window and we acknowledge
 ///   it, when the peer's FIN is acknowledged, and when the connection
 ///   is gone. A window a peer leaves unused stays held until it has been
-///   unused for [`UNUSED_PERIODS`]. Then, if a connection waits, it is
-///   retracted ([`SentTable::retract`]): a window update moves its right
+///   unused for [`UNUSED_PERIODS`], with two exceptions while others
+///   wait: a turn whose peer sent part of it, ending in a short segment
+///   (it had no more), and then nothing for [`QUIET_PERIODS`]
+///   ([`SentTable::end_quiet_turns`]); and a grant whose window update
+///   went unanswered however often it was sent. Then, if a connection
+///   waits, it is retracted ([`SentTable::retract`]): a window update moves its right
 ///   edge back to the acknowledgement, a zero window, and the credit
 ///   goes to the waiting ones. If none waits it is parked, still held,
 ///   and retracted, oldest first, as soon as one waits and less than a
@@ -383,7 +420,10 @@ const TURN_SEGMENTS: usize = 16;
 ///   make the device drop frames (thousands of idle connections, each
 ///   with a turn's window open, start sending at once). A peer with more
 ///   to send into a retracted window probes it (its persist timer); our
-///   acknowledgement of the probe queues the connection for credit.
+///   acknowledgement of the probe queues the connection for credit. One
+///   whose peer sent lately is nudged a second later ([`SentTable::nudge`]):
+///   its peer may have gone quiet for a loss, and smoltcp then waits for
+///   a segment before it probes.
 /// * A SYN's window is left alone: a connection takes its share from
 ///   its first acknowledgement after the handshake on.
 ///
@@ -434,6 +474,20 @@ pub(crate) struct WindowShare {
     parked: RefCell<VecDeque<(Flow, u64)>>,
     /// Connections holding [`Sent::parked`].
     parked_count: Cell<usize>,
+    /// Connections granted a turn, with the period from which to check
+    /// whether its peer went quiet part way ([`Sent::watched`]), oldest
+    /// first.
+    quiet: RefCell<VecDeque<(Flow, u64)>>,
+    /// Turns ended early because their peers went quiet part way
+    /// ([`QUIET_PERIODS`]).
+    pub(crate) quiet_turns: Cell<u64>,
+    /// Connections whose windows were retracted soon after their peers
+    /// last sent, to be nudged ([`SentTable::release`]), with the period
+    /// they were queued in, oldest first: an entry whose period the
+    /// connection no longer holds in [`Sent::nudge`] is stale.
+    nudges: RefCell<VecDeque<(Flow, u64)>>,
+    /// Nudges sent.
+    pub(crate) nudged: Cell<u64>,
     /// Windows retracted ([`SentTable::retract`]).
     pub(crate) retracted: Cell<u64>,
     /// Segments that arrived at a closed window: zero-window probes, and
@@ -671,6 +725,15 @@ impl WindowShare {
         }
     }
 
+    /// The connection of `flow` (`s`) holds a turn: queue it for the
+    /// quiet check from period `from` on, unless it is queued.
+    fn watch(&self, flow: Flow, s: &mut Sent, from: u64) {
+        if !s.watched {
+            s.watched = true;
+            self.quiet.borrow_mut().push_back((flow, from));
+        }
+    }
+
     /// The connection `s` gives up its place in the queue (its entry
     /// there becomes stale).
     fn leave(&self, s: &mut Sent) {
@@ -794,8 +857,10 @@ impl SentTable {
             return;
         }
         let mut entries = self.entries.borrow_mut();
-        self.repeat_unanswered(&mut entries);
-        let mut freed = share.short_for_long();
+        self.nudge(&mut entries);
+        let mut freed = share.short_for_long()
+            | self.repeat_unanswered(&mut entries)
+            | self.end_quiet_turns(&mut entries);
         while let Some((flow, _)) = pop_due(&share.holders, UNUSED_PERIODS, cur) {
             let Some(s) = entries.get_mut(&flow) else {
                 continue;
@@ -832,6 +897,59 @@ impl SentTable {
         }
     }
 
+    /// End the turns whose peers sent part of them and then nothing for
+    /// [`QUIET_PERIODS`], with all that arrived acknowledged, while
+    /// connections wait: the rest of each is retracted, and what the peer
+    /// used is a sample of [`WindowShare::demand`]. Returns whether any
+    /// was. The watched turns' oldest entries, each checked once per
+    /// [`QUIET_PERIODS`] its turn stays open: amortised constant time
+    /// per turn granted and received segment.
+    fn end_quiet_turns(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) -> bool {
+        let share = &self.share;
+        let cur = share.period.get();
+        let mut ended = false;
+        while let Some((flow, _)) = pop_due(&share.quiet, QUIET_PERIODS, cur) {
+            let Some(s) = entries.get_mut(&flow) else {
+                continue;
+            };
+            let Some(turn) = s.turn.filter(|_| s.watched && s.retracting.is_none()) else {
+                s.watched = false;
+                continue;
+            };
+            let used = turn.saturating_sub(s.counted());
+            if used == 0 || s.counted() == 0 {
+                // Untouched (its window update may have been lost: it is
+                // sent again, and the window held for `UNUSED_PERIODS`),
+                // or used up.
+                s.watched = false;
+                continue;
+            }
+            if !s.rx_short {
+                // Its last segment was a full one: the next may have
+                // been lost, and the peer retransmits it into this
+                // window when its timeout fires (smoltcp sends nothing
+                // into a closed one). Held for `UNUSED_PERIODS`.
+                s.watched = false;
+                continue;
+            }
+            let quiet_since = s.touched.saturating_add(QUIET_PERIODS);
+            if quiet_since > cur || share.waiting.get() == 0 || s.holds_unacknowledged() {
+                // Data came lately, none needs the credit, or the peer
+                // waits for our acknowledgement: look again later.
+                let from = if quiet_since > cur { s.touched } else { cur };
+                share.quiet.borrow_mut().push_back((flow, from));
+                continue;
+            }
+            s.watched = false;
+            s.turn = None;
+            share.turn_used(Some(used));
+            share.quiet_turns.set(share.quiet_turns.get() + 1);
+            self.retract(flow, s);
+            ended = true;
+        }
+        ended
+    }
+
     /// Retract the window of the connection of `flow` (`s`), which its
     /// peer left unused: a window update is queued like a grant's, and
     /// when it leaves (or a segment of the connection carries it) the
@@ -857,14 +975,12 @@ impl SentTable {
     /// close its window at our last acknowledgement and give its credit
     /// back. Returns whether there was one.
     ///
-    /// A connection whose peer sent data within two [`UNUSED_PERIODS`]
-    /// then waits for a segment at the end of the queue. Its peer may
-    /// have gone quiet because its data was lost and it waits for its
-    /// retransmission timeout; smoltcp, whose window is then closed,
+    /// A connection whose peer sent data within two [`UNUSED_PERIODS`] is
+    /// then nudged ([`Self::nudge`]). Its peer may have gone quiet
+    /// because its data was lost and it waits for its retransmission
+    /// timeout; smoltcp, whose timeout then fires into a closed window,
     /// sends nothing more (no retransmission, no probe) until a segment
-    /// arrives. One whose peer has been quiet longer does not: it would
-    /// take a segment of the pool for a second at its turn, and then
-    /// again after every retraction.
+    /// arrives. One whose peer has been quiet longer is not.
     fn release(&self, flow: Flow, s: &mut Sent) -> bool {
         let share = &self.share;
         let Some(n) = s.retracting.take() else {
@@ -875,8 +991,10 @@ impl SentTable {
         s.rx_open = 0;
         s.rx_edge = Some(s.rx_ack);
         share.retracted.set(share.retracted.get() + 1);
-        if s.received_within(2 * UNUSED_PERIODS, share.period.get()) {
-            share.enqueue(flow, s);
+        let cur = share.period.get();
+        if s.received_within(2 * UNUSED_PERIODS, cur) {
+            s.nudge = Some((cur, 0));
+            share.nudges.borrow_mut().push_back((flow, cur));
         }
         true
     }
@@ -900,13 +1018,52 @@ impl SentTable {
         }
     }
 
+    /// Nudge the connections whose windows were retracted soon after
+    /// their peers last sent ([`Self::release`]): each is sent its window
+    /// update again (a zero window) [`NUDGE_PERIODS`] after the
+    /// retraction, and again after as long, [`MAX_NUDGES`] times at most,
+    /// until its peer sends. A smoltcp peer whose retransmission timeout
+    /// fired into the closed window takes the segment as its cue to
+    /// start probing; its probe shows that it has data, and the
+    /// connection waits for credit like any other. This costs a pure
+    /// acknowledgement where a segment of the pool held for a second
+    /// would cost a frame, and most such peers have nothing more to
+    /// send. The queue's oldest entries: constant time per nudge.
+    fn nudge(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) {
+        let share = &self.share;
+        let cur = share.period.get();
+        while let Some((flow, stamp)) = pop_due(&share.nudges, NUDGE_PERIODS, cur) {
+            let Some(s) = entries.get_mut(&flow) else {
+                continue;
+            };
+            let Some((_, sent)) = s.nudge.filter(|&(at, _)| at == stamp) else {
+                continue;
+            };
+            let answered = s.rx_period != u64::MAX && s.rx_period > stamp;
+            if answered || s.wait.is_some() || s.rx_open > 0 || s.retracting.is_some() {
+                s.nudge = None;
+                continue;
+            }
+            share.nudged.set(share.nudged.get() + 1);
+            s.nudge = (sent + 1 < MAX_NUDGES).then_some((cur, sent + 1));
+            if s.nudge.is_some() {
+                share.nudges.borrow_mut().push_back((flow, cur));
+            }
+            if !s.update_due {
+                s.update_due = true;
+                self.updates.borrow_mut().push_back(flow);
+            }
+        }
+    }
+
     /// Queue again the window updates the peers have not answered with
     /// data for [`REPEAT_PERIODS`] while their windows are still open,
     /// each at most [`MAX_REPEATS`] times (the queue's oldest entries:
     /// constant time per update sent).
-    fn repeat_unanswered(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) {
+    fn repeat_unanswered(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) -> bool {
         let share = &self.share;
         let cur = share.period.get();
+        let mut retracted = false;
         while let Some((flow, stamp)) = pop_due(&share.unanswered, REPEAT_PERIODS, cur) {
             let Some(s) = entries.get_mut(&flow) else {
                 continue;
@@ -916,6 +1073,15 @@ impl SentTable {
             }
             if s.repeats >= MAX_REPEATS || s.rx_open == 0 {
                 s.granted = None;
+                // Unanswered however often it was sent: its peer has
+                // nothing to send, or has gone quiet for a loss. Those
+                // waiting get the credit; the second kind is nudged
+                // ([`Self::release`]).
+                if s.rx_open > 0 && share.waiting.get() > 0 {
+                    s.turn = None;
+                    self.retract(flow, s);
+                    retracted = true;
+                }
                 continue;
             }
             s.repeats += 1;
@@ -927,6 +1093,7 @@ impl SentTable {
                 self.updates.borrow_mut().push_back(flow);
             }
         }
+        retracted
     }
 
     /// When [`Self::tick`] has a step to take that comes with time alone
@@ -950,10 +1117,20 @@ impl SentTable {
             .borrow()
             .front()
             .map(|&(_, p)| p.saturating_add(REPEAT_PERIODS));
+        let quiet = share
+            .quiet
+            .borrow()
+            .front()
+            .map(|&(_, p)| p.saturating_add(QUIET_PERIODS));
+        let nudge = share
+            .nudges
+            .borrow()
+            .front()
+            .map(|&(_, p)| p.saturating_add(NUDGE_PERIODS));
         let short = share
             .short_until()
             .filter(|_| share.waiting.get() > 0 && share.free() >= share.mss);
-        let period = [unused, repeat, short]
+        let period = [unused, repeat, quiet, nudge, short]
             .into_iter()
             .flatten()
             .min()?
@@ -1010,6 +1187,10 @@ impl SentTable {
                 retracting: None,
                 touched: self.share.period.get(),
                 holding: false,
+                watched: false,
+                nudge: None,
+                rx_longest: 0,
+                rx_short: false,
                 rx_ack: acked,
                 rx_end: acked,
                 smol_edge: 0,
@@ -1209,30 +1390,43 @@ impl SentTable {
             share.queue.borrow_mut().pop_front();
             share.leave(s);
             let amount = want.min(share.free()) / mss * mss;
-            // Whole units of the window scale, within the field.
-            let shift = s.our_shift;
-            let field = ((open + amount) >> shift).min(usize::from(u16::MAX));
-            let new_open = field << shift;
-            if amount == 0 || new_open <= open {
-                continue;
-            }
-            share.reopen(s.counted(), new_open);
-            s.rx_open = new_open;
-            share.unpark(s);
-            s.touched = share.period.get();
-            share.hold(flow, s);
-            s.rx_edge = Some(s.rx_ack.wrapping_add(new_open as u32));
-            let cur = share.period.get();
-            s.granted = Some(cur);
-            s.repeats = 0;
-            s.turn = s.filled.then_some(new_open);
-            s.filled = false;
-            share.unanswered.borrow_mut().push_back((flow, cur));
-            if !s.update_due {
-                s.update_due = true;
-                self.updates.borrow_mut().push_back(flow);
-            }
+            self.open_to(flow, s, open, amount);
         }
+    }
+
+    /// Grant `amount` bytes of credit to the connection of `flow` (`s`),
+    /// whose window holds `open`: its right edge moves (in whole units
+    /// of its window scale) and its window update is queued. Returns
+    /// whether the window grew.
+    fn open_to(&self, flow: Flow, s: &mut Sent, open: usize, amount: usize) -> bool {
+        let share = &self.share;
+        // Whole units of the window scale, within the field.
+        let shift = s.our_shift;
+        let field = ((open + amount) >> shift).min(usize::from(u16::MAX));
+        let new_open = field << shift;
+        if amount == 0 || new_open <= open {
+            return false;
+        }
+        share.reopen(s.counted(), new_open);
+        s.rx_open = new_open;
+        share.unpark(s);
+        s.touched = share.period.get();
+        share.hold(flow, s);
+        s.rx_edge = Some(s.rx_ack.wrapping_add(new_open as u32));
+        let cur = share.period.get();
+        s.granted = Some(cur);
+        s.repeats = 0;
+        s.turn = s.filled.then_some(new_open);
+        if s.turn.is_some() {
+            share.watch(flow, s, cur);
+        }
+        s.filled = false;
+        share.unanswered.borrow_mut().push_back((flow, cur));
+        if !s.update_due {
+            s.update_due = true;
+            self.updates.borrow_mut().push_back(flow);
+        }
+        true
     }
 
     /// The window update due for the connection of `flow`, if any: a pure
@@ -1300,6 +1494,9 @@ impl SentTable {
             s.filled = true;
         }
         if !tcp.payload().is_empty() {
+            let len = tcp.payload().len();
+            s.rx_longest = s.rx_longest.max(len);
+            s.rx_short = len < s.rx_longest;
             self.share.receiving(&mut s.rx_period);
             self.share.unpark(s);
             self.share.keep(s);
@@ -2359,39 +2556,40 @@ mod tests {
         // A whole `UNUSED_PERIODS` without: its window is retracted (a
         // zero window at our last acknowledgement), 40001 gets of the
         // pool what a peer that has not filled a window gets: a segment.
-        // 40000's peer sent lately (it may wait for a retransmission
-        // timeout): it waits for a segment too, and gets the other one.
         t.tick(Instant::from_millis((unused + 1) * p));
         assert_eq!(updates(&t), vec![]);
-        t.tick(Instant::from_millis(2 * unused * p));
+        let retracted_at = 2 * unused * p;
+        t.tick(Instant::from_millis(retracted_at));
         assert_eq!(
             updates(&t),
-            vec![
-                (40000, 1000, 11, 0),
-                (40001, 1000, 1, 1000),
-                (40000, 1000, 11, 1000)
-            ]
+            vec![(40000, 1000, 11, 0), (40001, 1000, 1, 1000)]
         );
-        assert_eq!(t.share.open.get(), 2000);
-        assert_eq!(t.share.retracted.get(), 1);
-        // 40001 goes: what is counted is 40000's.
-        t.forget(flow(40001));
         assert_eq!(t.share.open.get(), 1000);
-        // Unused again while another waits: retracted, and its peer,
-        // quiet for two seconds and more, no longer waits for a segment;
-        // nor does 40002's, which never sent.
-        assert_eq!(establish(&t, 40002), 1000);
-        assert_eq!(establish(&t, 40003), 0);
-        t.tick(Instant::from_millis(3 * unused * p));
+        assert_eq!(t.share.retracted.get(), 1);
+        // 40000's peer sent lately: it may wait for a retransmission
+        // timeout, which fires into the closed window. It is nudged, its
+        // zero window sent again, `NUDGE_PERIODS` later, and again after
+        // as long while its peer sends nothing, holding no credit.
+        t.forget(flow(40001));
+        assert_eq!(t.share.open.get(), 0);
+        let nudge = NUDGE_PERIODS as i64 * p;
+        t.tick(Instant::from_millis(retracted_at + nudge - p));
+        assert_eq!(updates(&t), vec![]);
+        t.tick(Instant::from_millis(retracted_at + nudge));
+        assert_eq!(updates(&t), vec![(40000, 1000, 11, 0)]);
+        t.tick(Instant::from_millis(retracted_at + 2 * nudge));
+        assert_eq!(updates(&t), vec![(40000, 1000, 11, 0)]);
+        // Its peer answers with a probe (smoltcp's: a byte past the
+        // window): no third nudge. With the pool free, our
+        // acknowledgement of the probe opens its window.
+        rx(&t, &seg_of(40000, false, false, 11, Some(1000), 100, &[2]));
         assert_eq!(
-            updates(&t),
-            vec![
-                (40000, 1000, 11, 0),
-                (40002, 1000, 1, 0),
-                (40003, 1000, 1, 1000)
-            ]
+            send(&t, &seg_of(40000, true, false, 1000, Some(11), 60000, &[])),
+            2000
         );
-        assert_eq!(t.share.waiting.get(), 0);
+        t.tick(Instant::from_millis(retracted_at + 3 * nudge));
+        assert_eq!(updates(&t), vec![]);
+        assert_eq!(t.share.nudged.get(), 2);
     }
 
     /// A window its peer leaves unused while no connection waits stays
@@ -2708,6 +2906,102 @@ mod tests {
         t.tick(Instant::from_millis((2 * UNUSED_PERIODS as i64 + 1) * p));
         assert!(t.get(flow(40003)).is_some_and(|s| s.turn.is_none()));
         assert_eq!(t.share.demand.get(), Some((7 * 4000 + 1000) / 8));
+    }
+
+    /// A turn whose peer sent part of it, ending with a short segment (it
+    /// had no more), and then nothing for [`QUIET_PERIODS`] ends while
+    /// another connection waits: the rest is retracted and what the peer
+    /// used is a sample of the demand. A turn whose peer's last segment
+    /// was a full one stays held: more may have been lost on the way.
+    #[test]
+    fn a_turn_its_peer_stops_short_in_ends_after_a_quiet_while() {
+        let t = two_turns_granted();
+        let p = SHARE_PERIOD_MS;
+        assert_eq!(establish(&t, 40003), 0);
+        rx(&t, &seg_of(40003, false, false, 1, Some(1000), 100, &[7]));
+        // 40001's peer: a segment and a short one, acknowledged.
+        rx(
+            &t,
+            &seg_of(40001, false, false, 1, Some(1000), 100, &[7; 1000]),
+        );
+        rx(
+            &t,
+            &seg_of(40001, false, false, 1001, Some(1000), 100, &[7; 500]),
+        );
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40001, true, false, 1000, Some(1501), 60000, &[])
+            ),
+            2500
+        );
+        // 40002's peer: one full segment, acknowledged.
+        rx(
+            &t,
+            &seg_of(40002, false, false, 1, Some(1000), 100, &[7; 1000]),
+        );
+        send(
+            &t,
+            &seg_of(40002, true, false, 1000, Some(1001), 60000, &[]),
+        );
+        // The credit the acknowledgements freed, short of a turn for a
+        // while, goes to 40003; 40004 waits.
+        assert_eq!(establish(&t, 40004), 0);
+        rx(&t, &seg_of(40004, false, false, 1, Some(1000), 100, &[7]));
+        let mut got = Vec::new();
+        for m in 1..QUIET_PERIODS as i64 {
+            t.tick(Instant::from_millis(m * p));
+            got.extend(updates(&t));
+        }
+        assert_eq!(got, vec![(40003, 1000, 1, 2000)]);
+        t.tick(Instant::from_millis(QUIET_PERIODS as i64 * p));
+        // (40003's update, unanswered, is sent again meanwhile.)
+        assert_eq!(
+            updates(&t),
+            vec![(40003, 1000, 1, 2000), (40001, 1000, 1501, 0)]
+        );
+        assert_eq!(t.share.quiet_turns.get(), 1);
+        assert_eq!(t.share.demand.get(), Some((7 * 4000 + 1500) / 8));
+        assert_eq!(t.get(flow(40001)).and_then(|s| s.rx_window()), Some(0));
+        assert_eq!(t.get(flow(40002)).and_then(|s| s.rx_window()), Some(3000));
+    }
+
+    /// A window update sent again and again without an answer: its peer
+    /// has nothing to send, or went quiet for a loss (and is nudged).
+    /// While another connection waits, the window is retracted once the
+    /// last repeat went unanswered, not after [`UNUSED_PERIODS`].
+    #[test]
+    fn an_unanswered_grant_is_retracted_for_waiting_connections() {
+        let t = two_turns_granted();
+        let p = SHARE_PERIOD_MS;
+        rx(
+            &t,
+            &seg_of(40001, false, false, 1, Some(1000), 100, &[7; 1000]),
+        );
+        assert_eq!(establish(&t, 40003), 0);
+        rx(&t, &seg_of(40003, false, false, 1, Some(1000), 100, &[7]));
+        let mut got = Vec::new();
+        for m in 1..=(i64::from(MAX_REPEATS) + 1) * REPEAT_PERIODS as i64 {
+            t.tick(Instant::from_millis(m * p));
+            got.extend(updates(&t));
+        }
+        let mut want = vec![(40002, 1000, 1, 4000); usize::from(MAX_REPEATS)];
+        want.push((40002, 1000, 1, 0));
+        want.push((40003, 1000, 1, 4000));
+        assert_eq!(got, want);
+        assert_eq!(t.share.retracted.get(), 1);
+        // Its peer probed lately (what followed may have been lost): it
+        // is nudged a second after the retraction, its zero window sent
+        // again.
+        let retracted = (i64::from(MAX_REPEATS) + 1) * REPEAT_PERIODS as i64;
+        let mut nudges = Vec::new();
+        for m in retracted + 1..=retracted + NUDGE_PERIODS as i64 {
+            t.tick(Instant::from_millis(m * p));
+            nudges.extend(updates(&t).into_iter().filter(|u| u.0 == 40002));
+            assert_eq!(nudges.is_empty(), m < retracted + NUDGE_PERIODS as i64);
+        }
+        assert_eq!(nudges, vec![(40002, 1000, 1, 0)]);
+        assert_eq!(t.share.nudged.get(), 1);
     }
 
     /// A waiting connection whose peer has not filled a window (it came

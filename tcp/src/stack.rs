@@ -188,11 +188,20 @@ pub struct Counters {
     /// Turns whose peer filled them (it had more to send).
     pub turns_filled: u64,
     /// Turns left with part of them unused (their peer sent something,
-    /// then nothing for a second).
+    /// then nothing for 40–50 ms while other connections waited, or for
+    /// a second).
     pub turns_unfilled: u64,
-    /// Windows retracted: their peers left them unused for a second
-    /// while other connections waited for credit, and a window update
-    /// closed them ([`Config::window_frames`]).
+    /// Of those, turns ended after 40–50 ms: the rest of each was
+    /// retracted for the connections waiting.
+    pub turns_ended_quiet: u64,
+    /// Zero-window updates sent again, a second apart, to connections
+    /// whose windows were retracted soon after their peers last sent (a
+    /// peer that went quiet for a loss starts probing on one).
+    pub retraction_nudges: u64,
+    /// Windows retracted: their peers left them unused for a second, or
+    /// the rest of a turn for 40–50 ms, while other connections waited
+    /// for credit, and a window update closed them
+    /// ([`Config::window_frames`]).
     pub windows_retracted: u64,
     /// Segments that arrived at a closed window, each in a frame of its
     /// own: zero-window probes (a byte past the window, or Linux's
@@ -636,6 +645,29 @@ fn mix(mut z: u64) -> u64 {
 
 /// For [`Stack::send_segment`]: what the connection has queued, sent and
 /// may send, as far as the device wrapper saw its segments.
+/// Whether a visit of connection `id`, whose probe stands at `probe`,
+/// waits for a turn of the zero-window probe gate (`crate::probe`). A
+/// visit that would probe (`probes`) while the connection holds no turn
+/// asks for one; a probe that starts waiting counts once in
+/// [`Counters::probes_delayed`], however often its connection writes or
+/// its timer fires while it waits.
+fn probe_waits(
+    gate: &mut ProbeGate<ConnId>,
+    probe: &mut Probe,
+    probes: bool,
+    id: ConnId,
+    now: Instant,
+    counters: &mut Counters,
+) -> bool {
+    if probes && *probe == Probe::None {
+        *probe = gate.ask(id, now);
+        if *probe == Probe::Waiting {
+            counters.probes_delayed += 1;
+        }
+    }
+    *probe == Probe::Waiting
+}
+
 fn segment_room<D>(port: &Port<D>, config: &Config, c: &Conn) -> Option<SegmentRoom> {
     let sent = port.sent.get(c.flow())?;
     // A FIN takes a sequence number too: clamp at zero.
@@ -1334,14 +1366,16 @@ impl Core {
             c.deadline = None;
             // A visit now would probe the peer's closed window: the probe
             // takes a turn first (`crate::probe`).
-            if c.probe == Probe::None
-                && segment_room(port, &self.config, c).is_some_and(|r| r.probes_on_timer())
-            {
-                c.probe = self.probes.ask(id, now);
-            }
-            if c.probe == Probe::Waiting {
-                self.counters.probes_delayed += 1;
-            } else {
+            let probes = c.probe == Probe::None
+                && segment_room(port, &self.config, c).is_some_and(|r| r.probes_on_timer());
+            if !probe_waits(
+                &mut self.probes,
+                &mut c.probe,
+                probes,
+                id,
+                now,
+                &mut self.counters,
+            ) {
                 self.touch(id);
             }
         }
@@ -1484,6 +1518,8 @@ impl<D: Device> Stack<D> {
             turn_bytes: self.port.sent.share.turn_bytes(),
             turns_filled: self.port.sent.share.turns_filled.get(),
             turns_unfilled: self.port.sent.share.turns_unfilled.get(),
+            turns_ended_quiet: self.port.sent.share.quiet_turns.get(),
+            retraction_nudges: self.port.sent.share.nudged.get(),
             windows_retracted: self.port.sent.share.retracted.get(),
             closed_window_segments: self.port.sent.share.closed_segments.get(),
             ..self.core.counters
@@ -1826,7 +1862,11 @@ impl<D: Device> Stack<D> {
         mut f: F,
     ) -> Result<(usize, bool), Error> {
         let Core {
-            slots, probes, now, ..
+            slots,
+            probes,
+            now,
+            counters,
+            ..
         } = &mut self.core;
         let c = slot_conn_mut(slots, conn).ok_or(Error::UnknownConnection)?;
         let s = c.socket_mut();
@@ -1860,24 +1900,11 @@ impl<D: Device> Stack<D> {
             }
         }
         c.written = c.written.wrapping_add(total as u32);
-        if total > 0 {
-            // A probe leaves when it has a turn: the connection is
-            // visited then (see `crate::probe`).
-            let waits = match c.probe {
-                Probe::Waiting => true,
-                Probe::Out(_) => false,
-                Probe::None if probe => {
-                    c.probe = probes.ask(conn, *now);
-                    c.probe == Probe::Waiting
-                }
-                Probe::None => false,
-            };
-            if waits {
-                self.core.counters.probes_delayed += 1;
-            } else {
-                self.core.egress_due = true;
-                self.core.touch(conn);
-            }
+        // A probe leaves when it has a turn: the connection is visited
+        // then (see `crate::probe`).
+        if total > 0 && !probe_waits(probes, &mut c.probe, probe, conn, *now, counters) {
+            self.core.egress_due = true;
+            self.core.touch(conn);
         }
         Ok((total, wrapped))
     }
