@@ -941,7 +941,6 @@ impl SentTable {
                 continue;
             }
             s.watched = false;
-            s.turn = None;
             share.turn_used(Some(used));
             share.quiet_turns.set(share.quiet_turns.get() + 1);
             self.retract(flow, s);
@@ -957,6 +956,9 @@ impl SentTable {
     /// the credit returns to the pool ([`Self::release`]).
     fn retract(&self, flow: Flow, s: &mut Sent) {
         let share = &self.share;
+        // What the peer used of a turn is sampled, if at all, by the
+        // caller: a retracted window is no turn.
+        s.turn = None;
         share.unpark(s);
         if s.retracting.is_some() {
             return;
@@ -1078,7 +1080,6 @@ impl SentTable {
                 // waiting get the credit; the second kind is nudged
                 // ([`Self::release`]).
                 if s.rx_open > 0 && share.waiting.get() > 0 {
-                    s.turn = None;
                     self.retract(flow, s);
                     retracted = true;
                 }

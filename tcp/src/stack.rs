@@ -643,8 +643,6 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// For [`Stack::send_segment`]: what the connection has queued, sent and
-/// may send, as far as the device wrapper saw its segments.
 /// Whether a visit of connection `id`, whose probe stands at `probe`,
 /// waits for a turn of the zero-window probe gate (`crate::probe`). A
 /// visit that would probe (`probes`) while the connection holds no turn
@@ -668,6 +666,8 @@ fn probe_waits(
     *probe == Probe::Waiting
 }
 
+/// For [`Stack::send_segment`]: what the connection has queued, sent and
+/// may send, as far as the device wrapper saw its segments.
 fn segment_room<D>(port: &Port<D>, config: &Config, c: &Conn) -> Option<SegmentRoom> {
     let sent = port.sent.get(c.flow())?;
     // A FIN takes a sequence number too: clamp at zero.
