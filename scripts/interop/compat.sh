@@ -145,23 +145,33 @@ judge_perf() {
     fi
 }
 
+# Clients first, then servers: the VM of the CRC servers runs the tunable
+# siw, so a siw-interop session boots twice.
 for crc in nocrc crc; do
     sfx=""
     [[ "$crc" == crc ]] && sfx="-crc"
-    run "rping-client$sfx" client "$crc" 7174 \
-        "rping -c -a @VM@ -v -V -C 5 -S 64" "rping -s -a @VM@ -v -C 5 -S 64" judge_rping
-    run "rping-server$sfx" server "$crc" 7174 \
-        "rping -s -a @HOST@ -v -C 5 -S 64" "rping -c -a @HOST@ -v -V -C 5 -S 64" judge_rping
-    for t in write_bw read_lat; do
-        case "$t" in
-        write_bw) SIZE=4096 common="-s 4096 -n 100" ;;
-        read_lat) SIZE=64 common="-s 64 -n 50" ;;
-        esac
-        ours="ib_$t -R --use_old_post_send $common"
-        run "ib_$t-client$sfx" client "$crc" 18515 \
-            "$ours @VM@" "ib_$t -R -d siw0 $common" judge_perf
-        run "ib_$t-server$sfx" server "$crc" 18515 \
-            "$ours" "ib_$t -R -d siw0 $common @HOST@" judge_perf
+    for role in client server; do
+        if [[ "$role" == client ]]; then
+            run "rping-client$sfx" client "$crc" 7174 \
+                "rping -c -a @VM@ -v -V -C 5 -S 64" "rping -s -a @VM@ -v -C 5 -S 64" judge_rping
+        else
+            run "rping-server$sfx" server "$crc" 7174 \
+                "rping -s -a @HOST@ -v -C 5 -S 64" "rping -c -a @HOST@ -v -V -C 5 -S 64" judge_rping
+        fi
+        for t in write_bw read_lat; do
+            case "$t" in
+            write_bw) SIZE=4096 common="-s 4096 -n 100" ;;
+            read_lat) SIZE=64 common="-s 64 -n 50" ;;
+            esac
+            ours="ib_$t -R --use_old_post_send $common"
+            if [[ "$role" == client ]]; then
+                run "ib_$t-client$sfx" client "$crc" 18515 \
+                    "$ours @VM@" "ib_$t -R -d siw0 $common" judge_perf
+            else
+                run "ib_$t-server$sfx" server "$crc" 18515 \
+                    "$ours" "ib_$t -R -d siw0 $common @HOST@" judge_perf
+            fi
+        done
     done
 done
 exit 0

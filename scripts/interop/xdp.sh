@@ -89,34 +89,38 @@ judge_perf() {
     fi
 }
 
+# Clients first, then servers: the VM of the CRC servers runs the tunable
+# siw, so a siw-interop session boots twice.
 for crc in nocrc crc; do
     ours=""
     [[ "$crc" == crc ]] && ours="--crc"
     sfx=""
     [[ "$crc" == crc ]] && sfx="-crc"
-    # rping
-    PORT=7174 JUDGE=judge_rping
-    ROLE=client
-    VMC='rping -s -a @VM@ -v -C 3'
-    HOST="$RPING -c -a @VM@ -C 3 -v -V --timeout 20 $ours $XDP"
-    run "rping-client$sfx" client "$crc"
-    ROLE=server
-    HOST="$RPING -s -C 3 --timeout 60 $XDP"
-    VMC='rping -c -a @XDP@ -v -V -C 3'
-    run "rping-server$sfx" server "$crc"
-    # perftest
-    PORT=18515 JUDGE=judge_perf
-    for T in write_bw read_lat send_bw; do
-        read -r size iters <<<"${ARGS[$T]}"
-        common="-s $size -n $iters"
-        ROLE=client
-        VMC="ib_$T -R -d siw0 $common"
-        HOST="$PERF $T @VM@ -p $PORT $common $ours $XDP"
-        run "$T-client$sfx" client "$crc"
-        ROLE=server
-        HOST="$PERF $T -p $PORT $common $XDP"
-        VMC="ib_$T -R -d siw0 $common @XDP@"
-        run "$T-server$sfx" server "$crc"
+    for ROLE in client server; do
+        # rping
+        PORT=7174 JUDGE=judge_rping
+        if [[ "$ROLE" == client ]]; then
+            VMC='rping -s -a @VM@ -v -C 3'
+            HOST="$RPING -c -a @VM@ -C 3 -v -V --timeout 20 $ours $XDP"
+        else
+            HOST="$RPING -s -C 3 --timeout 60 $XDP"
+            VMC='rping -c -a @XDP@ -v -V -C 3'
+        fi
+        run "rping-$ROLE$sfx" "$ROLE" "$crc"
+        # perftest
+        PORT=18515 JUDGE=judge_perf
+        for T in write_bw read_lat send_bw; do
+            read -r size iters <<<"${ARGS[$T]}"
+            common="-s $size -n $iters"
+            if [[ "$ROLE" == client ]]; then
+                VMC="ib_$T -R -d siw0 $common"
+                HOST="$PERF $T @VM@ -p $PORT $common $ours $XDP"
+            else
+                HOST="$PERF $T -p $PORT $common $XDP"
+                VMC="ib_$T -R -d siw0 $common @XDP@"
+            fi
+            run "$T-$ROLE$sfx" "$ROLE" "$crc"
+        done
     done
 done
 exit 0

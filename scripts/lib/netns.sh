@@ -8,6 +8,8 @@
 #   netns_bg VAR NS CMD...        # run CMD in NS in the background, pid -> $VAR
 #   netns_on_exit CMD...          # extra cleanup command (run before the
 #                                 # namespaces go, in reverse order)
+#   netns_release NAME            # NAME outlives this process: whoever it is
+#                                 # handed to removes it (by exact name)
 #   netns_cleanup                 # what the trap runs; safe to call twice
 #
 # Only namespaces and processes created through these functions are ever
@@ -67,6 +69,14 @@ netns_bg() {
 
 netns_on_exit() {
     _NETNS_HOOKS+=("$*")
+}
+
+netns_release() {
+    local ns kept=()
+    for ns in "${_NETNS_OWNED[@]}"; do
+        [[ "$ns" == "$1" ]] || kept+=("$ns")
+    done
+    _NETNS_OWNED=("${kept[@]}")
 }
 
 netns_cleanup() {
