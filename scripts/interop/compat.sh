@@ -145,32 +145,29 @@ judge_perf() {
     fi
 }
 
+# pick HOST-CMD VM-CMD (the host's client) HOST-CMD VM-CMD (its server):
+# HOST and VMC for $role.
+pick() {
+    if [[ "$role" == client ]]; then HOST="$1" VMC="$2"; else HOST="$3" VMC="$4"; fi
+}
+
 # Clients first, then servers: the VM of the CRC servers runs the tunable
 # siw, so a siw-interop session boots twice.
 for crc in nocrc crc; do
     sfx=""
     [[ "$crc" == crc ]] && sfx="-crc"
     for role in client server; do
-        if [[ "$role" == client ]]; then
-            run "rping-client$sfx" client "$crc" 7174 \
-                "rping -c -a @VM@ -v -V -C 5 -S 64" "rping -s -a @VM@ -v -C 5 -S 64" judge_rping
-        else
-            run "rping-server$sfx" server "$crc" 7174 \
-                "rping -s -a @HOST@ -v -C 5 -S 64" "rping -c -a @HOST@ -v -V -C 5 -S 64" judge_rping
-        fi
+        pick "rping -c -a @VM@ -v -V -C 5 -S 64" "rping -s -a @VM@ -v -C 5 -S 64" \
+            "rping -s -a @HOST@ -v -C 5 -S 64" "rping -c -a @HOST@ -v -V -C 5 -S 64"
+        run "rping-$role$sfx" "$role" "$crc" 7174 "$HOST" "$VMC" judge_rping
         for t in write_bw read_lat; do
             case "$t" in
             write_bw) SIZE=4096 common="-s 4096 -n 100" ;;
             read_lat) SIZE=64 common="-s 64 -n 50" ;;
             esac
             ours="ib_$t -R --use_old_post_send $common"
-            if [[ "$role" == client ]]; then
-                run "ib_$t-client$sfx" client "$crc" 18515 \
-                    "$ours @VM@" "ib_$t -R -d siw0 $common" judge_perf
-            else
-                run "ib_$t-server$sfx" server "$crc" 18515 \
-                    "$ours" "ib_$t -R -d siw0 $common @HOST@" judge_perf
-            fi
+            pick "$ours @VM@" "ib_$t -R -d siw0 $common" "$ours" "ib_$t -R -d siw0 $common @HOST@"
+            run "ib_$t-$role$sfx" "$role" "$crc" 18515 "$HOST" "$VMC" judge_perf
         done
     done
 done

@@ -89,6 +89,12 @@ judge_perf() {
     fi
 }
 
+# pick HOST-CMD VM-CMD (our client's run) HOST-CMD VM-CMD (our server's):
+# HOST and VMC for $ROLE.
+pick() {
+    if [[ "$ROLE" == client ]]; then HOST="$1" VMC="$2"; else HOST="$3" VMC="$4"; fi
+}
+
 # Clients first, then servers: the VM of the CRC servers runs the tunable
 # siw, so a siw-interop session boots twice.
 for crc in nocrc crc; do
@@ -97,28 +103,16 @@ for crc in nocrc crc; do
     sfx=""
     [[ "$crc" == crc ]] && sfx="-crc"
     for ROLE in client server; do
-        # rping
         PORT=7174 JUDGE=judge_rping
-        if [[ "$ROLE" == client ]]; then
-            VMC='rping -s -a @VM@ -v -C 3'
-            HOST="$RPING -c -a @VM@ -C 3 -v -V --timeout 20 $ours $XDP"
-        else
-            HOST="$RPING -s -C 3 --timeout 60 $XDP"
-            VMC='rping -c -a @XDP@ -v -V -C 3'
-        fi
+        pick "$RPING -c -a @VM@ -C 3 -v -V --timeout 20 $ours $XDP" 'rping -s -a @VM@ -v -C 3' \
+            "$RPING -s -C 3 --timeout 60 $XDP" 'rping -c -a @XDP@ -v -V -C 3'
         run "rping-$ROLE$sfx" "$ROLE" "$crc"
-        # perftest
         PORT=18515 JUDGE=judge_perf
         for T in write_bw read_lat send_bw; do
             read -r size iters <<<"${ARGS[$T]}"
             common="-s $size -n $iters"
-            if [[ "$ROLE" == client ]]; then
-                VMC="ib_$T -R -d siw0 $common"
-                HOST="$PERF $T @VM@ -p $PORT $common $ours $XDP"
-            else
-                HOST="$PERF $T -p $PORT $common $XDP"
-                VMC="ib_$T -R -d siw0 $common @XDP@"
-            fi
+            pick "$PERF $T @VM@ -p $PORT $common $ours $XDP" "ib_$T -R -d siw0 $common" \
+                "$PERF $T -p $PORT $common $XDP" "ib_$T -R -d siw0 $common @XDP@"
             run "$T-$ROLE$sfx" "$ROLE" "$crc"
         done
     done
