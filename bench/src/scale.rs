@@ -99,6 +99,11 @@ pub struct ScaleResult {
     /// passes that did work during the traffic, over the frames it
     /// received meanwhile (idle passes of the spinning thread left out).
     pub rx_frame_ns: f64,
+    /// Side a's send cost per KiB written (ns): the time of its loop
+    /// rounds that did work (an engine pass that did work, or
+    /// completions to repost) during the counted seconds, over the KiB of
+    /// the writes that completed meanwhile.
+    pub tx_kib_ns: f64,
 }
 
 /// `VmRSS` (KiB) of a `/proc/self/status` text.
@@ -300,13 +305,14 @@ pub fn run(
             tcp_buffers,
             rx_dropped: st.xdp.map_or(0, |x| x.rx_dropped + x.rx_ring_full),
             rx_frame_ns,
+            tx_kib_ns: 0.0,
         })
     })?;
     let ha = spawn_in(
         &topo.ns_a,
         cpus.0,
         "scale-a",
-        move || -> io::Result<(f64, usize)> {
+        move || -> io::Result<(f64, usize, f64)> {
             let backend = match p.sender {
                 Sender::Kernel => Backend::Kernel,
                 Sender::Afxdp => Backend::AfXdp(xdp(veth, false, p.frames)),
@@ -361,6 +367,8 @@ pub fn run(
             let count = Duration::from_secs_f64(p.secs);
             let (mut counted, mut last) = (0u64, Instant::now());
             let mut counting: Option<Instant> = None;
+            // Side a's rounds that did work while counting.
+            let mut busy = Duration::ZERO;
             // QPs that have not seen a write complete yet.
             let mut cold = vec![true; n];
             let mut cold_left = n;
@@ -373,7 +381,8 @@ pub fn run(
                     counting = Some(Instant::now());
                     to_b.send(()).map_err(|_| err("side b is gone"))?;
                 }
-                dev.progress();
+                let round = Instant::now();
+                let worked = dev.progress();
                 let k = cq.poll(&mut wc);
                 if k > 0 {
                     last = Instant::now();
@@ -394,8 +403,12 @@ pub fn run(
                     }
                     post(q)?;
                 }
+                if counting.is_some() && (worked > 0 || k > 0) {
+                    busy += round.elapsed();
+                }
             }
             let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
+            let tx_kib_ns = busy.as_nanos() as f64 / (counted as f64 / 1024.0).max(1.0);
             crate::rdma::debug_stats(&dev);
             to_b.send(()).map_err(|_| err("side b is gone"))?;
             // The writes still outstanding complete (those that have not
@@ -423,15 +436,16 @@ pub fn run(
             } else {
                 0.0
             };
-            Ok((gbps, outstanding))
+            Ok((gbps, outstanding, tx_kib_ns))
         },
     )?;
     let ra = ha.join().map_err(|_| err("side a panicked"))?;
     let rb = hb.join().map_err(|_| err("side b panicked"))?;
     match (ra?, rb?) {
-        (Ok((gbps, stuck_writes)), Ok(b)) => Ok(ScaleResult {
+        (Ok((gbps, stuck_writes, tx_kib_ns)), Ok(b)) => Ok(ScaleResult {
             gbps,
             stuck_writes,
+            tx_kib_ns,
             ..b
         }),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),

@@ -128,6 +128,7 @@ fn main() -> std::process::ExitCode {
         "tcp bufs KiB/QP",
         "rx drops",
         "ns/rx frame",
+        "a ns/KiB",
     ]
     .map(String::from)
     .to_vec()];
@@ -159,6 +160,7 @@ fn main() -> std::process::ExitCode {
                         format!("{:.0}", r.tcp_buffers),
                         r.rx_dropped.to_string(),
                         format!("{:.0}", r.rx_frame_ns),
+                        format!("{:.0}", r.tx_kib_ns),
                     ]);
                     let rec = |cfg: &str, m: &str, u: &str, v: f64| {
                         with(Record::new(cfg, p.size, m, u, vec![v]))
@@ -180,6 +182,7 @@ fn main() -> std::process::ExitCode {
                         r.tcp_buffers,
                     ));
                     new.push(rec(&name, "rx_frame_cost", "ns", r.rx_frame_ns));
+                    new.push(rec(&name, "tx_kib_cost", "ns", r.tx_kib_ns));
                 }
                 Err(e) => {
                     eprintln!("scale: {n} QPs: {e}");
@@ -200,7 +203,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes) and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received)");
+    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes) and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received; a ns/KiB: side a's time in rounds that did work (an engine pass that did work, or completions to repost) during the counted seconds / KiB of the writes that completed)");
     let metric = |m: &str, n: usize| {
         recs.iter()
             .find(|r| r.metric == m && r.qps == Some(n) && r.config == name)
@@ -234,6 +237,20 @@ fn main() -> std::process::ExitCode {
             1.2,
         ));
     }
+    // Side a's cost has no target: it tells whether the sender or the
+    // receiver grew more expensive with the QP count.
+    if max > 1 && counts.contains(&1) {
+        let tx = |n: usize| metric("tx_kib_cost", n);
+        match (tx(max), tx(1)) {
+            (Some(a), Some(b)) if b > 0.0 => {
+                println!(
+                    "side a's send cost per KiB {max} QPs / 1 QP: {:.2} (no target)",
+                    a / b
+                )
+            }
+            _ => println!("side a's send cost per KiB {max} QPs / 1 QP: n/a"),
+        }
+    }
     for r in &ratios {
         match r.value {
             Some(v) => println!(
@@ -256,6 +273,7 @@ fn main() -> std::process::ExitCode {
         notes.push("scale: mem_per_qp = (process RSS with N QPs connected - RSS before any QP) / N, both engines in one process; /after-traffic: RSS after the traffic; /tcp-buffers: side b's smoltcp rx + tx buffer per connection (computed)".into());
         notes.push("scale: aggregate_bw = payload of the writes side a saw complete in the counted seconds (kernel sender: taken into its socket buffers); received_bw = bytes of the Ethernet frames side b's engine received in the same seconds".into());
         notes.push("scale: rx_frame_cost = side b's time in engine passes that did work (Device::progress > 0) during the traffic / frames its user-space TCP received meanwhile".into());
+        notes.push("scale: tx_kib_cost = side a's time in loop rounds that did work (Device::progress > 0 or completions to repost) during the counted seconds / KiB of the writes that completed meanwhile".into());
         Report {
             notes,
             ratios,
