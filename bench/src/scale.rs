@@ -373,7 +373,8 @@ pub fn run(
             let mut cold = vec![true; n];
             let mut cold_left = n;
             loop {
-                let el = t0.elapsed();
+                let round = Instant::now();
+                let el = round.duration_since(t0);
                 if counting.is_some_and(|c| c.elapsed() >= count) {
                     break;
                 }
@@ -381,7 +382,6 @@ pub fn run(
                     counting = Some(Instant::now());
                     to_b.send(()).map_err(|_| err("side b is gone"))?;
                 }
-                let round = Instant::now();
                 let worked = dev.progress();
                 let k = cq.poll(&mut wc);
                 if k > 0 {
