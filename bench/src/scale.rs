@@ -104,6 +104,10 @@ pub struct ScaleResult {
     /// completions to repost) during the counted seconds, over the KiB of
     /// the writes that completed meanwhile.
     pub tx_kib_ns: f64,
+    /// Connections side a opened per second, one after the other (each
+    /// connect returns once the MPA exchange is done): the time of its
+    /// connect loop over N.
+    pub connect_rate: f64,
 }
 
 /// `VmRSS` (KiB) of a `/proc/self/status` text.
@@ -306,13 +310,14 @@ pub fn run(
             rx_dropped: st.xdp.map_or(0, |x| x.rx_dropped + x.rx_ring_full),
             rx_frame_ns,
             tx_kib_ns: 0.0,
+            connect_rate: 0.0,
         })
     })?;
     let ha = spawn_in(
         &topo.ns_a,
         cpus.0,
         "scale-a",
-        move || -> io::Result<(f64, usize, f64)> {
+        move || -> io::Result<(f64, usize, f64, f64)> {
             let backend = match p.sender {
                 Sender::Kernel => Backend::Kernel,
                 Sender::Afxdp => Backend::AfXdp(xdp(veth, false, p.frames)),
@@ -326,6 +331,7 @@ pub fn run(
                 .map_err(|_| err("side b did not listen"))?;
             to_b.send(()).map_err(|_| err("side b is gone"))?;
             let mut qps: Vec<Qp> = Vec::with_capacity(n);
+            let connecting = Instant::now();
             for i in 0..n {
                 let qi = QpInit {
                     pd: pd.clone(),
@@ -341,6 +347,7 @@ pub fn run(
                         .map_err(|e| err(format!("connect {i}: {e}")))?,
                 );
             }
+            let connect_rate = n as f64 / connecting.elapsed().as_secs_f64();
             to_b.send(()).map_err(|_| err("side b is gone"))?;
             spin_recv(&dev, &b_says, WAIT)?;
             let post = |q: usize| {
@@ -436,16 +443,17 @@ pub fn run(
             } else {
                 0.0
             };
-            Ok((gbps, outstanding, tx_kib_ns))
+            Ok((gbps, outstanding, tx_kib_ns, connect_rate))
         },
     )?;
     let ra = ha.join().map_err(|_| err("side a panicked"))?;
     let rb = hb.join().map_err(|_| err("side b panicked"))?;
     match (ra?, rb?) {
-        (Ok((gbps, stuck_writes, tx_kib_ns)), Ok(b)) => Ok(ScaleResult {
+        (Ok((gbps, stuck_writes, tx_kib_ns, connect_rate)), Ok(b)) => Ok(ScaleResult {
             gbps,
             stuck_writes,
             tx_kib_ns,
+            connect_rate,
             ..b
         }),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),

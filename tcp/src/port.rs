@@ -162,6 +162,8 @@ pub(crate) struct Sent {
     rx_open: usize,
     /// The acknowledgement number of our last segment.
     rx_ack: u32,
+    /// We opened the connection (our SYN carried no acknowledgement).
+    initiated: bool,
     /// One past the highest data byte that arrived from the peer (of
     /// segments within a window of our last acknowledgement).
     rx_end: u32,
@@ -425,7 +427,14 @@ const TURN_SEGMENTS: usize = 16;
 ///   its peer may have gone quiet for a loss, and smoltcp then waits for
 ///   a segment before it probes.
 /// * A SYN's window is left alone: a connection takes its share from
-///   its first acknowledgement after the handshake on.
+///   its first acknowledgement after the handshake on. That lets the
+///   first message of a connecting peer (an MPA request) in however the
+///   frames are held. A connection we open needs the same for its peer's
+///   first message, which answers the one our first acknowledgement
+///   carries (an MPA reply): that acknowledgement's window is at least
+///   one segment, held frames or not. Cut to nothing, the connection
+///   would wait for its reply until a window that an idle connection
+///   holds has gone unused for a second and is retracted.
 ///
 /// Every step is constant time per segment or event: the queue is a
 /// FIFO whose stale entries (connections gone or restarted) are skipped
@@ -1193,6 +1202,7 @@ impl SentTable {
                 rx_longest: 0,
                 rx_short: false,
                 rx_ack: acked,
+                initiated: !tcp.ack(),
                 rx_end: acked,
                 smol_edge: 0,
                 wait: None,
@@ -1304,10 +1314,14 @@ impl SentTable {
         }
         s.smol_edge = ack.wrapping_add(smol as u32);
         let first = s.rx_edge.is_none();
+        let mss = self.share.mss;
+        // The first window of a connection we opened: at least a segment,
+        // for its peer's answer (see [`WindowShare`]).
+        let floor = if first && s.initiated { mss } else { 0 };
         let cut = self
             .share
             .offer(s.counted())
-            .and_then(|offer| cut_window(field, shift, ack, s.rx_edge, offer));
+            .and_then(|offer| cut_window(field, shift, ack, s.rx_edge, offer.max(floor)));
         let open = usize::from(cut.unwrap_or(field)) << shift;
         s.rx_edge = Some(ack.wrapping_add(open as u32));
         // Past the peer's FIN nothing more can come: the window holds
@@ -1319,7 +1333,6 @@ impl SentTable {
         if held > 0 {
             self.share.hold(flow, s);
         }
-        let mss = self.share.mss;
         // A connection waits for credit when its peer has shown it has
         // data: it filled its window or probed it, or sent lately. A new
         // one waits too: its peer's first message (such as an MPA reply)
@@ -1815,7 +1828,7 @@ pub(crate) enum PortTx<'a, T> {
     Discard,
 }
 
-/// Change the TCP segment in `frame` as `how` says, its checksum refilled
+/// Change the TCP segment in `frame` as `how` says, its checksum updated
 /// if smoltcp fills checksums.
 fn rewrite(frame: &mut [u8], how: Rewrite, checksum: bool) {
     let ip_start = EthernetFrame::<&[u8]>::header_len();
@@ -1825,7 +1838,6 @@ fn rewrite(frame: &mut [u8], how: Rewrite, checksum: bool) {
     let Ok(mut ip) = Ipv4Packet::new_checked(ip_bytes) else {
         return;
     };
-    let (src, dst) = (ip.src_addr(), ip.dst_addr());
     let tcp_len = usize::from(ip.total_len()).saturating_sub(usize::from(ip.header_len()));
     let Some(tcp_bytes) = ip.payload_mut().get_mut(..tcp_len) else {
         return;
@@ -1833,15 +1845,33 @@ fn rewrite(frame: &mut [u8], how: Rewrite, checksum: bool) {
     let Ok(mut tcp) = TcpPacket::new_checked(tcp_bytes) else {
         return;
     };
+    // The checksum is updated for the changed fields alone (RFC 1624),
+    // not summed again over the payload: nearly every data segment has
+    // its window cut once many connections share the frames.
+    let mut sum = tcp.checksum();
     if let Some(seq) = how.seq {
+        let old = tcp.seq_number().0 as u32;
+        sum = csum_replace(sum, (old >> 16) as u16, (seq >> 16) as u16);
+        sum = csum_replace(sum, old as u16, seq as u16);
         tcp.set_seq_number(TcpSeqNumber(seq as i32));
     }
     if let Some(window) = how.window {
+        sum = csum_replace(sum, tcp.window_len(), window);
         tcp.set_window_len(window);
     }
     if checksum {
-        tcp.fill_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst));
+        tcp.set_checksum(sum);
     }
+}
+
+/// The Internet checksum `sum` of data in which the 16-bit word `old`
+/// became `new` (RFC 1624, eqn. 3: `~(~sum + ~old + new)`, in ones'
+/// complement arithmetic).
+fn csum_replace(sum: u16, old: u16, new: u16) -> u16 {
+    let mut acc = u32::from(!sum) + u32::from(!old) + u32::from(new);
+    acc = (acc & 0xffff) + (acc >> 16);
+    acc = (acc & 0xffff) + (acc >> 16);
+    !(acc as u16)
 }
 
 impl<T: phy::TxToken> phy::TxToken for PortTx<'_, T> {
@@ -2243,6 +2273,9 @@ mod tests {
         let mut f = segment(outgoing, syn, seq, ack, window, payload);
         let at = if outgoing { 36 } else { 34 };
         f[at..at + 2].copy_from_slice(&port.to_be_bytes());
+        let (src, dst) = if outgoing { (US, PEER) } else { (PEER, US) };
+        TcpPacket::new_unchecked(&mut f[34..])
+            .fill_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst));
         f
     }
 
@@ -2335,6 +2368,82 @@ mod tests {
         t.forget(flow(40001));
         assert_eq!(updates(&t), vec![(40003, 1000, 1, 1000)]);
         assert_eq!((t.share.open.get(), t.share.waiting.get()), (4000, 0));
+    }
+
+    /// The checksum of a rewritten segment, updated for the changed
+    /// fields alone, is the one summed over the whole segment: for any
+    /// payload, sequence number and window, old and new.
+    #[test]
+    fn a_rewritten_segment_keeps_a_valid_checksum() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..2000 {
+            let len = (next() % 1500) as usize;
+            let payload: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let (seq, window) = (next() as u32, next() as u16);
+            let mut f = segment(true, false, seq, Some(next() as u32), window, &payload);
+            let how = Rewrite {
+                seq: (i % 3 != 0).then(|| next() as u32),
+                window: (i % 3 != 1).then(|| [0, u16::MAX, next() as u16][i % 3]),
+            };
+            rewrite(&mut f, how, true);
+            let seg = Segment::parse(&f, true).unwrap();
+            assert!(seg
+                .tcp
+                .verify_checksum(&IpAddress::Ipv4(US), &IpAddress::Ipv4(PEER)));
+            assert_eq!(seg.tcp.seq_number().0 as u32, how.seq.unwrap_or(seq));
+            assert_eq!(seg.tcp.window_len(), how.window.unwrap_or(window));
+        }
+    }
+
+    /// A connection we open is offered a segment by the acknowledgement
+    /// that ends its handshake, however the frames are held, so that its
+    /// peer's answer to its first message can come; past that answer it
+    /// waits for credit like the others.
+    #[test]
+    fn a_connection_we_open_gets_a_segment_for_its_peers_answer() {
+        let t = SentTable {
+            share: WindowShare::new(4, 1000),
+            ..SentTable::default()
+        };
+        // Connections the peer opened: the first holds the whole pool,
+        // the next gets nothing and waits.
+        assert_eq!(establish(&t, 40000), 4000);
+        assert_eq!(establish(&t, 40001), 0);
+        assert_eq!(t.share.waiting.get(), 1);
+        // One we open: our SYN carries no acknowledgement (its window is
+        // left alone); the acknowledgement of the peer's SYN-ACK, with
+        // our first message, offers a segment.
+        assert_eq!(
+            send(&t, &seg_of(40002, true, true, 999, None, 60000, &[])),
+            60000
+        );
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40002, true, false, 1000, Some(1), 60000, &[5; 30])
+            ),
+            1000
+        );
+        assert_eq!(t.share.waiting.get(), 1, "it does not wait yet");
+        // The answer arrives; our acknowledgement keeps the edge (1 +
+        // 1000) and nothing beyond it: the connection now waits.
+        rx(
+            &t,
+            &seg_of(40002, false, false, 1, Some(1030), 100, &[1; 20]),
+        );
+        assert_eq!(
+            send(&t, &seg_of(40002, true, false, 1030, Some(21), 60000, &[])),
+            980
+        );
+        assert_eq!(t.share.waiting.get(), 2);
+        // A connection the peer opened gets no such segment.
+        assert_eq!(establish(&t, 40003), 0);
     }
 
     /// More connections than frames: a connection's share may be zero;

@@ -129,6 +129,7 @@ fn main() -> std::process::ExitCode {
         "rx drops",
         "ns/rx frame",
         "a ns/KiB",
+        "conn/s",
     ]
     .map(String::from)
     .to_vec()];
@@ -161,6 +162,7 @@ fn main() -> std::process::ExitCode {
                         r.rx_dropped.to_string(),
                         format!("{:.0}", r.rx_frame_ns),
                         format!("{:.0}", r.tx_kib_ns),
+                        format!("{:.0}", r.connect_rate),
                     ]);
                     let rec = |cfg: &str, m: &str, u: &str, v: f64| {
                         with(Record::new(cfg, p.size, m, u, vec![v]))
@@ -183,6 +185,7 @@ fn main() -> std::process::ExitCode {
                     ));
                     new.push(rec(&name, "rx_frame_cost", "ns", r.rx_frame_ns));
                     new.push(rec(&name, "tx_kib_cost", "ns", r.tx_kib_ns));
+                    new.push(rec(&name, "connect_rate", "conn/s", r.connect_rate));
                 }
                 Err(e) => {
                     eprintln!("scale: {n} QPs: {e}");
@@ -203,7 +206,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes) and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received; a ns/KiB: side a's time in rounds that did work (an engine pass that did work, or completions to repost) during the counted seconds / KiB of the writes that completed)");
+    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes) and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received; a ns/KiB: side a's time in rounds that did work (an engine pass that did work, or completions to repost) during the counted seconds / KiB of the writes that completed; conn/s: connections side a opened one after the other per second, MPA exchange included)");
     let metric = |m: &str, n: usize| {
         recs.iter()
             .find(|r| r.metric == m && r.qps == Some(n) && r.config == name)
