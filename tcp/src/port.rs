@@ -164,6 +164,11 @@ pub(crate) struct Sent {
     rx_ack: u32,
     /// We opened the connection (our SYN carried no acknowledgement).
     initiated: bool,
+    /// Our first acknowledgement (of this number) offered a segment
+    /// beyond the connection's share (see [`WindowShare`]): the first
+    /// one that acknowledges data of the peer takes back what the peer
+    /// left of it.
+    floored: Option<u32>,
     /// One past the highest data byte that arrived from the peer (of
     /// segments within a window of our last acknowledgement).
     rx_end: u32,
@@ -356,7 +361,8 @@ const TURN_SEGMENTS: usize = 16;
 /// all connections hold open together stay within `frames × mss` bytes
 /// (the pool), so the peers together cannot have more in flight than the
 /// device has frames to receive into, however many connections there
-/// are.
+/// are (but for a segment of each connection we opened, from its
+/// handshake to its peer's first answer; see the SYN-ACK below).
 ///
 /// smoltcp advertises its whole free buffer and cannot be told less, so
 /// the window field of each segment it sends is cut on the way out; the
@@ -432,9 +438,12 @@ const TURN_SEGMENTS: usize = 16;
 ///   frames are held. A connection we open needs the same for its peer's
 ///   first message, which answers the one our first acknowledgement
 ///   carries (an MPA reply): that acknowledgement's window is at least
-///   one segment, held frames or not. Cut to nothing, the connection
-///   would wait for its reply until a window that an idle connection
-///   holds has gone unused for a second and is retracted.
+///   one segment, held frames or not, and the first acknowledgement of
+///   the peer's data takes back what the peer left of a segment its
+///   share did not hold (its right edge moves back to what the share
+///   allows). Cut to nothing,
+///   the connection would wait for its reply until a window that an idle
+///   connection holds has gone unused for a second and is retracted.
 ///
 /// Every step is constant time per segment or event: the queue is a
 /// FIFO whose stale entries (connections gone or restarted) are skipped
@@ -1181,7 +1190,7 @@ impl SentTable {
             } else {
                 0
             };
-            let sent = Sent {
+            let mut sent = Sent {
                 start,
                 next: start,
                 una: start,
@@ -1203,6 +1212,7 @@ impl SentTable {
                 rx_short: false,
                 rx_ack: acked,
                 initiated: !tcp.ack(),
+                floored: None,
                 rx_end: acked,
                 smol_edge: 0,
                 wait: None,
@@ -1219,6 +1229,8 @@ impl SentTable {
             // open is no longer counted, its place in the queue is lost.
             if let Some(mut old) = entries.remove(&key) {
                 self.share.remove(&mut old);
+                // A simultaneous open: our SYN-ACK follows our SYN.
+                sent.initiated |= old.initiated;
             }
             // A SYN's window (never scaled) is left alone: the connection
             // takes its share from its first acknowledgement on. Cut to
@@ -1315,13 +1327,23 @@ impl SentTable {
         s.smol_edge = ack.wrapping_add(smol as u32);
         let first = s.rx_edge.is_none();
         let mss = self.share.mss;
+        let offer = self.share.offer(s.counted());
         // The first window of a connection we opened: at least a segment,
-        // for its peer's answer (see [`WindowShare`]).
+        // for its peer's answer; the first acknowledgement of the answer
+        // takes back what the peer left of a segment its share did not
+        // hold (see [`WindowShare`]).
         let floor = if first && s.initiated { mss } else { 0 };
-        let cut = self
-            .share
-            .offer(s.counted())
-            .and_then(|offer| cut_window(field, shift, ack, s.rx_edge, offer.max(floor)));
+        let edge = match s.floored {
+            Some(at) if at != ack => {
+                s.floored = None;
+                None
+            }
+            _ => s.rx_edge,
+        };
+        if offer.is_some_and(|o| o < floor) {
+            s.floored = Some(ack);
+        }
+        let cut = offer.and_then(|offer| cut_window(field, shift, ack, edge, offer.max(floor)));
         let open = usize::from(cut.unwrap_or(field)) << shift;
         s.rx_edge = Some(ack.wrapping_add(open as u32));
         // Past the peer's FIN nothing more can come: the window holds
@@ -1494,6 +1516,22 @@ impl SentTable {
         let Some(s) = entries.get_mut(&key) else {
             return;
         };
+        if tcp.syn() {
+            // The peer's SYN-ACK: smoltcp scales our window field from
+            // the acknowledgement that ends the handshake on, which
+            // leaves in the same poll, before the stack settles the
+            // connection's options ([`Self::set_peer`], the same rule).
+            let scales = tcp
+                .options_summary()
+                .ok()
+                .and_then(|o| o.window_scale)
+                .is_some();
+            s.our_shift = if scales {
+                s.our_scale.unwrap_or(0).min(14)
+            } else {
+                0
+            };
+        }
         let ack = tcp.ack_number().0 as u32;
         let seq = tcp.seq_number().0 as u32;
         let closed = s.rx_open == 0 && s.rx_edge.is_some() && s.peer_fin.is_none();
@@ -2389,7 +2427,7 @@ mod tests {
             let mut f = segment(true, false, seq, Some(next() as u32), window, &payload);
             let how = Rewrite {
                 seq: (i % 3 != 0).then(|| next() as u32),
-                window: (i % 3 != 1).then(|| [0, u16::MAX, next() as u16][i % 3]),
+                window: (i % 3 != 1).then(|| [0, u16::MAX, next() as u16][i / 3 % 3]),
             };
             rewrite(&mut f, how, true);
             let seg = Segment::parse(&f, true).unwrap();
@@ -2424,6 +2462,11 @@ mod tests {
             60000
         );
         assert_eq!(
+            send(&t, &seg_of(40002, true, false, 1000, Some(1), 60000, &[])),
+            1000
+        );
+        // Our first message, which acknowledges nothing new, keeps it.
+        assert_eq!(
             send(
                 &t,
                 &seg_of(40002, true, false, 1000, Some(1), 60000, &[5; 30])
@@ -2431,19 +2474,53 @@ mod tests {
             1000
         );
         assert_eq!(t.share.waiting.get(), 1, "it does not wait yet");
-        // The answer arrives; our acknowledgement keeps the edge (1 +
-        // 1000) and nothing beyond it: the connection now waits.
+        // The answer arrives; our acknowledgement takes back the rest of
+        // that segment (the share holds nothing for it): the connection
+        // now waits, and the pool holds no more than its frames.
         rx(
             &t,
             &seg_of(40002, false, false, 1, Some(1030), 100, &[1; 20]),
         );
         assert_eq!(
             send(&t, &seg_of(40002, true, false, 1030, Some(21), 60000, &[])),
-            980
+            0
         );
         assert_eq!(t.share.waiting.get(), 2);
+        assert_eq!(t.share.open.get(), 4000);
         // A connection the peer opened gets no such segment.
         assert_eq!(establish(&t, 40003), 0);
+        // With window scaling: the peer's SYN-ACK offers scaling, so
+        // smoltcp scales the acknowledgement that follows in the same
+        // poll, before the stack settles the options; the segment is
+        // offered in units of the scale (1000 bytes = 250 × 4).
+        send(&t, &seg_of(40004, true, true, 999, None, 60000, &[]));
+        t.entries
+            .borrow_mut()
+            .get_mut(&flow(40004))
+            .unwrap()
+            .our_scale = Some(2);
+        let synack = TcpRepr {
+            src_port: 40004,
+            dst_port: 7174,
+            control: TcpControl::Syn,
+            seq_number: TcpSeqNumber(0),
+            ack_number: Some(TcpSeqNumber(1000)),
+            window_len: 100,
+            window_scale: Some(3),
+            max_seg_size: Some(1000),
+            sack_permitted: false,
+            sack_ranges: [None; 3],
+            timestamp: None,
+            payload: &[],
+        };
+        rx(&t, &frame(PEER, US, &synack, false));
+        assert_eq!(
+            send(
+                &t,
+                &seg_of(40004, true, false, 1000, Some(1), 15000, &[5; 30])
+            ),
+            250
+        );
     }
 
     /// More connections than frames: a connection's share may be zero;
