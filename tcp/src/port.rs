@@ -234,6 +234,17 @@ pub(crate) struct Sent {
 }
 
 impl Sent {
+    /// Our window field's shift once the peer's SYN (or SYN-ACK) is
+    /// known: ours if the peer offered scaling too (`peer_scales`), else
+    /// 0 (RFC 7323 §2.2).
+    fn settle_our_shift(&mut self, peer_scales: bool) {
+        self.our_shift = if peer_scales {
+            self.our_scale.unwrap_or(0).min(14)
+        } else {
+            0
+        };
+    }
+
     /// Data bytes sent at least once.
     pub(crate) fn bytes(&self) -> u32 {
         self.next.wrapping_sub(self.start)
@@ -833,10 +844,7 @@ impl SentTable {
     pub(crate) fn set_peer(&self, flow: Flow, syn: SynOptions) {
         if let Some(s) = self.entries.borrow_mut().get_mut(&flow) {
             s.window_shift = syn.window_shift();
-            s.our_shift = match syn.window_scale {
-                Some(_) => s.our_scale.unwrap_or(0).min(14),
-                None => 0,
-            };
+            s.settle_our_shift(syn.window_scale.is_some());
             if let Some(r) = &mut s.reno {
                 r.on_peer_syn(syn.mss);
             }
@@ -1520,17 +1528,9 @@ impl SentTable {
             // The peer's SYN-ACK: smoltcp scales our window field from
             // the acknowledgement that ends the handshake on, which
             // leaves in the same poll, before the stack settles the
-            // connection's options ([`Self::set_peer`], the same rule).
-            let scales = tcp
-                .options_summary()
-                .ok()
-                .and_then(|o| o.window_scale)
-                .is_some();
-            s.our_shift = if scales {
-                s.our_scale.unwrap_or(0).min(14)
-            } else {
-                0
-            };
+            // connection's options ([`Self::set_peer`]).
+            let options = tcp.options_summary().ok();
+            s.settle_our_shift(options.and_then(|o| o.window_scale).is_some());
         }
         let ack = tcp.ack_number().0 as u32;
         let seq = tcp.seq_number().0 as u32;
