@@ -151,19 +151,62 @@ impl Topology {
     pub fn offloads(&self, on: bool) -> io::Result<()> {
         let v = if on { "on" } else { "off" };
         for (ns, dev) in [(&self.ns_a, IF_A), (&self.ns_b, IF_B)] {
-            let out = Command::new("ip")
-                .args(["netns", "exec", ns, "ethtool", "-K", dev])
-                .args(["tx", v, "tso", v, "gso", v])
-                .output()?;
-            if !out.status.success() {
-                return Err(io::Error::other(format!(
-                    "ethtool -K {dev} offloads {v}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
-            }
+            netns_exec(
+                ns,
+                &["ethtool", "-K", dev, "tx", v, "tso", v, "gso", v],
+                &format!("ethtool -K {dev} offloads {v}"),
+            )?;
         }
         Ok(())
     }
+
+    /// Steer the kernel's processing of the frames side a's end receives
+    /// (`xa`) to `cpu` with Receive Packet Steering, as a host of its own
+    /// would run it on its own CPU. veth otherwise runs it in the context
+    /// of whoever sent the frame: a kernel TCP sender's acknowledgement
+    /// processing, and the segments that it releases, inside side b's
+    /// `sendto`, on side b's core.
+    pub fn steer_a(&self, cpu: usize) -> io::Result<()> {
+        let mask = rps_mask(cpu);
+        let script = format!(
+            "for q in /sys/class/net/{IF_A}/queues/rx-*; do echo {mask} > \"$q/rps_cpus\" || exit 1; done"
+        );
+        netns_exec(
+            &self.ns_a,
+            &["sh", "-c", &script],
+            &format!("rps_cpus of {IF_A}"),
+        )
+    }
+}
+
+/// Run `args` in namespace `ns`; a failure is an error that starts with
+/// `what` and carries the command's stderr.
+fn netns_exec(ns: &str, args: &[&str], what: &str) -> io::Result<()> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The `rps_cpus` mask of one CPU: hexadecimal words of 32 CPUs, the
+/// highest first, separated by commas.
+fn rps_mask(cpu: usize) -> String {
+    let words = cpu / 32 + 1;
+    (0..words)
+        .rev()
+        .map(|w| {
+            let bits: u32 = if w == cpu / 32 { 1 << (cpu % 32) } else { 0 };
+            format!("{bits:08x}")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl Drop for Topology {
@@ -248,4 +291,18 @@ pub fn default_cpus() -> (Option<usize>, Option<usize>) {
 /// Whether the process runs as root (namespaces, veth, XDP need it).
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rps_mask;
+
+    #[test]
+    fn rps_masks_name_one_cpu() {
+        assert_eq!(rps_mask(0), "00000001");
+        assert_eq!(rps_mask(5), "00000020");
+        assert_eq!(rps_mask(31), "80000000");
+        assert_eq!(rps_mask(32), "00000001,00000000");
+        assert_eq!(rps_mask(70), "00000040,00000000,00000000");
+    }
 }

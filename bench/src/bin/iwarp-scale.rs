@@ -51,6 +51,12 @@ struct Cli {
     /// ring; 0: windows are not cut).
     #[arg(long)]
     window_frames: Option<usize>,
+    /// With the kernel sender, leave the kernel's processing of the
+    /// frames side a receives where veth runs it: in side b's `sendto`,
+    /// on side b's core. By default it is steered to side a's CPU (RPS),
+    /// as on a host of its own.
+    #[arg(long)]
+    no_steer: bool,
 }
 
 /// The series name: receiver backend and sender backend.
@@ -99,9 +105,22 @@ fn main() -> std::process::ExitCode {
     };
     let reps = c.n.unwrap_or(1).max(1);
     let cpus = c.cpus();
+    // The kernel sender's TCP runs on side a's core, as on a host of its
+    // own (the AF_XDP sender's kernel only redirects and copies frames,
+    // a NIC's work, which stays with whoever sent them).
+    let steered = match (p.sender, cpus.0) {
+        (Sender::Kernel, Some(cpu)) if !cli.no_steer => match topo.steer_a(cpu) {
+            Ok(()) => Some(cpu),
+            Err(e) => {
+                eprintln!("error: steering side a's receive processing to CPU {cpu}: {e} (--no-steer runs without)");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     println!("command: {}", report::command_line());
     println!(
-        "{}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames, receiver TCP buffers {}",
+        "{}, CPUs {cpus:?}, {} B writes, window {} per QP, {} s counted after {} s, sender {:?}, {} UMEM frames, receiver TCP buffers {}, side a's receive processing {}",
         topo.veth, p.size, p.window, p.secs, p.warmup, p.sender, p.frames,
         if p.fit {
             "fitted to the fill ring"
@@ -109,6 +128,10 @@ fn main() -> std::process::ExitCode {
             "bounded together by the fill ring"
         } else {
             "default"
+        },
+        match steered {
+            Some(cpu) => format!("on CPU {cpu} (RPS)"),
+            None => "where veth runs it".into(),
         }
     );
     let name = series(p.sender, p.fit, p.budget, p.window_frames);
@@ -273,6 +296,10 @@ fn main() -> std::process::ExitCode {
     let rep = {
         let mut notes = iwarp_bench::notes();
         notes.push(format!("scale: side b = one AF_XDP engine in manual progress on one core (receiver); side a = {:?} engine (sender) on the other; every QP keeps {} writes of {} B outstanding, reposted as completions arrive", p.sender, p.window, p.size));
+        notes.push(match steered {
+            Some(cpu) => format!("scale: the kernel's processing of frames side a receives runs on side a's CPU {cpu} (rps_cpus of its veth end)"),
+            None => "scale: the kernel's processing of frames side a receives runs where veth runs it (in the sender's context)".into(),
+        });
         notes.push("scale: mem_per_qp = (process RSS with N QPs connected - RSS before any QP) / N, both engines in one process; /after-traffic: RSS after the traffic; /tcp-buffers: side b's smoltcp rx + tx buffer per connection (computed)".into());
         notes.push("scale: aggregate_bw = payload of the writes side a saw complete in the counted seconds (kernel sender: taken into its socket buffers); received_bw = bytes of the Ethernet frames side b's engine received in the same seconds".into());
         notes.push("scale: rx_frame_cost = side b's time in engine passes that did work (Device::progress > 0) during the traffic / frames its user-space TCP received meanwhile".into());
