@@ -130,8 +130,10 @@ pub struct Config {
     /// Seed of smoltcp's generator (initial sequence numbers, ephemeral
     /// choices): fixed for reproducible runs.
     pub seed: u64,
-    /// How long a connection goes unvisited (no frame, no call of the
-    /// application's, no timer) before the stack gives the pages of its
+    /// How long a connection stays quiet (no visit that found data in one
+    /// of its buffers or changed its state: frames that move no data,
+    /// such as keep-alives or window updates, leave it quiet) before the
+    /// stack gives the pages of its
     /// socket buffers back to the system, if they hold nothing it will
     /// read again: no unread or unacknowledged data, nothing that arrived
     /// beyond our acknowledgement; and that does not wait for its turn of

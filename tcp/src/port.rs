@@ -185,6 +185,8 @@ pub(crate) struct Sent {
     granted: Option<u64>,
     /// Window updates sent again since the last grant.
     repeats: u8,
+    /// The period of the last grant of credit (`u64::MAX`: none yet).
+    last_grant: u64,
     /// The peer sent data up to the right edge we advertised (or probed
     /// past it) since its last grant: it has more to send than it was
     /// offered, and is granted a turn ([`SentTable::grant`]).
@@ -223,6 +225,10 @@ pub(crate) struct Sent {
     nudge: Option<(u64, u8)>,
     /// The longest payload the peer has sent.
     rx_longest: usize,
+    /// A data segment arrived past a hole, inside the window: see
+    /// [`Self::holds_out_of_order`]. Cleared once all that arrived is
+    /// acknowledged.
+    rx_held: bool,
     /// The peer's last data segment was shorter than its longest: what it
     /// had to send ran out there (smoltcp and Linux send a short segment
     /// only when no more bytes wait behind it). A peer whose last
@@ -272,6 +278,14 @@ impl Sent {
     /// acknowledge.
     pub(crate) fn holds_unacknowledged(&self) -> bool {
         self.arrived_beyond_ack() > 0
+    }
+
+    /// Data arrived past a hole inside the window we advertised and is
+    /// not yet acknowledged: smoltcp holds it out of order, and the peer
+    /// resends the hole into this window (a probe's byte past the
+    /// window's edge is not held).
+    fn holds_out_of_order(&self) -> bool {
+        self.rx_held && self.arrived_beyond_ack() > 0
     }
 
     /// The connection waits in [`WindowShare`]'s queue for credit: its
@@ -334,14 +348,21 @@ const UNUSED_PERIODS: u64 = 100;
 /// [`UNUSED_PERIODS`] while the waiting connections wait behind it.
 const QUIET_PERIODS: u64 = 5;
 
-/// How many periods apart a connection whose window was retracted soon
-/// after its peer last sent is nudged ([`SentTable::release`]): one
-/// second, smoltcp's least retransmission timeout.
+/// How many periods after its retraction a connection whose peer sent
+/// data lately is first nudged ([`SentTable::release`]): one second,
+/// smoltcp's least retransmission timeout. Each further nudge waits twice
+/// as long as the one before, as the peer's timeout doubles each time it
+/// fires.
 const NUDGE_PERIODS: u64 = 100;
 
-/// How many nudges such a connection is sent at most (its peer's
-/// retransmission timeout doubles each time it fires).
+/// How many nudges such a connection is sent at most: three, 1 + 2 + 4
+/// seconds, for a peer whose data and two retransmissions were lost.
 const MAX_NUDGES: u8 = 3;
+
+/// How lately a peer must have sent data, or been granted a window, for
+/// its retracted connection to be nudged: three seconds (an unused window
+/// is retracted one to two [`UNUSED_PERIODS`] after its peer last sent).
+const NUDGE_RECENT_PERIODS: u64 = 3 * UNUSED_PERIODS;
 
 /// After how many periods a window update the peer did not answer with
 /// data is sent again (20–30 ms: a peer with data answers within its
@@ -440,9 +461,10 @@ const TURN_SEGMENTS: usize = 16;
 ///   with a turn's window open, start sending at once). A peer with more
 ///   to send into a retracted window probes it (its persist timer); our
 ///   acknowledgement of the probe queues the connection for credit. One
-///   whose peer sent lately is nudged a second later ([`SentTable::nudge`]):
-///   its peer may have gone quiet for a loss, and smoltcp then waits for
-///   a segment before it probes.
+///   whose peer sent lately is nudged one, three and seven seconds later
+///   ([`SentTable::nudge`]): its peer may have gone quiet for a loss,
+///   and smoltcp then waits for a segment before it probes. A window
+///   holding data past a hole is not retracted.
 /// * A SYN's window is left alone: a connection takes its share from
 ///   its first acknowledgement after the handshake on. That lets the
 ///   first message of a connecting peer (an MPA request) in however the
@@ -512,9 +534,10 @@ pub(crate) struct WindowShare {
     pub(crate) quiet_turns: Cell<u64>,
     /// Connections whose windows were retracted soon after their peers
     /// last sent, to be nudged ([`SentTable::release`]), with the period
-    /// they were queued in, oldest first: an entry whose period the
+    /// they were queued in, oldest first, one queue for each nudge (the
+    /// n-th waits `NUDGE_PERIODS << n`): an entry whose period the
     /// connection no longer holds in [`Sent::nudge`] is stale.
-    nudges: RefCell<VecDeque<(Flow, u64)>>,
+    nudges: [RefCell<VecDeque<(Flow, u64)>>; MAX_NUDGES as usize],
     /// Nudges sent.
     pub(crate) nudged: Cell<u64>,
     /// Windows retracted ([`SentTable::retract`]).
@@ -894,8 +917,13 @@ impl SentTable {
             if !s.holding {
                 continue;
             }
-            if s.touched.saturating_add(UNUSED_PERIODS) > cur && s.counted() > 0 {
-                // Touched since it was queued: check again later.
+            if (s.touched.saturating_add(UNUSED_PERIODS) > cur || s.holds_out_of_order())
+                && s.counted() > 0
+            {
+                // Touched since it was queued, or holding data past a
+                // hole that the peer retransmits into this window (into
+                // a closed one smoltcp sends nothing, and a peer quiet
+                // that long is not nudged): check again later.
                 share.holders.borrow_mut().push_back((flow, cur));
                 continue;
             }
@@ -1003,12 +1031,14 @@ impl SentTable {
     /// close its window at our last acknowledgement and give its credit
     /// back. Returns whether there was one.
     ///
-    /// A connection whose peer sent data within two [`UNUSED_PERIODS`] is
-    /// then nudged ([`Self::nudge`]). Its peer may have gone quiet
-    /// because its data was lost and it waits for its retransmission
-    /// timeout; smoltcp, whose timeout then fires into a closed window,
-    /// sends nothing more (no retransmission, no probe) until a segment
-    /// arrives. One whose peer has been quiet longer is not.
+    /// A connection whose peer sent data, or that was granted credit,
+    /// within [`NUDGE_RECENT_PERIODS`] is then nudged ([`Self::nudge`]).
+    /// Its peer may have gone quiet because its data (perhaps sent into
+    /// the grant) was lost and it waits for its retransmission timeout
+    /// (doubled each time a retransmission is lost too); smoltcp, whose
+    /// timeout then fires into a closed window, sends nothing more (no
+    /// retransmission, no probe) until a segment arrives. One whose peer
+    /// has been quiet longer is not.
     fn release(&self, flow: Flow, s: &mut Sent) -> bool {
         let share = &self.share;
         let Some(n) = s.retracting.take() else {
@@ -1020,9 +1050,11 @@ impl SentTable {
         s.rx_edge = Some(s.rx_ack);
         share.retracted.set(share.retracted.get() + 1);
         let cur = share.period.get();
-        if s.received_within(2 * UNUSED_PERIODS, cur) {
+        let granted_lately =
+            s.last_grant != u64::MAX && s.last_grant.saturating_add(NUDGE_RECENT_PERIODS) >= cur;
+        if s.received_within(NUDGE_RECENT_PERIODS, cur) || granted_lately {
             s.nudge = Some((cur, 0));
-            share.nudges.borrow_mut().push_back((flow, cur));
+            share.nudges[0].borrow_mut().push_back((flow, cur));
         }
         true
     }
@@ -1049,8 +1081,8 @@ impl SentTable {
     /// Nudge the connections whose windows were retracted soon after
     /// their peers last sent ([`Self::release`]): each is sent its window
     /// update again (a zero window) [`NUDGE_PERIODS`] after the
-    /// retraction, and again after as long, [`MAX_NUDGES`] times at most,
-    /// until its peer sends. A smoltcp peer whose retransmission timeout
+    /// retraction, and again after twice as long as the time before,
+    /// [`MAX_NUDGES`] times at most, until its peer sends. A smoltcp peer whose retransmission timeout
     /// fired into the closed window takes the segment as its cue to
     /// start probing; its probe shows that it has data, and the
     /// connection waits for credit like any other. This costs a pure
@@ -1060,26 +1092,29 @@ impl SentTable {
     fn nudge(&self, entries: &mut HashMap<Flow, Sent, FlowHash>) {
         let share = &self.share;
         let cur = share.period.get();
-        while let Some((flow, stamp)) = pop_due(&share.nudges, NUDGE_PERIODS, cur) {
-            let Some(s) = entries.get_mut(&flow) else {
-                continue;
-            };
-            let Some((_, sent)) = s.nudge.filter(|&(at, _)| at == stamp) else {
-                continue;
-            };
-            let answered = s.rx_period != u64::MAX && s.rx_period > stamp;
-            if answered || s.wait.is_some() || s.rx_open > 0 || s.retracting.is_some() {
+        for (n, queue) in share.nudges.iter().enumerate() {
+            while let Some((flow, stamp)) = pop_due(queue, NUDGE_PERIODS << n, cur) {
+                let Some(s) = entries.get_mut(&flow) else {
+                    continue;
+                };
+                if s.nudge != Some((stamp, n as u8)) {
+                    continue;
+                }
+                let answered = s.rx_period != u64::MAX && s.rx_period > stamp;
+                if answered || s.wait.is_some() || s.rx_open > 0 || s.retracting.is_some() {
+                    s.nudge = None;
+                    continue;
+                }
+                share.nudged.set(share.nudged.get() + 1);
                 s.nudge = None;
-                continue;
-            }
-            share.nudged.set(share.nudged.get() + 1);
-            s.nudge = (sent + 1 < MAX_NUDGES).then_some((cur, sent + 1));
-            if s.nudge.is_some() {
-                share.nudges.borrow_mut().push_back((flow, cur));
-            }
-            if !s.update_due {
-                s.update_due = true;
-                self.updates.borrow_mut().push_back(flow);
+                if let Some(next) = share.nudges.get(n + 1) {
+                    s.nudge = Some((cur, n as u8 + 1));
+                    next.borrow_mut().push_back((flow, cur));
+                }
+                if !s.update_due {
+                    s.update_due = true;
+                    self.updates.borrow_mut().push_back(flow);
+                }
             }
         }
     }
@@ -1151,9 +1186,14 @@ impl SentTable {
             .map(|&(_, p)| p.saturating_add(QUIET_PERIODS));
         let nudge = share
             .nudges
-            .borrow()
-            .front()
-            .map(|&(_, p)| p.saturating_add(NUDGE_PERIODS));
+            .iter()
+            .enumerate()
+            .filter_map(|(n, q)| {
+                q.borrow()
+                    .front()
+                    .map(|&(_, p)| p.saturating_add(NUDGE_PERIODS << n))
+            })
+            .min();
         let short = share
             .short_until()
             .filter(|_| share.waiting.get() > 0 && share.free() >= share.mss);
@@ -1218,6 +1258,7 @@ impl SentTable {
                 nudge: None,
                 rx_longest: 0,
                 rx_short: false,
+                rx_held: false,
                 rx_ack: acked,
                 initiated: !tcp.ack(),
                 floored: None,
@@ -1227,6 +1268,7 @@ impl SentTable {
                 update_due: false,
                 granted: None,
                 repeats: 0,
+                last_grant: u64::MAX,
                 filled: false,
                 turn: None,
                 fin_end: None,
@@ -1331,6 +1373,7 @@ impl SentTable {
         if s.arrived_beyond_ack() == 0 {
             // What arrived is all acknowledged (or nothing has yet).
             s.rx_end = ack;
+            s.rx_held = false;
         }
         s.smol_edge = ack.wrapping_add(smol as u32);
         let first = s.rx_edge.is_none();
@@ -1421,8 +1464,20 @@ impl SentTable {
                 (true, true) => turn,
                 (true, false) => fair,
             };
-            let want = most.min(room.saturating_sub(open)) / mss * mss;
-            if want > 0 && share.free() < want.min(turn) && !share.short_for_long() {
+            // Data that arrived past a hole (a lost segment, or a probe's
+            // byte past the edge): the window reaches past it by a
+            // segment (within half the pool, which is free at some
+            // point). At an edge short of it the peer may have no room
+            // for anything new, and smoltcp, which stops its
+            // retransmission timer when a zero window opens, would then
+            // never resend the hole.
+            let past = match s.arrived_beyond_ack().saturating_sub(open) {
+                0 => 0,
+                n => ((n + mss).div_ceil(mss) * mss).min(share.pool() / 2 / mss * mss),
+            };
+            let want = most.max(past).min(room.saturating_sub(open)) / mss * mss;
+            let short = share.free() < want.min(turn) && !share.short_for_long();
+            if want > 0 && (short || share.free() < past.min(want)) {
                 // The first in line waits for a turn's worth, for a
                 // period at most.
                 if share.short_since.get().is_none() {
@@ -1459,6 +1514,7 @@ impl SentTable {
         s.rx_edge = Some(s.rx_ack.wrapping_add(new_open as u32));
         let cur = share.period.get();
         s.granted = Some(cur);
+        s.last_grant = cur;
         s.repeats = 0;
         s.turn = s.filled.then_some(new_open);
         if s.turn.is_some() {
@@ -1555,6 +1611,12 @@ impl SentTable {
             s.touched = self.share.period.get();
             s.granted = None;
             let end = seq.wrapping_add(tcp.payload().len() as u32);
+            if seq.wrapping_sub(s.rx_ack) as i32 > 0
+                && s.rx_edge
+                    .is_some_and(|edge| edge.wrapping_sub(end) as i32 >= 0)
+            {
+                s.rx_held = true;
+            }
             if s.rx_edge
                 .is_some_and(|edge| end.wrapping_sub(edge) as i32 >= 0)
             {
@@ -2756,7 +2818,7 @@ mod tests {
         // 40000's peer sent lately: it may wait for a retransmission
         // timeout, which fires into the closed window. It is nudged, its
         // zero window sent again, `NUDGE_PERIODS` later, and again after
-        // as long while its peer sends nothing, holding no credit.
+        // twice as long while its peer sends nothing, holding no credit.
         t.forget(flow(40001));
         assert_eq!(t.share.open.get(), 0);
         let nudge = NUDGE_PERIODS as i64 * p;
@@ -2764,7 +2826,9 @@ mod tests {
         assert_eq!(updates(&t), vec![]);
         t.tick(Instant::from_millis(retracted_at + nudge));
         assert_eq!(updates(&t), vec![(40000, 1000, 11, 0)]);
-        t.tick(Instant::from_millis(retracted_at + 2 * nudge));
+        t.tick(Instant::from_millis(retracted_at + 3 * nudge - p));
+        assert_eq!(updates(&t), vec![]);
+        t.tick(Instant::from_millis(retracted_at + 3 * nudge));
         assert_eq!(updates(&t), vec![(40000, 1000, 11, 0)]);
         // Its peer answers with a probe (smoltcp's: a byte past the
         // window): no third nudge. With the pool free, our
@@ -2774,7 +2838,7 @@ mod tests {
             send(&t, &seg_of(40000, true, false, 1000, Some(11), 60000, &[])),
             2000
         );
-        t.tick(Instant::from_millis(retracted_at + 3 * nudge));
+        t.tick(Instant::from_millis(retracted_at + 7 * nudge));
         assert_eq!(updates(&t), vec![]);
         assert_eq!(t.share.nudged.get(), 2);
     }

@@ -194,9 +194,10 @@ pub struct Counters {
     /// Of those, turns ended after 40–50 ms: the rest of each was
     /// retracted for the connections waiting.
     pub turns_ended_quiet: u64,
-    /// Zero-window updates sent again, a second apart, to connections
-    /// whose windows were retracted soon after their peers last sent (a
-    /// peer that went quiet for a loss starts probing on one).
+    /// Zero-window updates sent again, one, two and four seconds apart,
+    /// to connections whose windows were retracted within three seconds
+    /// of their peers' last data or of a grant (a peer that went quiet
+    /// for a loss starts probing on one).
     pub retraction_nudges: u64,
     /// Windows retracted: their peers left them unused for a second, or
     /// the rest of a turn for 40–50 ms, while other connections waited
@@ -262,7 +263,7 @@ struct Conn {
     deadline: Option<Instant>,
     /// Receive buffer bytes, counted against [`Config::rx_budget`].
     rx_capacity: usize,
-    /// The last visit.
+    /// The last visit that found data in a buffer or changed the state.
     visited: Instant,
     /// In the queue of connections [`Core::release_idle`] looks at.
     idle_queued: bool,
@@ -1217,7 +1218,14 @@ impl Core {
         let Some(c) = self.conn_mut(id) else {
             return changed;
         };
-        c.visited = now;
+        // A visit that leaves data in either buffer is activity; one for
+        // a frame that moved none (a pure acknowledgement, a window
+        // update, a nudge of a retracted window) leaves a quiet
+        // connection quiet.
+        let s = c.socket();
+        if changed || s.recv_queue() > 0 || s.send_queue() > 0 {
+            c.visited = now;
+        }
         let idle_queue = idle_release && !std::mem::replace(&mut c.idle_queued, true);
         let mut due = false;
         let mut timer = None;

@@ -99,3 +99,30 @@ fn data_held_out_of_order_is_not_given_back() {
     idle_for(&mut sim, after * 2 + Duration::from_millis(10));
     assert!(sim.b.counters().idle_releases > 0);
 }
+
+/// Frames that move no data (A's keep-alives every quarter of the idle
+/// period, and B's acknowledgements of them, as a nudge of a retracted
+/// window would be) leave a quiet connection quiet: each side gives its
+/// buffers back once the data stopped.
+#[test]
+fn frames_without_data_leave_a_connection_quiet() {
+    let after = Duration::from_millis(400);
+    let config = Config {
+        idle_release: Some(after),
+        keep_alive: Some(after / 4),
+        ..Config::default()
+    };
+    let mut sim = Sim::new(config, config, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+    let out = data(1 << 16, 3);
+    assert!(one_way_on(&mut sim, a, b, &out) == out);
+    let sent = (sim.a.counters().tx_frames, sim.b.counters().tx_frames);
+    idle_for(&mut sim, after * 3);
+    let (ca, cb) = (sim.a.counters(), sim.b.counters());
+    assert!(
+        ca.tx_frames >= sent.0 + 4 && cb.tx_frames >= sent.1 + 4,
+        "keep-alives and their answers: {ca:?} {cb:?}"
+    );
+    assert_eq!(ca.idle_releases, 1, "A: {ca:?}");
+    assert_eq!(cb.idle_releases, 1, "B: {cb:?}");
+}

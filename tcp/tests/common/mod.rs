@@ -68,11 +68,20 @@ pub fn one_way_on(sim: &mut Sim, a: ConnId, b: ConnId, out: &[u8]) -> Vec<u8> {
 /// ([`Config::window_frames`]); A, the rest of B's configuration and the
 /// link are the defaults.
 pub fn sharing_frames(frames: usize) -> Sim {
+    sharing_frames_seeded(frames, LinkConfig::default().seed)
+}
+
+/// [`sharing_frames`] over a link whose faults follow `seed`.
+pub fn sharing_frames_seeded(frames: usize, seed: u64) -> Sim {
     let b_cfg = Config {
         window_frames: Some(frames),
         ..Config::default()
     };
-    Sim::new(Config::default(), b_cfg, LinkConfig::default())
+    let link = LinkConfig {
+        seed,
+        ..LinkConfig::default()
+    };
+    Sim::new(Config::default(), b_cfg, link)
 }
 
 /// Let the simulated time run for `d` with nothing to send.
