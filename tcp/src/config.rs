@@ -133,9 +133,8 @@ pub struct Config {
     /// How long a connection stays quiet (no visit that found data in one
     /// of its buffers or changed its state: frames that move no data,
     /// such as keep-alives or window updates, leave it quiet) before the
-    /// stack gives the pages of its
-    /// socket buffers back to the system, if they hold nothing it will
-    /// read again: no unread or unacknowledged data, nothing that arrived
+    /// stack gives the pages of its socket buffers back to the system, if
+    /// they hold nothing it will read again: no unread or unacknowledged data, nothing that arrived
     /// beyond our acknowledgement; and that does not wait for its turn of
     /// [`window_frames`](Self::window_frames). Its buffers stay mapped; a page
     /// comes back, zeroed, when the ring next writes it (a fault per page

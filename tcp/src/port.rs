@@ -680,8 +680,10 @@ impl WindowShare {
 
     /// Bytes a connection whose window holds `mine` open may be offered
     /// beyond its acknowledgement: its fair part, within what the others
-    /// leave, in whole segments; nothing while others wait for credit
-    /// (its edge stays where it is, see [`cut_window`]). A part of a
+    /// leave, in whole segments; nothing while others wait for credit, or
+    /// when the others leave it less than a turn (its edge stays where it
+    /// is, see [`cut_window`]: the window is used up and the connection
+    /// waits for a turn). A part of a
     /// segment would only make the peer send a short segment to fill it
     /// (a frame for half the bytes), which is the small window increment
     /// RFC 9293 §3.8.6.2.2 has the receiver avoid.
@@ -692,6 +694,13 @@ impl WindowShare {
         }
         let others = self.open.get().saturating_sub(mine);
         let left = self.pool().saturating_sub(others);
+        if left < fair.min(self.turn()) {
+            // The others hold the pool: a window slid along with each
+            // acknowledgement would stay a few segments wide, every
+            // segment or two acknowledged on its own. It is used up
+            // instead, and the connection waits for a turn.
+            return Some(0);
+        }
         Some(fair.min(left) / self.mss * self.mss)
     }
 
@@ -3032,6 +3041,32 @@ mod tests {
             t,
             &seg_of(40000, true, false, 1000, Some(1 + k * 1000), 60000, &[]),
         )
+    }
+
+    /// A connection is offered what the others' windows leave, up to its
+    /// fair part, while that is a turn or more; less than a turn, its
+    /// window is not slid along with its acknowledgements (a few segments
+    /// wide, each segment or two acknowledged on its own) but used up,
+    /// and it waits for a turn.
+    #[test]
+    fn less_than_a_turn_left_is_not_offered() {
+        let share = WindowShare::new(32, 1000);
+        assert_eq!(share.turn(), 4000);
+        // Alone: the pool, its fair part.
+        share.open.set(2000);
+        assert_eq!(share.offer(2000), Some(32_000));
+        // Two receiving: half the pool at most, what the other leaves.
+        share.now_count.set(2);
+        assert_eq!(share.offer(2000), Some(16_000));
+        share.open.set(30_000);
+        assert_eq!(share.offer(2000), Some(4000));
+        // The other holds all but three segments: nothing, the edge stays.
+        share.open.set(31_000);
+        assert_eq!(share.offer(2000), Some(0));
+        // Sixteen receiving: a turn, the least fair part.
+        share.now_count.set(16);
+        share.open.set(2000);
+        assert_eq!(share.offer(2000), Some(4000));
     }
 
     /// Credit that comes back a segment at a time goes to the first
