@@ -270,7 +270,12 @@ impl Sent {
     /// The peer sent data in period `cur` or the `periods` before it
     /// ([`WindowShare`]'s periods).
     fn received_within(&self, periods: u64, cur: u64) -> bool {
-        self.rx_period != u64::MAX && self.rx_period.saturating_add(periods) >= cur
+        stamped_within(self.rx_period, periods, cur)
+    }
+
+    /// Credit was granted in period `cur` or the `periods` before it.
+    fn granted_within(&self, periods: u64, cur: u64) -> bool {
+        stamped_within(self.last_grant, periods, cur)
     }
 
     /// Data arrived beyond our last acknowledgement: bytes smoltcp may
@@ -804,6 +809,12 @@ impl WindowShare {
     }
 }
 
+/// Period `stamp` (`u64::MAX`: never) is `cur` or one of the `periods`
+/// before it.
+fn stamped_within(stamp: u64, periods: u64, cur: u64) -> bool {
+    stamp != u64::MAX && stamp.saturating_add(periods) >= cur
+}
+
 /// The oldest entry of a queue of (connection, period queued in), taken
 /// off if it was queued `age` periods or more before `cur`.
 fn pop_due(queue: &RefCell<VecDeque<(Flow, u64)>>, age: u64, cur: u64) -> Option<(Flow, u64)> {
@@ -1059,9 +1070,9 @@ impl SentTable {
         s.rx_edge = Some(s.rx_ack);
         share.retracted.set(share.retracted.get() + 1);
         let cur = share.period.get();
-        let granted_lately =
-            s.last_grant != u64::MAX && s.last_grant.saturating_add(NUDGE_RECENT_PERIODS) >= cur;
-        if s.received_within(NUDGE_RECENT_PERIODS, cur) || granted_lately {
+        if s.received_within(NUDGE_RECENT_PERIODS, cur)
+            || s.granted_within(NUDGE_RECENT_PERIODS, cur)
+        {
             s.nudge = Some((cur, 0));
             share.nudges[0].borrow_mut().push_back((flow, cur));
         }
