@@ -31,8 +31,8 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Registry, Token};
 
 use crate::post::Posted;
-use crate::runtime::established::Driven;
-use crate::runtime::lifecycle::{self, Accepting, Fed};
+use crate::runtime::established::{Driven, Ending, Stream, Transmitted};
+use crate::runtime::lifecycle::{self, Accepting, Fed, Reply};
 use crate::runtime::{ConnShared, ListenShared, Sock};
 use crate::slots::{slotted_without_qp, ConnSlots, Slotted};
 
@@ -118,8 +118,7 @@ struct Listening {
 #[derive(Debug)]
 struct Lingering {
     sock: TcpStream,
-    out: Vec<u8>,
-    pos: usize,
+    reply: Reply,
     token: Token,
     hot: bool,
     timer: Option<CoreInstant>,
@@ -298,8 +297,7 @@ impl KernelIo {
         {
             self.lingering.insert(Lingering {
                 sock,
-                out: bytes,
-                pos: 0,
+                reply: Reply::new(bytes),
                 token,
                 hot: false,
                 timer: None,
@@ -497,145 +495,26 @@ impl KernelIo {
         now: CoreInstant,
         posted: &Posted,
     ) -> usize {
+        let batch = (TX_SHARE / (self.backlogged + 1)).clamp(TX_BATCH_MIN, IO_BUF);
         let Some(c) = self.conns.get_mut(i) else {
             return 0;
         };
-        let qp = c.core.qp();
-        let mut work = c.core.timer(ctx, now);
-        let Some(sock) = c.sock.as_ref() else {
-            return work + c.core.events(ctx);
+        let mut io = KernelStream {
+            sock: &mut c.sock,
+            out: &mut c.out,
+            out_pos: &mut c.out_pos,
+            input: &mut c.input,
+            rx_buf: &mut self.rx_buf,
+            tx_buf: &mut self.tx_buf[..batch],
+            registry: &self.registry,
+            posted,
+            touched: &mut self.touched,
+            again: false,
+            closed: None,
+            drain: None,
         };
-        // Input.
-        if !c.input.is_empty() {
-            let used = c.core.input(ctx, &c.input, now);
-            c.input.drain(..used.min(c.input.len()));
-            work += used;
-        }
-        let mut broken = None;
-        let mut s: &TcpStream = sock;
-        // Readiness is edge-triggered: a visit that leaves bytes in the
-        // socket (its budget spent, or the core's input still full)
-        // comes back at the next pass.
-        let mut again = false;
-        if c.input.is_empty() && !c.core.ended() {
-            again = true;
-            for _ in 0..IO_BUDGET {
-                match s.read(&mut self.rx_buf) {
-                    Ok(0) => {
-                        work += c.core.end(ctx);
-                        again = false;
-                        break;
-                    }
-                    Ok(n) => {
-                        work += n;
-                        // A receive posted before the peer sent these
-                        // bytes is queued by now: it reaches the core
-                        // before they do.
-                        if !posted.is_empty() {
-                            work += posted.drain(ctx, |q| self.touched.push(q));
-                        }
-                        let used = c.core.input(ctx, &self.rx_buf[..n], now);
-                        if used < n {
-                            c.input.extend_from_slice(&self.rx_buf[used..n]);
-                            again = used > 0;
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        again = false;
-                        break;
-                    }
-                    Err(e) => {
-                        broken = Some(e.kind());
-                        again = false;
-                        break;
-                    }
-                }
-            }
-        } else if !c.input.is_empty() && work > 0 {
-            again = true;
-        }
-        // Output: what the socket did not take last time, then fresh
-        // bytes from the core, written from the engine's buffer.
-        let mut drained = false;
-        // The socket took less than offered: its writable event brings
-        // the connection back.
-        let mut pushed_back = false;
-        if broken.is_none() {
-            'out: for _ in 0..IO_BUDGET {
-                if c.out_pos < c.out.len() {
-                    match write_some(s, &c.out[c.out_pos..]) {
-                        Ok(n) => {
-                            c.out_pos += n;
-                            work += n;
-                        }
-                        Err(kind) => {
-                            broken = Some(kind);
-                            break;
-                        }
-                    }
-                    if c.out_pos < c.out.len() {
-                        pushed_back = true;
-                        break;
-                    }
-                    c.out_pos = 0;
-                    c.out.clear();
-                    if c.out.capacity() > OUT_KEEP {
-                        c.out = Vec::new();
-                    }
-                }
-                let batch = (TX_SHARE / (self.backlogged + 1)).clamp(TX_BATCH_MIN, IO_BUF);
-                let n = ctx.poll_transmit(qp, &mut self.tx_buf[..batch]);
-                if n == 0 {
-                    drained = true;
-                    break;
-                }
-                let mut pos = 0;
-                while pos < n {
-                    match write_some(s, &self.tx_buf[pos..n]) {
-                        Ok(0) => {
-                            c.out.extend_from_slice(&self.tx_buf[pos..n]);
-                            pushed_back = true;
-                            break 'out;
-                        }
-                        Ok(k) => {
-                            pos += k;
-                            work += k;
-                        }
-                        Err(kind) => {
-                            broken = Some(kind);
-                            break 'out;
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(kind) = broken {
-            // A reset or a write to a closed connection: the stream ended.
-            c.out = Vec::new();
-            c.out_pos = 0;
-            work += c.core.failed(ctx, kind, "I/O error");
-        }
-        work += c.core.events(ctx);
-        // Close once the core asks and everything it sent left, or at
-        // once when the stream broke: a reset socket carries nothing more,
-        // and what the core still had to send is abandoned.
-        let flushed = drained && c.out_pos >= c.out.len();
-        let mut closed = None;
-        if broken.is_some() || c.core.closes(ctx, flushed) {
-            if let Some(mut s) = c.sock.take() {
-                let _ = self.registry.deregister(&mut s);
-                if broken.is_some() {
-                    let _ = s.shutdown(Shutdown::Both);
-                } else {
-                    closed = Some(s);
-                }
-                work += c.core.closed(ctx, broken.is_some());
-            }
-            c.out = Vec::new();
-            c.input = Vec::new();
-        }
+        let work = c.core.visit(ctx, &mut io, now);
+        let (again, drain) = (io.again, io.drain.take());
         let backlog = c.out_pos < c.out.len();
         if backlog != c.backlogged {
             c.backlogged = backlog;
@@ -645,12 +524,10 @@ impl KernelIo {
                 self.backlogged -= 1;
             }
         }
-        // The budget ran out with more to send.
-        again |= broken.is_none() && !drained && !pushed_back;
         if again && c.sock.is_some() {
             self.conns.mark(i);
         }
-        if let Some(s) = closed {
+        if let Some(s) = drain {
             self.start_draining(s, now);
         }
         work
@@ -730,18 +607,12 @@ impl KernelIo {
             };
             self.lifecycle_visits += 1;
             // Some(true): all written; Some(false): the socket failed.
-            let done = loop {
-                if l.pos >= l.out.len() {
-                    break Some(true);
+            let done = match l.reply.write(|b| write_some(&l.sock, b)) {
+                Ok(n) => {
+                    work += n;
+                    l.reply.sent().then_some(true)
                 }
-                match write_some(&l.sock, &l.out[l.pos..]) {
-                    Ok(0) => break None,
-                    Ok(n) => {
-                        l.pos += n;
-                        work += n;
-                    }
-                    Err(_) => break Some(false),
-                }
+                Err(_) => Some(false),
             };
             let Some(written) = done else {
                 // The socket's writable edge brings it back.
@@ -811,6 +682,185 @@ impl KernelIo {
                 self.draining.mark(i);
             }
         }
+    }
+}
+
+/// A driven connection's socket and buffers during one visit: the
+/// [`Stream`] its core's visit reads and writes.
+struct KernelStream<'a> {
+    sock: &'a mut Option<TcpStream>,
+    out: &'a mut Vec<u8>,
+    out_pos: &'a mut usize,
+    input: &'a mut Vec<u8>,
+    rx_buf: &'a mut [u8],
+    /// Where `poll_transmit` writes: one transmit batch (see
+    /// [`TX_SHARE`]).
+    tx_buf: &'a mut [u8],
+    registry: &'a Registry,
+    posted: &'a Posted,
+    touched: &'a mut Vec<QpId>,
+    /// Readiness is edge-triggered: the visit left bytes in the socket
+    /// (its budget spent, or the core's input still full) or more to
+    /// send, so the connection comes back at the next pass.
+    again: bool,
+    /// Closed by this visit: `Some(reset)`.
+    closed: Option<bool>,
+    /// Closed after what was sent: its FIN goes out and its input is
+    /// drained ([`Draining`]).
+    drain: Option<TcpStream>,
+}
+
+impl Stream for KernelStream<'_> {
+    fn gone(&self) -> bool {
+        self.sock.is_none()
+    }
+
+    fn receive(
+        &mut self,
+        ctx: &mut Context,
+        core: &Driven,
+        now: CoreInstant,
+    ) -> (usize, Option<Ending>) {
+        let Some(sock) = self.sock.as_ref() else {
+            return (0, None);
+        };
+        let mut work = 0;
+        if !self.input.is_empty() {
+            let used = core.input(ctx, self.input, now);
+            self.input.drain(..used.min(self.input.len()));
+            work += used;
+            if !self.input.is_empty() {
+                // Read no more until the core takes what it holds.
+                self.again = used > 0;
+                return (work, None);
+            }
+        }
+        let mut s: &TcpStream = sock;
+        self.again = true;
+        for _ in 0..IO_BUDGET {
+            match s.read(self.rx_buf) {
+                Ok(0) => {
+                    self.again = false;
+                    return (work, Some(Ending::Fin));
+                }
+                Ok(n) => {
+                    work += n;
+                    // A receive posted before the peer sent these bytes
+                    // is queued by now: it reaches the core before they
+                    // do.
+                    if !self.posted.is_empty() {
+                        let touched = &mut *self.touched;
+                        work += self.posted.drain(ctx, |q| touched.push(q));
+                    }
+                    let used = core.input(ctx, &self.rx_buf[..n], now);
+                    if used < n {
+                        self.input.extend_from_slice(&self.rx_buf[used..n]);
+                        self.again = used > 0;
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.again = false;
+                    break;
+                }
+                Err(e) => {
+                    self.again = false;
+                    return (work, Some(Ending::Failed(e.kind(), "I/O error")));
+                }
+            }
+        }
+        (work, None)
+    }
+
+    /// What the socket did not take last time, then fresh bytes from the
+    /// core, written from the engine's buffer; what the socket does not
+    /// take waits in `out`.
+    fn transmit(&mut self, ctx: &mut Context, qp: QpId) -> Transmitted {
+        let mut t = Transmitted::default();
+        let Some(s) = self.sock.as_ref() else {
+            t.drained = true;
+            return t;
+        };
+        // The socket took less than offered: its writable event brings
+        // the connection back.
+        let mut pushed_back = false;
+        'out: for _ in 0..IO_BUDGET {
+            if *self.out_pos < self.out.len() {
+                match write_some(s, &self.out[*self.out_pos..]) {
+                    Ok(n) => {
+                        *self.out_pos += n;
+                        t.work += n;
+                    }
+                    Err(kind) => {
+                        t.failed = Some(kind);
+                        break;
+                    }
+                }
+                if *self.out_pos < self.out.len() {
+                    pushed_back = true;
+                    break;
+                }
+                *self.out_pos = 0;
+                self.out.clear();
+                if self.out.capacity() > OUT_KEEP {
+                    *self.out = Vec::new();
+                }
+            }
+            let n = ctx.poll_transmit(qp, self.tx_buf);
+            if n == 0 {
+                t.drained = true;
+                break;
+            }
+            let mut pos = 0;
+            while pos < n {
+                match write_some(s, &self.tx_buf[pos..n]) {
+                    Ok(0) => {
+                        self.out.extend_from_slice(&self.tx_buf[pos..n]);
+                        pushed_back = true;
+                        break 'out;
+                    }
+                    Ok(k) => {
+                        pos += k;
+                        t.work += k;
+                    }
+                    Err(kind) => {
+                        t.failed = Some(kind);
+                        break 'out;
+                    }
+                }
+            }
+        }
+        // The budget ran out with more to send.
+        self.again |= t.failed.is_none() && !t.drained && !pushed_back;
+        t
+    }
+
+    /// A kernel socket closes within the visit that closes it.
+    fn closing(&self) -> bool {
+        false
+    }
+
+    /// A failed socket is shut down at once (a reset socket carries
+    /// nothing more); otherwise its FIN follows what it holds and its
+    /// input is drained.
+    fn close(&mut self, failed: bool) {
+        if let Some(mut s) = self.sock.take() {
+            let _ = self.registry.deregister(&mut s);
+            if failed {
+                let _ = s.shutdown(Shutdown::Both);
+            } else {
+                self.drain = Some(s);
+            }
+            self.closed = Some(failed);
+        }
+        *self.out = Vec::new();
+        *self.out_pos = 0;
+        *self.input = Vec::new();
+    }
+
+    fn closed(&mut self) -> Option<bool> {
+        self.closed.take()
     }
 }
 

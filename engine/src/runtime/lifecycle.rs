@@ -1,9 +1,12 @@
-//! The first stage of a passive connection's lifecycle, the same on both
-//! transports: [`Accepting`], an accepted TCP connection whose MPA
-//! request is arriving, parsed by a standalone responder until the
-//! request is whole, the connection fails or the handshake deadline
-//! passes; then handed to its listener as a [`Request`]. The transports
-//! only move bytes to it from their sockets.
+//! The stages of a connection's lifecycle around the established one
+//! ([`super::established`]), the same on both transports:
+//! [`Accepting`], an accepted TCP connection whose MPA request is
+//! arriving, parsed by a standalone responder until the request is whole,
+//! the connection fails or the handshake deadline passes, then handed to
+//! its listener as a [`Request`]; and [`Reply`], the last bytes of a
+//! connection no QP drives (an MPA reply rejecting a request), sent
+//! before it closes. The transports only move bytes between their
+//! sockets and these stages.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -107,6 +110,44 @@ impl Accepting {
     }
 }
 
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    out: Vec<u8>,
+    pos: usize,
+}
+
+impl Reply {
+    pub(crate) fn new(out: Vec<u8>) -> Self {
+        Self { out, pos: 0 }
+    }
+
+    /// Every byte was written.
+    pub(crate) fn sent(&self) -> bool {
+        self.pos >= self.out.len()
+    }
+
+    /// Write what is left through `write`, which returns how many of the
+    /// bytes it is offered it took (0: no room now), until every byte
+    /// left or no room is left. Returns the bytes written; an error of
+    /// `write` ends the writing.
+    pub(crate) fn write<E>(
+        &mut self,
+        mut write: impl FnMut(&[u8]) -> Result<usize, E>,
+    ) -> Result<usize, E> {
+        let mut n = 0;
+        while !self.sent() {
+            let k = write(&self.out[self.pos..])?.min(self.out.len() - self.pos);
+            if k == 0 {
+                break;
+            }
+            self.pos += k;
+            n += k;
+        }
+        Ok(n)
+    }
+}
+
 /// Log a connection dropped before its MPA request came.
 pub(crate) fn dropped(peer: Option<SocketAddr>, reason: &str) {
     match peer {
@@ -118,6 +159,37 @@ pub(crate) fn dropped(peer: Option<SocketAddr>, reason: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reply goes out in the pieces the socket takes, stops while it
+    /// has no room, resumes where it stopped, and ends at its last byte;
+    /// an error ends the writing.
+    #[test]
+    fn a_reply_is_written_in_what_the_socket_takes() {
+        let bytes: Vec<u8> = (0..10).collect();
+        let mut reply = Reply::new(bytes.clone());
+        let mut wire = Vec::new();
+        let mut room = 4;
+        let n = reply.write(|b: &[u8]| -> Result<usize, ()> {
+            let k = b.len().min(3).min(room);
+            wire.extend_from_slice(&b[..k]);
+            room -= k;
+            Ok(k)
+        });
+        assert_eq!(n, Ok(4));
+        assert!(!reply.sent());
+        let n = reply.write(|b: &[u8]| -> Result<usize, ()> {
+            wire.extend_from_slice(b);
+            Ok(b.len())
+        });
+        assert_eq!(n, Ok(6));
+        assert!(reply.sent());
+        assert_eq!(wire, bytes);
+        assert_eq!(reply.write(|_| Err(())), Ok(0), "nothing is left to write");
+
+        let mut failing = Reply::new(vec![1, 2, 3]);
+        assert_eq!(failing.write(|_| Err("reset")), Err("reset"));
+        assert!(!failing.sent());
+    }
 
     /// A request that arrives in pieces is whole at its last byte, and
     /// the bytes after it are left to the caller; bytes that are no

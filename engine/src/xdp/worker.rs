@@ -22,9 +22,8 @@ use super::device::{FlowKey, Flows, Inbox, Pcap, XskDevice};
 use super::umem::Frames;
 use super::{XdpConfig, XdpStats};
 use crate::cm::CmError;
-use crate::log::conn_event;
-use crate::runtime::established::Driven;
-use crate::runtime::lifecycle::{self, Accepting, Fed};
+use crate::runtime::established::{Driven, Ending, Stream, Transmitted};
+use crate::runtime::lifecycle::{self, Accepting, Fed, Reply};
 use crate::runtime::{lock, ConnShared, ListenShared, Sock};
 use crate::slots::{slotted_without_qp, ConnSlots, Slotted};
 
@@ -110,8 +109,7 @@ impl Slotted for Conn {
 #[derive(Debug)]
 struct Lingering {
     conn: ConnId,
-    out: Vec<u8>,
-    pos: usize,
+    reply: Reply,
     since: Option<CoreInstant>,
     hot: bool,
     timer: Option<CoreInstant>,
@@ -627,8 +625,7 @@ impl XdpIo {
         if self.lingering.of_key(conn).is_none() {
             self.lingering.insert(Lingering {
                 conn,
-                out,
-                pos: 0,
+                reply: Reply::new(out),
                 since: None,
                 hot: false,
                 timer: None,
@@ -1011,61 +1008,21 @@ impl XdpIo {
         let Some(c) = self.conns.get_mut(i) else {
             return 0;
         };
-        let qp = c.core.qp();
-        let mut work = c.core.timer(ctx, now);
-        if c.gone {
-            return work + c.core.events(ctx);
-        }
-        if !c.core.ended() {
-            let core = &c.core;
-            match self.stack.recv(c.conn, |b| core.input(ctx, b, now)) {
-                Ok(n) => work += n,
-                Err(TcpError::Finished) => work += c.core.end(ctx),
-                Err(_) => {}
-            }
-            if !c.core.ended() && self.stack.is_reset(c.conn) {
-                let reset = std::io::ErrorKind::ConnectionReset;
-                work += c.core.failed(ctx, reset, "reset by the peer");
-            }
-        }
-        let mut drained = true;
-        let mut more = false;
-        if !c.closing && ctx.may_transmit(qp) && !self.stack.is_reset(c.conn) {
-            let sent = if self.align {
-                send_segments(&mut self.stack, ctx, qp, c.conn)
-            } else {
-                self.stack.send(c.conn, |b| ctx.poll_transmit(qp, b))
-            };
-            match sent {
-                Ok(n) => {
-                    work += n;
-                    if self.align && n > 0 && ctx.may_transmit(qp) {
-                        self.tx_more.push(i);
-                    }
-                    // A full buffer may hide more to send.
-                    drained = n == 0 || self.stack.state(c.conn).is_none();
-                    more = !drained && !self.align;
-                }
-                Err(_) => drained = true,
-            }
-        }
-        work += c.core.events(ctx);
-        if !c.closing && c.core.closes(ctx, drained) {
-            conn_event!(ctx, qp, DEBUG, "TCP connection closing");
-            c.closing = true;
-            let _ = self.stack.close(c.conn);
-            work += 1;
-        }
-        if self.stack.is_closed(c.conn) || (c.closing && self.stack.is_reset(c.conn)) {
-            c.gone = true;
-            let reset = self.stack.is_reset(c.conn);
-            release(
-                &mut self.stack,
-                &mut self.passive,
-                &mut self.local_ports,
-                c.conn,
-            );
-            work += c.core.closed(ctx, reset);
+        let mut io = XdpStream {
+            stack: &mut self.stack,
+            passive: &mut self.passive,
+            local_ports: &mut self.local_ports,
+            conn: c.conn,
+            closing: &mut c.closing,
+            gone: &mut c.gone,
+            align: self.align,
+            segments: false,
+            more: false,
+        };
+        let work = c.core.visit(ctx, &mut io, now);
+        let (segments, more) = (io.segments, io.more);
+        if segments {
+            self.tx_more.push(i);
         }
         if more && !c.gone {
             self.mark(i);
@@ -1124,18 +1081,21 @@ impl XdpIo {
             self.lifecycle_visits += 1;
             let stack = &mut self.stack;
             let since = *l.since.get_or_insert(now);
-            if l.pos < l.out.len() {
-                let (out, pos) = (&l.out, &mut l.pos);
-                if let Ok(n) = stack.send(l.conn, |b| {
-                    let n = b.len().min(out.len() - *pos);
-                    b[..n].copy_from_slice(&out[*pos..*pos + n]);
-                    *pos += n;
-                    n
+            if !l.reply.sent() {
+                let conn = l.conn;
+                if let Ok(n) = l.reply.write(|rest| {
+                    let mut taken = 0;
+                    stack.send(conn, |b| {
+                        let n = b.len().min(rest.len() - taken);
+                        b[..n].copy_from_slice(&rest[taken..taken + n]);
+                        taken += n;
+                        n
+                    })
                 }) {
                     work += n;
                 }
-                if l.pos >= l.out.len() {
-                    let _ = stack.close(l.conn);
+                if l.reply.sent() {
+                    let _ = stack.close(conn);
                 }
             }
             let done = stack.is_closed(l.conn)
@@ -1196,6 +1156,97 @@ impl XdpIo {
             self.steer_dirty = true;
         }
         n
+    }
+}
+
+/// A driven connection's TCP connection during one visit: the [`Stream`]
+/// its core's visit reads and writes.
+struct XdpStream<'a> {
+    stack: &'a mut Stack<XskDevice>,
+    passive: &'a mut HashMap<ConnId, FlowKey>,
+    local_ports: &'a mut HashMap<u16, usize>,
+    conn: ConnId,
+    closing: &'a mut bool,
+    gone: &'a mut bool,
+    /// Queue whole segments ([`XdpIo::segment_rounds`]).
+    align: bool,
+    /// Segments were queued and the QP may have more: the connection
+    /// takes part in this pass's segment rounds.
+    segments: bool,
+    /// The transmit buffer filled up and may hide more to send: the
+    /// connection comes back at the next pass.
+    more: bool,
+}
+
+impl Stream for XdpStream<'_> {
+    fn gone(&self) -> bool {
+        *self.gone
+    }
+
+    fn receive(
+        &mut self,
+        ctx: &mut Context,
+        core: &Driven,
+        now: CoreInstant,
+    ) -> (usize, Option<Ending>) {
+        let mut work = 0;
+        match self.stack.recv(self.conn, |b| core.input(ctx, b, now)) {
+            Ok(n) => work = n,
+            Err(TcpError::Finished) => return (0, Some(Ending::Fin)),
+            Err(_) => {}
+        }
+        if self.stack.is_reset(self.conn) {
+            let reset = std::io::ErrorKind::ConnectionReset;
+            return (work, Some(Ending::Failed(reset, "reset by the peer")));
+        }
+        (work, None)
+    }
+
+    fn transmit(&mut self, ctx: &mut Context, qp: QpId) -> Transmitted {
+        let mut t = Transmitted {
+            drained: true,
+            ..Transmitted::default()
+        };
+        if !ctx.may_transmit(qp) || self.stack.is_reset(self.conn) {
+            return t;
+        }
+        let sent = if self.align {
+            send_segments(self.stack, ctx, qp, self.conn)
+        } else {
+            self.stack.send(self.conn, |b| ctx.poll_transmit(qp, b))
+        };
+        if let Ok(n) = sent {
+            t.work = n;
+            self.segments = self.align && n > 0 && ctx.may_transmit(qp);
+            // A full buffer may hide more to send.
+            t.drained = n == 0 || self.stack.state(self.conn).is_none();
+            self.more = !t.drained && !self.align;
+        }
+        t
+    }
+
+    fn closing(&self) -> bool {
+        *self.closing
+    }
+
+    /// Queue our FIN; a failed connection (reset) has nothing to send.
+    fn close(&mut self, failed: bool) {
+        if !failed {
+            let _ = self.stack.close(self.conn);
+        }
+        *self.closing = true;
+    }
+
+    /// Once closed (or reset after our FIN), the connection is released.
+    fn closed(&mut self) -> Option<bool> {
+        let (stack, conn) = (&mut *self.stack, self.conn);
+        if *self.gone || !(stack.is_closed(conn) || (*self.closing && stack.is_reset(conn))) {
+            return None;
+        }
+        *self.gone = true;
+        let reset = stack.is_reset(conn);
+        release(stack, self.passive, self.local_ports, conn);
+        Some(reset)
     }
 }
 
