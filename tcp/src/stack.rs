@@ -143,6 +143,11 @@ pub struct Counters {
     /// send into: the connections not visited yet wait for the next poll
     /// instead of each finding the device full.
     pub egress_device_full: u64,
+    /// Visits not listed for [`Stack::take_active`]: a connection whose
+    /// application writes whole segments ([`Stack::send_segment`]) had
+    /// bytes queued or in flight and less than a segment of room beyond
+    /// them, nothing to read and no change of state.
+    pub writer_waits: u64,
     /// Connections opened with [`Stack::connect`].
     pub connects: u64,
     /// Connections that reached Established from a listening port.
@@ -247,6 +252,9 @@ struct Conn {
     short_tail: bool,
     /// Nagle's rule is on for the socket (see [`hold_full`]).
     nagle: bool,
+    /// The application writes whole segments ([`Stack::send_segment`]):
+    /// it waits for the peer's window, not for free transmit buffer.
+    segmented: bool,
     /// The socket acknowledges every segment at once (see [`quick_ack`]).
     quick_ack: bool,
     /// The effective MSS, learnt from the SYNs once established.
@@ -429,6 +437,20 @@ impl SegmentRoom {
     /// The connection's timer is a zero-window probe: bytes wait.
     fn probes_on_timer(&self) -> bool {
         self.window_closed() && self.unsent > 0
+    }
+
+    /// Whether a writer of whole segments can do nothing until an
+    /// acknowledgement or a window update comes, whose visit lists it
+    /// again: bytes are queued or in flight, and the room beyond what is
+    /// queued holds less than a segment. (With nothing queued or in
+    /// flight, the writer may send one segment regardless, and no
+    /// acknowledgement is owed to it.)
+    fn writer_waits(&self) -> bool {
+        let (Some(mss), Some(room)) = (self.emss, self.room) else {
+            return false;
+        };
+        let sendable = room.min(self.cwnd_room.unwrap_or(usize::MAX));
+        self.unsent + self.in_flight > 0 && sendable.saturating_sub(self.unsent) < mss
     }
 
     /// Whether Nagle's rule should hold the queue (see
@@ -948,6 +970,7 @@ impl Core {
             written: 0,
             short_tail: false,
             nagle: false,
+            segmented: false,
             quick_ack: false,
             peer_emss: None,
             half_open_on: None,
@@ -1148,6 +1171,12 @@ impl Core {
         let Some(c) = slot_conn_mut(&mut self.slots, id) else {
             return false;
         };
+        // A writer of whole segments has nothing to do for this visit
+        // unless it brought data or changed the state, or the room beyond
+        // what is queued reaches a segment, or nothing is queued or in
+        // flight any more (see [`SegmentRoom::writer_waits`]).
+        let writer_waits =
+            c.segmented && segment_room(port, &self.config, c).is_some_and(|r| r.writer_waits());
         quick_ack(port, &self.config, c);
         let state = c.socket().state();
         let changed = state != c.last;
@@ -1239,8 +1268,9 @@ impl Core {
             }
             None => c.deadline = None,
         }
-        let listed = std::mem::replace(&mut c.active, true);
-        if !listed {
+        if writer_waits && !changed && c.socket().recv_queue() == 0 {
+            self.counters.writer_waits += 1;
+        } else if !std::mem::replace(&mut c.active, true) {
             self.active.push(id);
         }
         if let Some(t) = timer {
@@ -1836,6 +1866,7 @@ impl<D: Device> Stack<D> {
         }
         if let Some(c) = self.core.conn_mut(conn) {
             c.short_tail = short_tail;
+            c.segmented = true;
         }
         let queued = SegmentRoom {
             unsent: r.unsent + total,

@@ -747,3 +747,70 @@ fn queue_whole_segments(config: Config) {
     let s = sim.a_to_b();
     assert_eq!(s.sent - frames_before, 7, "{s:?}");
 }
+
+/// A writer of whole segments driven only by the connections
+/// `take_active` lists (as the engine drives it) gets all its data
+/// across a window of a few segments, and is listed only when it can
+/// write: acknowledgements that leave it less than a segment of room
+/// beyond what is queued and in flight do not list it. With every
+/// acknowledgement listing it, most of its visits would find no room.
+#[test]
+fn a_segment_writer_is_listed_when_it_has_room() {
+    for loss in [false, true] {
+        let b_cfg = Config {
+            rx_buffer: 6 * 1460,
+            ..Config::default()
+        };
+        let mut link = LinkConfig::default();
+        if loss {
+            link.faults = Faults::loss(0.02);
+        }
+        let mut sim = Sim::new(Config::default(), b_cfg, link);
+        let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+        let payload = data(400 * 1460, 3);
+        let (mut off, mut got) = (0, Vec::new());
+        let (mut listed, mut idle) = (0u32, 0u32);
+        let mut active = Vec::new();
+        let limit = sim.now + Duration::from_secs(60);
+        sim.run(limit, |s| {
+            s.a.take_active(&mut active);
+            let mut wrote = 0;
+            if active.drain(..).any(|c| c == a) && off < payload.len() {
+                listed += 1;
+                wrote =
+                    s.a.send_segment(a, |buf, limit| {
+                        let n = buf.len().min(limit).min(payload.len() - off);
+                        buf[..n].copy_from_slice(&payload[off..off + n]);
+                        off += n;
+                        n
+                    })
+                    .unwrap();
+                idle += u32::from(wrote == 0);
+            }
+            let _ = s.b.recv(b, |buf| {
+                got.extend_from_slice(buf);
+                buf.len()
+            });
+            if got.len() == payload.len() {
+                Step::Done
+            } else if wrote > 0 {
+                Step::Progress
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "loss {loss}: stalled at {off} written, {} read: {e:?}",
+                got.len()
+            )
+        });
+        assert!(got == payload, "loss {loss}");
+        let spared = sim.a.counters().writer_waits;
+        assert!(spared > 0, "loss {loss}");
+        assert!(
+            idle * 5 < listed,
+            "loss {loss}: {idle} of {listed} listings found no room ({spared} spared)"
+        );
+    }
+}

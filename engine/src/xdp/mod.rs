@@ -168,6 +168,11 @@ pub struct EngineStats {
     /// Connections the engine drives now (entries of its connection
     /// table).
     pub connections: usize,
+    /// Visits of the connections the core drives (frames or a window
+    /// arrived, the application posted, a timer was due).
+    pub visits: u64,
+    /// Of those, visits that moved no byte and changed nothing.
+    pub idle_visits: u64,
     /// The counters of the engine's user-space TCP stack.
     pub tcp: iwarp_tcp::Counters,
     /// Connections its user-space TCP holds (any state, until released).

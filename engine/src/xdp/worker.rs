@@ -241,6 +241,9 @@ pub(crate) struct XdpIo {
     /// Visits of `pending`, `dials` and `lingering` entries and of
     /// connections the application dropped.
     pub(crate) lifecycle_visits: u64,
+    /// [`super::EngineStats::visits`], [`super::EngineStats::idle_visits`].
+    visits: u64,
+    idle_visits: u64,
     /// A connection or listener went away: recompute the steered ports.
     steer_dirty: bool,
     /// Multi-core: the flow keys of accepted connections, forgotten in the
@@ -423,6 +426,8 @@ impl XdpIo {
                 local_ports: HashMap::new(),
                 lingering: ConnSlots::default(),
                 lifecycle_visits: 0,
+                visits: 0,
+                idle_visits: 0,
                 steer_dirty: false,
                 passive: HashMap::new(),
                 opening: std::collections::HashSet::new(),
@@ -488,6 +493,8 @@ impl XdpIo {
             queue: self.queue,
             passes: self.passes,
             connections: self.conns.len(),
+            visits: self.visits,
+            idle_visits: self.idle_visits,
             tcp,
             tcp_connections: self.stack.connection_count(),
             flows: self.stack.flow_count(),
@@ -1020,6 +1027,8 @@ impl XdpIo {
             more: false,
         };
         let work = c.core.visit(ctx, &mut io, now);
+        self.visits += 1;
+        self.idle_visits += u64::from(work == 0);
         let (segments, more) = (io.segments, io.more);
         if segments {
             self.tx_more.push(i);
