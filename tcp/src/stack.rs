@@ -1171,12 +1171,6 @@ impl Core {
         let Some(c) = slot_conn_mut(&mut self.slots, id) else {
             return false;
         };
-        // A writer of whole segments has nothing to do for this visit
-        // unless it brought data or changed the state, or the room beyond
-        // what is queued reaches a segment, or nothing is queued or in
-        // flight any more (see [`SegmentRoom::writer_waits`]).
-        let writer_waits =
-            c.segmented && segment_room(port, &self.config, c).is_some_and(|r| r.writer_waits());
         quick_ack(port, &self.config, c);
         let state = c.socket().state();
         let changed = state != c.last;
@@ -1244,7 +1238,7 @@ impl Core {
             return changed;
         }
         let idle_release = self.config.idle_release.is_some();
-        let Some(c) = self.conn_mut(id) else {
+        let Some(c) = slot_conn_mut(&mut self.slots, id) else {
             return changed;
         };
         // A visit that leaves data in either buffer is activity; one for
@@ -1268,7 +1262,15 @@ impl Core {
             }
             None => c.deadline = None,
         }
-        if writer_waits && !changed && c.socket().recv_queue() == 0 {
+        // A writer of whole segments has nothing to do for this visit
+        // unless it brought data or changed the state, or the room beyond
+        // what is queued reaches a segment, or nothing is queued or in
+        // flight any more (see [`SegmentRoom::writer_waits`]).
+        let writer_waits = !changed
+            && c.segmented
+            && c.socket().recv_queue() == 0
+            && segment_room(port, &self.config, c).is_some_and(|r| r.writer_waits());
+        if writer_waits {
             self.counters.writer_waits += 1;
         } else if !std::mem::replace(&mut c.active, true) {
             self.active.push(id);

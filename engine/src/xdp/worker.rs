@@ -1092,15 +1092,7 @@ impl XdpIo {
             let since = *l.since.get_or_insert(now);
             if !l.reply.sent() {
                 let conn = l.conn;
-                if let Ok(n) = l.reply.write(|rest| {
-                    let mut taken = 0;
-                    stack.send(conn, |b| {
-                        let n = b.len().min(rest.len() - taken);
-                        b[..n].copy_from_slice(&rest[taken..taken + n]);
-                        taken += n;
-                        n
-                    })
-                }) {
+                if let Ok(n) = l.reply.write(|rest| stack.send_slice(conn, rest)) {
                     work += n;
                 }
                 if l.reply.sent() {
