@@ -41,6 +41,7 @@ pub mod report;
 pub mod scale;
 pub mod sock;
 pub mod stats;
+pub mod streams;
 pub mod topo;
 
 use std::io;

@@ -57,6 +57,45 @@ struct Cli {
     /// as on a host of its own.
     #[arg(long)]
     no_steer: bool,
+    /// Skip the kernel TCP baseline (N kernel TCP connections between
+    /// the same two cores, run after each QP count: the platform's own
+    /// aggregate at that count).
+    #[arg(long)]
+    no_baseline: bool,
+}
+
+/// The target of the aggregate ratio at `n` QPs to one QP's: at least
+/// 0.9 at 1024, 0.8 at 10,000, and 0.8 at any other largest count.
+fn aggregate_target(n: usize, max: usize) -> Option<f64> {
+    match n {
+        1024 => Some(0.9),
+        10_000 => Some(0.8),
+        _ if n == max => Some(0.8),
+        _ => None,
+    }
+}
+
+/// `num[i] / den[i]` for each pass both have.
+fn per_pass(num: Option<&Record>, den: Option<&Record>) -> Vec<f64> {
+    match (num, den) {
+        (Some(a), Some(b)) => a
+            .samples
+            .iter()
+            .zip(&b.samples)
+            .filter(|(_, d)| **d > 0.0)
+            .map(|(n, d)| n / d)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The series of the kernel TCP baseline.
+const TCP_STREAMS: &str = "tcp-streams";
+
+/// Ratios of the passes, for a line of output.
+fn fmt_passes(v: &[f64]) -> String {
+    let s: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
+    format!("[{}]", s.join(" "))
 }
 
 /// The series name: receiver backend and sender backend.
@@ -135,6 +174,18 @@ fn main() -> std::process::ExitCode {
         }
     );
     let name = series(p.sender, p.fit, p.budget, p.window_frames);
+    let baseline = !cli.no_baseline;
+    let max = counts.iter().copied().max().unwrap_or(1);
+    // Both sides' sockets of the baseline, or the kernel sender's, live
+    // in this process.
+    let fd_limit = match iwarp_bench::streams::raise_fd_limit(iwarp_bench::streams::fds_needed(max))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("note: could not raise the open-file limit: {e}");
+            0
+        }
+    };
     let mut recs: Vec<Record> = Vec::new();
     let mut rows = vec![[
         "qps",
@@ -153,6 +204,7 @@ fn main() -> std::process::ExitCode {
         "ns/rx frame",
         "a ns/KiB",
         "conn/s",
+        "tcp Gb/s",
     ]
     .map(String::from)
     .to_vec()];
@@ -187,6 +239,39 @@ fn main() -> std::process::ExitCode {
                         format!("{:.0}", r.tx_kib_ns),
                         format!("{:.0}", r.connect_rate),
                     ]);
+                    let fits = iwarp_bench::streams::fds_needed(n) <= fd_limit;
+                    if baseline && !fits {
+                        eprintln!("scale: kernel TCP, {n} connections: skipped, the open-file limit ({fd_limit}) is below the {} descriptors both sides need", iwarp_bench::streams::fds_needed(n));
+                        rows.last_mut()
+                            .expect("just pushed")
+                            .push("fd limit".into());
+                    }
+                    if baseline && fits {
+                        let row = rows.last_mut().expect("just pushed");
+                        match iwarp_bench::streams::run(&topo, cpus, n, next_port(), p) {
+                            Ok(g) => {
+                                row.push(format!("{g:.2}"));
+                                new.push(with(Record::new(
+                                    TCP_STREAMS,
+                                    p.size,
+                                    "aggregate_bw",
+                                    "Gb/s",
+                                    vec![g],
+                                )));
+                            }
+                            Err(e) => {
+                                eprintln!("scale: kernel TCP, {n} connections: {e}");
+                                row.push("FAILED".into());
+                                new.push(with(Record::failed(
+                                    TCP_STREAMS,
+                                    p.size,
+                                    "aggregate_bw",
+                                    "Gb/s",
+                                    &e,
+                                )));
+                            }
+                        }
+                    }
                     let rec = |cfg: &str, m: &str, u: &str, v: f64| {
                         with(Record::new(cfg, p.size, m, u, vec![v]))
                     };
@@ -229,42 +314,50 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes) and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received; a ns/KiB: side a's time in rounds that did work (an engine pass that did work, or completions to repost) during the counted seconds / KiB of the writes that completed; conn/s: connections side a opened one after the other per second, MPA exchange included)");
-    let metric = |m: &str, n: usize| {
+    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes) and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the traffic / frames it received; a ns/KiB: side a's time in rounds that did work (an engine pass that did work, or completions to repost) during the counted seconds / KiB of the writes that completed; conn/s: connections side a opened one after the other per second, MPA exchange included; tcp Gb/s: payload side b received over N kernel TCP connections between the same cores, run right after (the platform's own aggregate at that count))");
+    let record = |cfg: &str, m: &str, n: usize| {
         recs.iter()
-            .find(|r| r.metric == m && r.qps == Some(n) && r.config == name)
-            .and_then(Record::p50)
+            .find(|r| r.metric == m && r.qps == Some(n) && r.config == cfg)
     };
-    let agg = |n: usize| metric("aggregate_bw", n);
-    let received = |n: usize| metric("received_bw", n);
-    let cost = |n: usize| metric("rx_frame_cost", n);
-    let max = counts.iter().copied().max().unwrap_or(1);
+    let metric = |m: &str, n: usize| record(&name, m, n).and_then(Record::p50);
+    let ratio = |label: &str, m: &str, n: usize, op: &str, target: f64| Ratio {
+        per_pass: per_pass(record(&name, m, n), record(&name, m, 1)),
+        ..Ratio::new(label, metric(m, n), metric(m, 1), op, target)
+    };
     let mut ratios = Vec::new();
-    if max > 1 && counts.contains(&1) {
-        ratios.push(Ratio::new(
-            &format!("aggregate received {max} QPs / 1 QP"),
-            received(max),
-            received(1),
-            ">=",
-            0.8,
-        ));
-        ratios.push(Ratio::new(
-            &format!("aggregate of completed writes {max} QPs / 1 QP"),
-            agg(max),
-            agg(1),
-            ">=",
-            0.8,
-        ));
-        ratios.push(Ratio::new(
-            &format!("receive cost per frame {max} QPs / 1 QP"),
-            cost(max),
-            cost(1),
-            "<=",
-            1.2,
-        ));
+    if counts.contains(&1) {
+        for &n in counts.iter().filter(|&&n| n > 1) {
+            if let Some(t) = aggregate_target(n, max) {
+                ratios.push(ratio(
+                    &format!("aggregate received {n} QPs / 1 QP"),
+                    "received_bw",
+                    n,
+                    ">=",
+                    t,
+                ));
+                ratios.push(ratio(
+                    &format!("aggregate of completed writes {n} QPs / 1 QP"),
+                    "aggregate_bw",
+                    n,
+                    ">=",
+                    t,
+                ));
+            }
+            if n == 10_000 || n == max {
+                ratios.push(ratio(
+                    &format!("receive cost per frame {n} QPs / 1 QP"),
+                    "rx_frame_cost",
+                    n,
+                    "<=",
+                    1.2,
+                ));
+            }
+        }
     }
-    // Side a's cost has no target: it tells whether the sender or the
-    // receiver grew more expensive with the QP count.
+    // Side a's cost and the kernel TCP baseline have no target: the one
+    // tells whether the sender or the receiver grew more expensive with
+    // the QP count, the other what the platform itself keeps at that
+    // count.
     if max > 1 && counts.contains(&1) {
         let tx = |n: usize| metric("tx_kib_cost", n);
         match (tx(max), tx(1)) {
@@ -276,12 +369,32 @@ fn main() -> std::process::ExitCode {
             }
             _ => println!("side a's send cost per KiB {max} QPs / 1 QP: n/a"),
         }
+        if baseline {
+            let tcp = |n: usize| record(TCP_STREAMS, "aggregate_bw", n);
+            for &n in counts.iter().filter(|&&n| n > 1) {
+                let ours = per_pass(
+                    record(&name, "received_bw", n),
+                    record(&name, "received_bw", 1),
+                );
+                let theirs = per_pass(tcp(n), tcp(1));
+                match (tcp(n).and_then(Record::p50), tcp(1).and_then(Record::p50)) {
+                    (Some(a), Some(b)) if b > 0.0 => println!(
+                        "kernel TCP's aggregate {n} connections / 1: {:.2} per pass {} (no target; RDMA received per pass {})",
+                        a / b,
+                        fmt_passes(&theirs),
+                        fmt_passes(&ours),
+                    ),
+                    _ => println!("kernel TCP's aggregate {n} connections / 1: n/a"),
+                }
+            }
+        }
     }
     for r in &ratios {
         match r.value {
             Some(v) => println!(
-                "ratio {}: {v:.2} (target {} {}: {})",
+                "ratio {}: {v:.2} per pass {} (target {} {}: {})",
                 r.name,
+                fmt_passes(&r.per_pass),
                 r.op,
                 r.target,
                 if r.met == Some(true) {
@@ -303,6 +416,9 @@ fn main() -> std::process::ExitCode {
         notes.push("scale: mem_per_qp = (process RSS with N QPs connected - RSS before any QP) / N, both engines in one process; /after-traffic: RSS after the traffic; /tcp-buffers: side b's smoltcp rx + tx buffer per connection (computed)".into());
         notes.push("scale: aggregate_bw = payload of the writes side a saw complete in the counted seconds (kernel sender: taken into its socket buffers); received_bw = bytes of the Ethernet frames side b's engine received in the same seconds".into());
         notes.push("scale: rx_frame_cost = side b's time in engine passes that did work (Device::progress > 0) during the traffic / frames its user-space TCP received meanwhile".into());
+        if baseline {
+            notes.push(format!("scale: tcp-streams = payload Gb/s side b read over N kernel TCP connections between the same cores (edge-triggered epoll on both sides, socket buffers of {} B), run right after each count", p.size * p.window));
+        }
         notes.push("scale: tx_kib_cost = side a's time in loop rounds that did work (Device::progress > 0 or completions to repost) during the counted seconds / KiB of the writes that completed meanwhile".into());
         Report {
             notes,
@@ -327,5 +443,28 @@ mod tests {
         assert_eq!(c.sender, Sender::Afxdp);
         assert_eq!(c.size, 65536);
         assert!(Cli::try_parse_from(["x", "--sender", "siw"]).is_err());
+        assert!(!c.no_baseline);
+        assert!(
+            Cli::try_parse_from(["x", "--no-baseline"])
+                .unwrap()
+                .no_baseline
+        );
+    }
+
+    #[test]
+    fn targets_follow_the_counts() {
+        assert_eq!(aggregate_target(1024, 10_000), Some(0.9));
+        assert_eq!(aggregate_target(10_000, 10_000), Some(0.8));
+        assert_eq!(aggregate_target(16, 16), Some(0.8));
+        assert_eq!(aggregate_target(256, 10_000), None);
+    }
+
+    #[test]
+    fn passes_pair_up() {
+        let r = |v: Vec<f64>| Record::new("x", 1, "aggregate_bw", "Gb/s", v);
+        let (a, b) = (r(vec![2.0, 3.0, 1.0]), r(vec![4.0, 0.0]));
+        assert_eq!(per_pass(Some(&a), Some(&b)), vec![0.5]);
+        assert_eq!(per_pass(Some(&a), None), Vec::<f64>::new());
+        assert_eq!(fmt_passes(&[0.5, 1.25]), "[0.50 1.25]");
     }
 }

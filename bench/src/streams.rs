@@ -1,0 +1,230 @@
+//! Kernel TCP with many connections: the platform's own aggregate at a
+//! connection count, measured beside `iwarp-scale`'s RDMA figures in the
+//! same run. Side a opens N kernel TCP connections from its namespace to
+//! a listener in side b's and writes `size`-byte chunks into every one
+//! as it turns writable; side b reads every one as it turns readable.
+//! Both are one thread pinned to its side's core, driven by an
+//! edge-triggered epoll set, as a kernel-socket server of many clients
+//! is. Each socket's send and receive buffer is the RDMA window
+//! (`window × size`), the bytes an RDMA QP of the same run keeps
+//! outstanding.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::socket::{setsockopt, sockopt};
+
+use crate::rdma::WAIT;
+use crate::scale::ScaleParams;
+use crate::topo::{spawn_in, Topology, KERNEL_B};
+
+fn err(msg: impl Into<String>) -> io::Error {
+    io::Error::other(msg.into())
+}
+
+/// Side a's phases, as side b sees them.
+const WARMING: u8 = 0;
+const COUNTING: u8 = 1;
+const DONE: u8 = 2;
+
+/// How long one `epoll_wait` blocks before the phase is looked at
+/// again (ms).
+const TICK_MS: u8 = 1;
+
+/// Raise this process's open-file limit towards `want` descriptors (both
+/// sides' sockets live in one process): the hard limit too where the
+/// process may (`CAP_SYS_RESOURCE`), else up to the hard limit. Returns
+/// the limit in force.
+pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft >= want {
+        return Ok(soft);
+    }
+    if setrlimit(Resource::RLIMIT_NOFILE, want, hard.max(want)).is_ok() {
+        return Ok(want);
+    }
+    let most = hard.min(want);
+    setrlimit(Resource::RLIMIT_NOFILE, most, hard)?;
+    Ok(most)
+}
+
+/// The descriptors a run of `n` connections needs beside the rest of
+/// the process.
+pub fn fds_needed(n: usize) -> u64 {
+    2 * n as u64 + 512
+}
+
+/// Register every socket of `socks` with a new epoll set, edge-triggered
+/// for `flags`, each under its index.
+fn epoll_of(socks: &[TcpStream], flags: EpollFlags) -> io::Result<Epoll> {
+    let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+    for (i, s) in socks.iter().enumerate() {
+        ep.add(s, EpollEvent::new(flags | EpollFlags::EPOLLET, i as u64))?;
+    }
+    Ok(ep)
+}
+
+/// Accept `n` connections on `l` (non-blocking, polled).
+fn accept_all(l: &TcpListener, n: usize) -> io::Result<Vec<TcpStream>> {
+    let mut socks = Vec::with_capacity(n);
+    let start = Instant::now();
+    while socks.len() < n {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(true)?;
+                socks.push(s);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if start.elapsed() > 3 * WAIT {
+                    return Err(err(format!("{} of {n} connections came", socks.len())));
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(socks)
+}
+
+/// Side b: read every connection as it turns readable; the payload Gb/s
+/// received while side a counted.
+fn receive(socks: &[TcpStream], phase: &AtomicU8) -> io::Result<f64> {
+    let ep = epoll_of(socks, EpollFlags::EPOLLIN)?;
+    let mut events = vec![EpollEvent::empty(); 256];
+    let mut buf = vec![0u8; 256 << 10];
+    let mut bytes = 0u64;
+    let mut mark: Option<(u64, Instant)> = None;
+    let start = Instant::now();
+    loop {
+        let k = ep.wait(&mut events, TICK_MS)?;
+        for ev in &events[..k] {
+            let mut s = &socks[ev.data() as usize];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(m) => bytes += m as u64,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        match phase.load(Ordering::Acquire) {
+            COUNTING if mark.is_none() => mark = Some((bytes, Instant::now())),
+            DONE => {
+                let (from, at) = mark.ok_or_else(|| err("side a never counted"))?;
+                let secs = at.elapsed().as_secs_f64();
+                return Ok((bytes - from) as f64 * 8.0 / secs.max(1e-9) / 1e9);
+            }
+            _ if start.elapsed() > 3 * WAIT => return Err(err("side a never finished")),
+            _ => {}
+        }
+    }
+}
+
+/// Side a: write `size`-byte chunks into every connection as it turns
+/// writable, `p.warmup` seconds, then `p.secs` counted (the phase tells
+/// side b when).
+fn send(socks: &[TcpStream], phase: &AtomicU8, p: ScaleParams) -> io::Result<()> {
+    let ep = epoll_of(socks, EpollFlags::EPOLLOUT)?;
+    let mut events = vec![EpollEvent::empty(); 256];
+    let src = vec![0xa5u8; p.size];
+    // Bytes of the current chunk each connection has written.
+    let mut at = vec![0usize; socks.len()];
+    let warm = Duration::from_secs_f64(p.warmup);
+    let count = Duration::from_secs_f64(p.secs);
+    let t0 = Instant::now();
+    let mut counting: Option<Instant> = None;
+    loop {
+        match counting {
+            None if t0.elapsed() >= warm => {
+                counting = Some(Instant::now());
+                phase.store(COUNTING, Ordering::Release);
+            }
+            Some(c) if c.elapsed() >= count => {
+                phase.store(DONE, Ordering::Release);
+                return Ok(());
+            }
+            _ => {}
+        }
+        let k = ep.wait(&mut events, TICK_MS)?;
+        for ev in &events[..k] {
+            let i = ev.data() as usize;
+            let mut s = &socks[i];
+            loop {
+                match s.write(&src[at[i]..]) {
+                    Ok(m) => at[i] = (at[i] + m) % p.size,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+}
+
+/// One run of `n` kernel TCP connections: the payload Gb/s side b
+/// received in the counted seconds.
+pub fn run(
+    topo: &Topology,
+    cpus: (Option<usize>, Option<usize>),
+    n: usize,
+    port: u16,
+    p: ScaleParams,
+) -> io::Result<f64> {
+    let addr = SocketAddr::new(KERNEL_B.into(), port);
+    let buffer = p.size.saturating_mul(p.window).min(i32::MAX as usize);
+    let phase = Arc::new(AtomicU8::new(WARMING));
+    let (ready, listening) = mpsc::channel();
+    let in_b = phase.clone();
+    let hb = spawn_in(
+        &topo.ns_b,
+        cpus.1,
+        "streams-b",
+        move || -> io::Result<f64> {
+            let l = TcpListener::bind(addr)?;
+            // Accepted sockets inherit it, with the window scale it implies.
+            setsockopt(&l, sockopt::RcvBuf, &buffer)?;
+            l.set_nonblocking(true)?;
+            let _ = ready.send(());
+            let socks = accept_all(&l, n)?;
+            receive(&socks, &in_b)
+        },
+    )?;
+    listening
+        .recv_timeout(WAIT)
+        .map_err(|_| err("side b did not listen"))?;
+    let in_a = phase.clone();
+    let ha = spawn_in(
+        &topo.ns_a,
+        cpus.0,
+        "streams-a",
+        move || -> io::Result<()> {
+            let sent = (|| {
+                let mut socks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let s = TcpStream::connect_timeout(&addr, WAIT)?;
+                    setsockopt(&s, sockopt::SndBuf, &buffer)?;
+                    s.set_nonblocking(true)?;
+                    socks.push(s);
+                }
+                send(&socks, &in_a, p)
+            })();
+            // Side b stops at DONE, also when this side failed.
+            in_a.store(DONE, Ordering::Release);
+            sent
+        },
+    )?;
+    let ra = ha.join().map_err(|_| err("side a panicked"))?;
+    let rb = hb.join().map_err(|_| err("side b panicked"))?;
+    match (ra?, rb?) {
+        (Ok(()), Ok(gbps)) => Ok(gbps),
+        (Err(e), _) => Err(e),
+        (Ok(()), Err(e)) => Err(e),
+    }
+}
