@@ -433,6 +433,8 @@ pub fn run(
             }
             to_b.send(()).map_err(|_| err("side b is gone"))?;
             spin_recv(&dev, &b_says, 2 * WAIT)?;
+            // With IWARP_BENCH_DEBUG: this side's counters once quiet.
+            crate::rdma::debug_stats(&dev);
             drop(qps);
             let t = Instant::now();
             while t.elapsed() < Duration::from_millis(50) {

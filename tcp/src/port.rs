@@ -1607,6 +1607,16 @@ impl SentTable {
             // connection's options ([`Self::set_peer`]).
             let options = tcp.options_summary().ok();
             s.settle_our_shift(options.and_then(|o| o.window_scale).is_some());
+            if s.initiated && s.rx_edge.is_none() {
+                // The peer's data starts after its SYN. Our SYN
+                // acknowledged nothing, so nothing marked that before,
+                // and a mark left at 0 can lie within a buffer's reach
+                // ahead of the peer's sequence numbers: data counted as
+                // arrived and never acknowledged.
+                let first = (tcp.seq_number().0 as u32).wrapping_add(1);
+                s.rx_ack = first;
+                s.rx_end = first;
+            }
         }
         let ack = tcp.ack_number().0 as u32;
         let seq = tcp.seq_number().0 as u32;
@@ -2518,6 +2528,61 @@ mod tests {
                 .verify_checksum(&IpAddress::Ipv4(US), &IpAddress::Ipv4(PEER)));
             assert_eq!(seg.tcp.seq_number().0 as u32, how.seq.unwrap_or(seq));
             assert_eq!(seg.tcp.window_len(), how.window.unwrap_or(window));
+        }
+    }
+
+    /// A connection we open holds nothing unacknowledged once its
+    /// handshake is done and what its peer sent is acknowledged, wherever
+    /// the peer's sequence numbers start: one whose peer started in the
+    /// last quarter of the sequence space used to count data as arrived
+    /// beyond every acknowledgement, for good, and its quiet buffers
+    /// were never given back.
+    #[test]
+    fn a_connection_we_open_holds_nothing_once_acknowledged() {
+        for (port, isn) in [
+            (40000, 0x1000_0000u32),
+            (40001, 0xF000_0000),
+            (40002, u32::MAX),
+        ] {
+            let t = SentTable {
+                share: WindowShare::new(64, 1000),
+                ..SentTable::default()
+            };
+            let held = |t: &SentTable| t.get(flow(port)).unwrap().holds_unacknowledged();
+            send(&t, &seg_of(port, true, true, 999, None, 60000, &[]));
+            let synack = TcpRepr {
+                src_port: port,
+                dst_port: 7174,
+                control: TcpControl::Syn,
+                seq_number: TcpSeqNumber(isn as i32),
+                ack_number: Some(TcpSeqNumber(1000)),
+                window_len: 60000,
+                window_scale: None,
+                max_seg_size: Some(1000),
+                sack_permitted: false,
+                sack_ranges: [None; 3],
+                timestamp: None,
+                payload: &[],
+            };
+            rx(&t, &frame(PEER, US, &synack, false));
+            let first = isn.wrapping_add(1);
+            send(
+                &t,
+                &seg_of(port, true, false, 1000, Some(first), 60000, &[]),
+            );
+            assert!(!held(&t), "ISN {isn:#x}: after the handshake");
+            // The peer's answer, held until we acknowledge it.
+            rx(
+                &t,
+                &seg_of(port, false, false, first, Some(1000), 60000, &[1; 20]),
+            );
+            assert!(held(&t), "ISN {isn:#x}: the answer, not yet acknowledged");
+            let after = first.wrapping_add(20);
+            send(
+                &t,
+                &seg_of(port, true, false, 1000, Some(after), 60000, &[]),
+            );
+            assert!(!held(&t), "ISN {isn:#x}: the answer acknowledged");
         }
     }
 
