@@ -2531,6 +2531,26 @@ mod tests {
         }
     }
 
+    /// The peer's SYN-ACK to our SYN (sequence number 999) from `port`:
+    /// its ISN, window field and window scale option, an MSS of 1000.
+    fn peer_synack(port: u16, isn: u32, window: u16, scale: Option<u8>) -> Vec<u8> {
+        let synack = TcpRepr {
+            src_port: port,
+            dst_port: 7174,
+            control: TcpControl::Syn,
+            seq_number: TcpSeqNumber(isn as i32),
+            ack_number: Some(TcpSeqNumber(1000)),
+            window_len: window,
+            window_scale: scale,
+            max_seg_size: Some(1000),
+            sack_permitted: false,
+            sack_ranges: [None; 3],
+            timestamp: None,
+            payload: &[],
+        };
+        frame(PEER, US, &synack, false)
+    }
+
     /// A connection we open holds nothing unacknowledged once its
     /// handshake is done and what its peer sent is acknowledged, wherever
     /// the peer's sequence numbers start: one whose peer started in the
@@ -2550,21 +2570,7 @@ mod tests {
             };
             let held = |t: &SentTable| t.get(flow(port)).unwrap().holds_unacknowledged();
             send(&t, &seg_of(port, true, true, 999, None, 60000, &[]));
-            let synack = TcpRepr {
-                src_port: port,
-                dst_port: 7174,
-                control: TcpControl::Syn,
-                seq_number: TcpSeqNumber(isn as i32),
-                ack_number: Some(TcpSeqNumber(1000)),
-                window_len: 60000,
-                window_scale: None,
-                max_seg_size: Some(1000),
-                sack_permitted: false,
-                sack_ranges: [None; 3],
-                timestamp: None,
-                payload: &[],
-            };
-            rx(&t, &frame(PEER, US, &synack, false));
+            rx(&t, &peer_synack(port, isn, 60000, None));
             let first = isn.wrapping_add(1);
             send(
                 &t,
@@ -2646,21 +2652,7 @@ mod tests {
             .get_mut(&flow(40004))
             .unwrap()
             .our_scale = Some(2);
-        let synack = TcpRepr {
-            src_port: 40004,
-            dst_port: 7174,
-            control: TcpControl::Syn,
-            seq_number: TcpSeqNumber(0),
-            ack_number: Some(TcpSeqNumber(1000)),
-            window_len: 100,
-            window_scale: Some(3),
-            max_seg_size: Some(1000),
-            sack_permitted: false,
-            sack_ranges: [None; 3],
-            timestamp: None,
-            payload: &[],
-        };
-        rx(&t, &frame(PEER, US, &synack, false));
+        rx(&t, &peer_synack(40004, 0, 100, Some(3)));
         assert_eq!(
             send(
                 &t,
