@@ -68,6 +68,27 @@ fn prepare(s: &TcpStream, spin: bool) -> io::Result<()> {
     s.set_nonblocking(spin)
 }
 
+/// Accept `n` connections on the non-blocking listener `l`, polling
+/// it, within `timeout`. The streams are as `accept` returns them
+/// (blocking).
+pub(crate) fn accept_n(l: &TcpListener, n: usize, timeout: Duration) -> io::Result<Vec<TcpStream>> {
+    let mut socks = Vec::with_capacity(n);
+    let start = Instant::now();
+    while socks.len() < n {
+        match l.accept() {
+            Ok((s, _)) => socks.push(s),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if start.elapsed() > timeout {
+                    return Err(err(format!("{} of {n} connections came", socks.len())));
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(socks)
+}
+
 /// Run the server `fb` (side b, on its accepted stream) and client `fa`
 /// (side a, connected to it) in their namespaces.
 fn pair<A: Send + 'static>(
@@ -83,19 +104,9 @@ fn pair<A: Send + 'static>(
         let l = TcpListener::bind(addr)?;
         let _ = tx.send(());
         l.set_nonblocking(true)?;
-        let start = Instant::now();
-        let s = loop {
-            match l.accept() {
-                Ok((s, _)) => break s,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if start.elapsed() > WAIT {
-                        return Err(err("no connection"));
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let s = accept_n(&l, 1, WAIT)?
+            .pop()
+            .ok_or_else(|| err("no connection"))?;
         fb(s)
     })?;
     rx.recv_timeout(WAIT)

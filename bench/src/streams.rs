@@ -20,6 +20,7 @@ use nix::sys::socket::{setsockopt, sockopt};
 
 use crate::rdma::WAIT;
 use crate::scale::ScaleParams;
+use crate::sock::accept_n;
 use crate::topo::{spawn_in, Topology, KERNEL_B};
 
 fn err(msg: impl Into<String>) -> io::Error {
@@ -67,28 +68,6 @@ fn epoll_of(socks: &[TcpStream], flags: EpollFlags) -> io::Result<Epoll> {
         ep.add(s, EpollEvent::new(flags | EpollFlags::EPOLLET, i as u64))?;
     }
     Ok(ep)
-}
-
-/// Accept `n` connections on `l` (non-blocking, polled).
-fn accept_all(l: &TcpListener, n: usize) -> io::Result<Vec<TcpStream>> {
-    let mut socks = Vec::with_capacity(n);
-    let start = Instant::now();
-    while socks.len() < n {
-        match l.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(true)?;
-                socks.push(s);
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if start.elapsed() > 3 * WAIT {
-                    return Err(err(format!("{} of {n} connections came", socks.len())));
-                }
-                std::thread::sleep(Duration::from_micros(100));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(socks)
 }
 
 /// Side b: read every connection as it turns readable; the payload Gb/s
@@ -192,7 +171,10 @@ pub fn run(
             setsockopt(&l, sockopt::RcvBuf, &buffer)?;
             l.set_nonblocking(true)?;
             let _ = ready.send(());
-            let socks = accept_all(&l, n)?;
+            let socks = accept_n(&l, n, 3 * WAIT)?;
+            for s in &socks {
+                s.set_nonblocking(true)?;
+            }
             receive(&socks, &in_b)
         },
     )?;

@@ -239,15 +239,12 @@ fn main() -> std::process::ExitCode {
                         format!("{:.0}", r.tx_kib_ns),
                         format!("{:.0}", r.connect_rate),
                     ]);
-                    let fits = iwarp_bench::streams::fds_needed(n) <= fd_limit;
-                    if baseline && !fits {
-                        eprintln!("scale: kernel TCP, {n} connections: skipped, the open-file limit ({fd_limit}) is below the {} descriptors both sides need", iwarp_bench::streams::fds_needed(n));
-                        rows.last_mut()
-                            .expect("just pushed")
-                            .push("fd limit".into());
-                    }
-                    if baseline && fits {
-                        let row = rows.last_mut().expect("just pushed");
+                    let need = iwarp_bench::streams::fds_needed(n);
+                    let row = rows.last_mut().expect("just pushed");
+                    if baseline && need > fd_limit {
+                        eprintln!("scale: kernel TCP, {n} connections: skipped, the open-file limit ({fd_limit}) is below the {need} descriptors both sides need");
+                        row.push("fd limit".into());
+                    } else if baseline {
                         match iwarp_bench::streams::run(&topo, cpus, n, next_port(), p) {
                             Ok(g) => {
                                 row.push(format!("{g:.2}"));
