@@ -353,6 +353,16 @@ const UNUSED_PERIODS: u64 = 100;
 /// [`UNUSED_PERIODS`] while the waiting connections wait behind it.
 const QUIET_PERIODS: u64 = 5;
 
+/// Most window updates [`Port::send_window_updates`] sends per call (per
+/// [`Stack::poll`](crate::Stack::poll)). Updates come in waves: the
+/// connections opened together retract, are nudged and repeat together,
+/// thousands in one period. Sent back to back, such a wave reaches the
+/// peer faster than a busy peer takes frames off its receive ring, and
+/// it drops them (and the data among them) once its fill ring runs dry;
+/// a few dozen per poll interleave with the peer's passes, and still
+/// send hundreds of thousands a second.
+pub(crate) const UPDATES_PER_CALL: usize = 64;
+
 /// How many periods after its retraction a connection whose peer sent
 /// data lately is first nudged ([`SentTable::release`]): one second,
 /// smoltcp's least retransmission timeout. Each further nudge waits twice
@@ -1863,8 +1873,9 @@ impl<D> Port<D> {
     }
 
     /// Send the window updates due ([`WindowShare`]), in the order the
-    /// credit was granted, as far as the device takes frames (the rest
-    /// wait for the next call). Returns whether one was sent.
+    /// credit was granted, at most [`UPDATES_PER_CALL`] and as far as the
+    /// device takes frames (the rest wait for the next call). Returns
+    /// whether one was sent.
     pub(crate) fn send_window_updates(&mut self, now: Instant) -> bool
     where
         D: Device,
@@ -1874,7 +1885,7 @@ impl<D> Port<D> {
         }
         let caps = self.inner.capabilities().checksum;
         let mut sent = false;
-        loop {
+        for _ in 0..UPDATES_PER_CALL {
             let Some(flow) = self.sent.updates.borrow().front().copied() else {
                 break;
             };
@@ -2447,6 +2458,45 @@ mod tests {
             60000
         );
         send(t, &seg_of(port, true, false, 1000, Some(1), 60000, &[]))
+    }
+
+    /// A wave of window updates leaves [`UPDATES_PER_CALL`] at a time, in
+    /// the order they were queued, each call taking the next ones.
+    #[test]
+    fn window_updates_leave_a_bounded_number_per_call() {
+        let mut port = Port::new(crate::sim::SimPort::new(1514));
+        port.sent = SentTable {
+            share: WindowShare::new(1 << 16, 1000),
+            ..SentTable::default()
+        };
+        let n = 2 * UPDATES_PER_CALL + 5;
+        let ports: Vec<u16> = (0..n).map(|i| 40000 + i as u16).collect();
+        for &p in &ports {
+            establish(&port.sent, p);
+            port.sent
+                .entries
+                .borrow_mut()
+                .get_mut(&flow(p))
+                .unwrap()
+                .update_due = true;
+            port.sent.updates.borrow_mut().push_back(flow(p));
+        }
+        let now = Instant::from_millis(0);
+        let mut calls = Vec::new();
+        while port.sent.updates_due() {
+            assert!(port.send_window_updates(now));
+            let sent: Vec<u16> = port
+                .inner
+                .tx
+                .drain(..)
+                .map(|f| Segment::parse(&f, true).unwrap().tcp.dst_port())
+                .collect();
+            calls.push(sent);
+        }
+        let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![UPDATES_PER_CALL, UPDATES_PER_CALL, 5]);
+        assert_eq!(calls.concat(), ports);
+        assert!(!port.send_window_updates(now));
     }
 
     #[test]
