@@ -72,7 +72,7 @@ pub struct Config {
     /// it into, however many connections there are. A connection is
     /// offered at most its fair part (`window_frames × MSS` over the
     /// connections that received data in the last 10–20 ms and those
-    /// waiting, but at least a turn: 16 segments, at most an eighth of
+    /// waiting, but at least a turn: 32 segments, at most an eighth of
     /// the frames), in whole segments, and only what the others leave:
     /// the offer may be nothing, and its window closes. A connection held
     /// below one segment waits in a FIFO queue; credit freed by a peer
