@@ -403,10 +403,12 @@ const MAX_REPEATS: u8 = 2;
 /// cost once a thousand connections share the frames. Longer turns let
 /// the peer send more per visit of its connection, which with a
 /// thousand connections and more costs it far more than the segments
-/// (a visit's connection state is no longer in the cache): 32 moved
-/// 13 % more than 16 at 1024 QPs and 30 % more at 10,000 (`iwarp-scale
-/// --sender afxdp`, alternating runs); 64 (45 with the 64 KiB buffer
-/// of a shared window) moved no more at 1024 and less at 10,000.
+/// (a visit's connection state is no longer in the cache), and a
+/// 64 KiB message takes two turns instead of three: 32 received 11 %
+/// more than 16 at 1024 QPs and about as much at 10,000, where the
+/// writes completed more evenly (`iwarp-scale --sender afxdp`); 64 (45
+/// with the 64 KiB buffer of a shared window) received no more at 1024
+/// and less at 10,000.
 const TURN_SEGMENTS: usize = 32;
 
 /// The receive frames shared by the connections
