@@ -361,7 +361,7 @@ const QUIET_PERIODS: u64 = 5;
 /// it drops them (and the data among them) once its fill ring runs dry;
 /// a few dozen per poll interleave with the peer's passes, and still
 /// send hundreds of thousands a second.
-pub(crate) const UPDATES_PER_CALL: usize = 64;
+const UPDATES_PER_CALL: usize = 64;
 
 /// How many periods after its retraction a connection whose peer sent
 /// data lately is first nudged ([`SentTable::release`]): one second,
@@ -920,6 +920,15 @@ impl SentTable {
         }
     }
 
+    /// Queue a window update for the connection of `flow` (`s`), unless
+    /// one is queued already.
+    fn queue_update(&self, flow: Flow, s: &mut Sent) {
+        if !s.update_due {
+            s.update_due = true;
+            self.updates.borrow_mut().push_back(flow);
+        }
+    }
+
     /// The window update of `flow` taken from the queue could not be
     /// sent: it is due first again.
     fn requeue(&self, flow: Flow) {
@@ -1059,10 +1068,7 @@ impl SentTable {
         s.retracting = Some(n);
         share.pending.set(share.pending.get() + n);
         s.granted = None;
-        if !s.update_due {
-            s.update_due = true;
-            self.updates.borrow_mut().push_back(flow);
-        }
+        self.queue_update(flow, s);
     }
 
     /// The window update of `s`'s retraction (of `flow`) is leaving:
@@ -1149,10 +1155,7 @@ impl SentTable {
                     s.nudge = Some((cur, n as u8 + 1));
                     next.borrow_mut().push_back((flow, cur));
                 }
-                if !s.update_due {
-                    s.update_due = true;
-                    self.updates.borrow_mut().push_back(flow);
-                }
+                self.queue_update(flow, s);
             }
         }
     }
@@ -1188,10 +1191,7 @@ impl SentTable {
             s.granted = Some(cur);
             share.unanswered.borrow_mut().push_back((flow, cur));
             share.repeated.set(share.repeated.get() + 1);
-            if !s.update_due {
-                s.update_due = true;
-                self.updates.borrow_mut().push_back(flow);
-            }
+            self.queue_update(flow, s);
         }
         retracted
     }
@@ -1560,10 +1560,7 @@ impl SentTable {
         }
         s.filled = false;
         share.unanswered.borrow_mut().push_back((flow, cur));
-        if !s.update_due {
-            s.update_due = true;
-            self.updates.borrow_mut().push_back(flow);
-        }
+        self.queue_update(flow, s);
         true
     }
 
@@ -2481,13 +2478,9 @@ mod tests {
         let ports: Vec<u16> = (0..n).map(|i| 40000 + i as u16).collect();
         for &p in &ports {
             establish(&port.sent, p);
+            let mut entries = port.sent.entries.borrow_mut();
             port.sent
-                .entries
-                .borrow_mut()
-                .get_mut(&flow(p))
-                .unwrap()
-                .update_due = true;
-            port.sent.updates.borrow_mut().push_back(flow(p));
+                .queue_update(flow(p), entries.get_mut(&flow(p)).unwrap());
         }
         let now = Instant::from_millis(0);
         let mut calls = Vec::new();
