@@ -463,7 +463,9 @@ pub struct Qp {
     config: QpConfig,
     state: QpState,
     role: Role,
-    handshake: Option<Handshake>,
+    /// The MPA exchange, until it is done (boxed: no visit after it
+    /// touches it).
+    handshake: Option<Box<Handshake>>,
     negotiated: Option<Negotiated>,
     sq: VecDeque<SqEntry>,
     /// Posted receives; on a QP attached to a shared receive queue, the
@@ -596,7 +598,7 @@ impl Qp {
         let (revision, crc, markers, p2p) =
             (config.revision, config.crc, config.markers, config.p2p);
         let (ird, ord) = (config.ird, config.ord);
-        self.handshake = Some(Handshake::initiator(config, private_data, now)?);
+        self.handshake = Some(Box::new(Handshake::initiator(config, private_data, now)?));
         self.role = Role::Initiator;
         self.state = QpState::Connecting;
         qp_event!(
@@ -623,7 +625,7 @@ impl Qp {
             return Err(HandshakeError::NotExpected);
         }
         self.responder_sends_first = config.responder_sends_first;
-        self.handshake = Some(Handshake::responder(config, now));
+        self.handshake = Some(Box::new(Handshake::responder(config, now)));
         self.role = Role::Responder;
         self.state = QpState::Connecting;
         qp_event!(self.span, DEBUG, "accept: awaiting the MPA request");
@@ -669,7 +671,11 @@ impl Qp {
 
     /// Move handshake events into QP events and state.
     fn pump_handshake(&mut self, env: &mut Env<'_>) {
-        while let Some(ev) = self.handshake.as_mut().and_then(Handshake::poll_event) {
+        while let Some(ev) = self
+            .handshake
+            .as_deref_mut()
+            .and_then(Handshake::poll_event)
+        {
             match ev {
                 handshake::Event::ConnectRequest(req) => {
                     qp_event!(
@@ -1062,7 +1068,7 @@ impl Qp {
     /// The next deadline, if any.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
-            QpState::Connecting => self.handshake.as_ref().and_then(Handshake::poll_timeout),
+            QpState::Connecting => self.handshake.as_deref().and_then(Handshake::poll_timeout),
             _ => None,
         }
     }
@@ -1092,5 +1098,20 @@ fn sq_opcode(op: &SendOp) -> WcOpcode {
         SendOp::ImmediateData { .. } => WcOpcode::ImmediateData,
         SendOp::FetchAdd { .. } => WcOpcode::AtomicFetchAdd,
         SendOp::CompareSwap { .. } => WcOpcode::AtomicCompareSwap,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A visit of a connection touches its QP's transmit and receive
+    /// state; the parts no visit after setup or an error touches (the MPA
+    /// exchange, a queued Terminate) are boxed, so that a server's
+    /// thousands of QPs stay small. Inlining one of them again grows a QP
+    /// by a quarter.
+    #[test]
+    fn cold_parts_stay_out_of_line() {
+        let qp = size_of::<super::Qp>();
+        assert!(qp <= 1280, "Qp is {qp} bytes");
+        assert!(size_of::<super::tx::Tx>() <= 512);
     }
 }

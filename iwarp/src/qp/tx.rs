@@ -127,7 +127,8 @@ pub(super) struct Tx {
     msg: Option<Msg>,
     fpdu: Option<Fpdu>,
     rtr: Option<RtrType>,
-    terminate: Option<Msg>,
+    /// A Terminate queued (rare: boxed, off the hot transmit state).
+    terminate: Option<Box<Msg>>,
     /// The error the queued Terminate reports.
     terminate_code: Option<TermCode>,
     terminate_sent: bool,
@@ -204,7 +205,7 @@ impl Tx {
             0,
         );
         self.terminate_code = Some(v.code);
-        self.terminate = Some(Msg {
+        self.terminate = Some(Box::new(Msg {
             hdr,
             body,
             body_len,
@@ -214,7 +215,7 @@ impl Tx {
             seq: None,
             completes_on_send: false,
             terminate: true,
-        });
+        }));
         true
     }
 
@@ -377,7 +378,7 @@ impl Qp {
         }
         if self.tx.msg.is_none() {
             match self.tx.terminate.take() {
-                Some(t) => self.tx.msg = Some(t),
+                Some(t) => self.tx.msg = Some(*t),
                 None => {
                     if !matches!(self.state, QpState::Rts | QpState::Closing)
                         || !self.tx_start_message(env)
@@ -386,7 +387,7 @@ impl Qp {
                         // Read or Atomic Response whose region went away)
                         // queued a Terminate: it goes out now.
                         match self.tx.terminate.take() {
-                            Some(t) => self.tx.msg = Some(t),
+                            Some(t) => self.tx.msg = Some(*t),
                             None => return false,
                         }
                     }
