@@ -225,9 +225,10 @@ pub(crate) struct Sent {
     nudge: Option<(u64, u8)>,
     /// The longest payload the peer has sent.
     rx_longest: usize,
-    /// A data segment arrived past a hole, inside the window: see
-    /// [`Self::holds_out_of_order`]. Cleared once all that arrived is
-    /// acknowledged.
+    /// A data segment that starts past our last acknowledgement arrived
+    /// inside the window: it follows data not yet acknowledged, or a
+    /// hole ([`Self::holds_out_of_order`]). Cleared once all that arrived
+    /// is acknowledged.
     rx_held: bool,
     /// The peer's last data segment was shorter than its longest: what it
     /// had to send ran out there (smoltcp and Linux send a short segment
@@ -285,10 +286,13 @@ impl Sent {
         self.arrived_beyond_ack() > 0
     }
 
-    /// Data arrived past a hole inside the window we advertised and is
-    /// not yet acknowledged: smoltcp holds it out of order, and the peer
-    /// resends the hole into this window (a probe's byte past the
-    /// window's edge is not held).
+    /// Data arrived past our last acknowledgement inside the window we
+    /// advertised and is not yet acknowledged (a probe's byte past the
+    /// window's edge is not counted). Data that arrived in order is
+    /// acknowledged within the delayed-ACK time, so for a connection
+    /// whose peer has been quiet longer this means a hole: smoltcp holds
+    /// the data out of order, and the peer resends the hole into this
+    /// window.
     fn holds_out_of_order(&self) -> bool {
         self.rx_held && self.arrived_beyond_ack() > 0
     }
