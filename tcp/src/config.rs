@@ -135,8 +135,9 @@ pub struct Config {
     /// such as keep-alives or window updates, leave it quiet) before the
     /// stack gives the pages of its socket buffers back to the system, if
     /// they hold nothing it will read again: no unread or unacknowledged data, nothing that arrived
-    /// beyond our acknowledgement; and that does not wait for its turn of
-    /// [`window_frames`](Self::window_frames). Its buffers stay mapped; a page
+    /// beyond our acknowledgement. A connection waiting for its turn of
+    /// [`window_frames`](Self::window_frames) whose peer sent nothing for
+    /// that long is quiet too. Its buffers stay mapped; a page
     /// comes back, zeroed, when the ring next writes it (a fault per page
     /// as traffic resumes). A quiet connection is released between one
     /// and two of these after its last visit, counted in

@@ -297,12 +297,6 @@ impl Sent {
         self.rx_held && self.arrived_beyond_ack() > 0
     }
 
-    /// The connection waits in [`WindowShare`]'s queue for credit: its
-    /// peer has more to send.
-    pub(crate) fn waits_for_credit(&self) -> bool {
-        self.wait.is_some()
-    }
-
     /// Bytes from our last acknowledgement to the end of the data that
     /// arrived (0 if that lies behind it, or a buffer's reach ahead).
     fn arrived_beyond_ack(&self) -> usize {

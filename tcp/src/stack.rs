@@ -1320,12 +1320,11 @@ impl Core {
                 continue;
             };
             let s = c.socket();
-            // A connection waiting for its turn of the shared frames is
-            // not quiet: its peer has more to send.
-            let holds = s.recv_queue() > 0
-                || s.send_queue() > 0
-                || sent.holds_unacknowledged()
-                || sent.waits_for_credit();
+            // A connection waiting for its turn of the shared frames
+            // whose peer sent nothing for `after` is quiet too (its peer
+            // may have shown data once, such as an MPA message, and no
+            // more): the turn, when it comes, takes the pages again.
+            let holds = s.recv_queue() > 0 || s.send_queue() > 0 || sent.holds_unacknowledged();
             if holds {
                 self.idle.push_back((now, id));
                 continue;

@@ -126,3 +126,31 @@ fn frames_without_data_leave_a_connection_quiet() {
     assert_eq!(ca.idle_releases, 1, "A: {ca:?}");
     assert_eq!(cb.idle_releases, 1, "B: {cb:?}");
 }
+
+/// Connections whose peers sent one short message each and then nothing
+/// (as an MPA exchange leaves the side that only sends) wait in the
+/// shared frames' queue for credit that is granted a turn at a time and
+/// held a second when unused: the queue drains slower than the idle
+/// period. Waiting for credit with nothing received for the idle period
+/// is quiet: every connection gives its buffers back.
+#[test]
+fn connections_waiting_for_credit_without_data_are_quiet() {
+    let after = Duration::from_millis(300);
+    let b_config = Config {
+        window_frames: Some(4),
+        idle_release: Some(after),
+        ..Config::default()
+    };
+    let mut sim = Sim::new(Config::default(), b_config, LinkConfig::default());
+    let n = 12;
+    let conns: Vec<_> = (0..n)
+        .map(|i| connect(&mut sim, 40000 + i as u16, Duration::from_secs(5)))
+        .collect();
+    for (i, &(a, b)) in conns.iter().enumerate() {
+        let out = data(100, 10 + i as u64);
+        assert!(one_way_on(&mut sim, a, b, &out) == out);
+    }
+    idle_for(&mut sim, after * 3);
+    let c = sim.b.counters();
+    assert_eq!(c.idle_releases, n as u64, "B: {c:?}");
+}
