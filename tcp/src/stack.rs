@@ -2181,6 +2181,26 @@ impl<D: Device> Stack<D> {
         sent
     }
 
+    /// Let one connection send what it has queued, up to
+    /// [`Config::egress_budget`] segments, now rather than at the next
+    /// [`Stack::poll`], which still visits it (for its state, its timers
+    /// and whatever this left). A writer that has just queued a turn's
+    /// worth sends it while the bytes are still in its core's cache: one
+    /// that queues for many connections before the poll sends them would
+    /// read the first ones back from memory. Uses the clock of the last
+    /// poll; a zero-window probe that waits for its turn
+    /// ([`Counters::probes_delayed`]) still waits. Returns whether the
+    /// connection sent anything.
+    pub fn egress_now(&mut self, conn: ConnId) -> bool {
+        match self.core.conn(conn) {
+            Some(c) if c.probe != Probe::Waiting => {}
+            _ => return false,
+        }
+        self.port.tx_refused = false;
+        let (rounds, now) = (self.core.config.egress_budget, self.core.now);
+        self.core.egress(&mut self.port, conn, rounds, now).0
+    }
+
     /// Whether [`Stack::poll`] may have work at `now` although no frame
     /// arrived: a connection was touched by a call (queued data, a close,
     /// a read that may have reopened a closing window) or its timer is

@@ -643,6 +643,61 @@ fn narrow_windows_are_acknowledged_at_once() {
 /// follows. Without congestion control a whole message goes in one call;
 /// with Reno the first call fills smoltcp's initial window of 2048 bytes
 /// exactly: a full segment and a short one, both sent whole.
+/// `egress_now` sends the segments a connection queued before any poll:
+/// whole segments, all of them (the window is open), and a second call
+/// finds nothing left; the bytes arrive intact.
+#[test]
+fn egress_now_sends_queued_segments_before_the_poll() {
+    let no_cc = Config {
+        congestion: iwarp_tcp::CongestionControl::None,
+        ..Config::default()
+    };
+    let mut sim = Sim::new(no_cc, Config::default(), LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+    let emss = sim.a.emss(a).unwrap();
+    let payload = data(3 * emss, 5);
+    let mut off = 0;
+    let n = sim
+        .a
+        .send_segment(a, |buf, limit| {
+            let n = buf.len().min(limit).min(payload.len() - off);
+            buf[..n].copy_from_slice(&payload[off..off + n]);
+            off += n;
+            n
+        })
+        .unwrap();
+    assert_eq!(n, payload.len());
+    let before = sim.a.device().tx.len();
+    assert!(sim.a.egress_now(a));
+    let frames: Vec<usize> = sim
+        .a
+        .device()
+        .tx
+        .iter()
+        .skip(before)
+        .map(Vec::len)
+        .collect();
+    assert_eq!(frames.len(), 3, "{frames:?}");
+    assert!(frames.iter().all(|&len| len == frames[0]), "{frames:?}");
+    assert_eq!(sim.a.unsent(a), Some(0));
+    assert!(!sim.a.egress_now(a));
+    let mut got = Vec::new();
+    let limit = sim.now + Duration::from_secs(5);
+    sim.run(limit, |s| {
+        let _ = s.b.recv(b, |buf| {
+            got.extend_from_slice(buf);
+            buf.len()
+        });
+        if got.len() == payload.len() {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    assert!(got == payload);
+}
+
 #[test]
 fn send_segment_queues_whole_segments() {
     let no_cc = Config {

@@ -730,7 +730,9 @@ fn zero_window_probes_of_many_timers_wait_for_answers() {
 /// two bytes more than the windows (`queued`: the probes are on smoltcp's
 /// timers) or with those bytes written once the windows closed (two
 /// writes into each closed window, all at one instant: the second finds
-/// the probe of the first waiting). Walks the frames in the order they
+/// the probe of the first waiting). Each write is followed by
+/// `egress_now`, which sends a probe only when it has its turn. Walks the
+/// frames in the order they
 /// were sent: a probe is A's segment with payload, answered by B's next
 /// segment on its connection (sent before A hears it, so the count is at
 /// most what A had unanswered).
@@ -761,6 +763,7 @@ fn probes_wait_for_answers(queued: bool) {
     sim.run(limit, |s| {
         for (i, &(a, _)) in pairs.iter().enumerate() {
             sent[i] += s.a.send_slice(a, &fill[sent[i]..before]).unwrap();
+            s.a.egress_now(a);
         }
         let waiting = pairs
             .iter()
@@ -781,7 +784,10 @@ fn probes_wait_for_answers(queued: bool) {
             for (i, &(a, _)) in pairs.iter().enumerate() {
                 if !more[i] {
                     let one = s.a.send_slice(a, &fill[before..before + 1]).unwrap();
+                    // Sent at once unless the probe waits for its turn.
+                    s.a.egress_now(a);
                     let two = s.a.send_slice(a, &fill[before + 1..]).unwrap();
+                    s.a.egress_now(a);
                     assert_eq!(one + two, EXTRA);
                     more[i] = true;
                 }

@@ -1217,6 +1217,9 @@ impl Stream for XdpStream<'_> {
             self.stack.send(self.conn, |b| ctx.poll_transmit(qp, b))
         };
         if let Ok(n) = sent {
+            if n > 0 {
+                self.stack.egress_now(self.conn);
+            }
             t.work = n;
             self.segments = self.align && n > 0 && ctx.may_transmit(qp);
             // A full buffer may hide more to send.
