@@ -7,60 +7,77 @@
 //! buffer carries that flag; an AF_XDP frame does not, so such segments
 //! look corrupt to a verifying stack and every one is dropped.
 //!
-//! [`complete_partial`] recognises exactly that state (the field equals
-//! the pseudo-header sum, and the real checksum does not verify) and
-//! finishes the checksum in place, as the host's stack would. Any other
-//! mismatch is left alone and the segment is dropped later as corrupt.
-//! The payload of such a segment was never covered by a checksum on the
-//! virtual link; the MPA CRC, when negotiated, still is end to end.
+//! [`check`] verifies a received segment's TCP checksum in one pass over
+//! the segment and recognises exactly that state (the field equals the
+//! pseudo-header sum, and the real checksum does not verify): it
+//! finishes the checksum in place, as the host's stack would, from the
+//! same pass. Any other mismatch marks the segment corrupt. A device that
+//! drops corrupt segments by it can tell smoltcp that TCP checksums are
+//! verified on receive, so no segment is read for its checksum twice.
+//! The payload of a segment whose checksum was partial was never covered
+//! by a checksum on the virtual link; the MPA CRC, when negotiated, still
+//! is end to end.
 
-use smoltcp::wire::{
-    checksum, EthernetFrame, EthernetProtocol, IpAddress, IpProtocol, Ipv4Packet, TcpPacket,
-};
+use smoltcp::wire::{checksum, EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket};
 
-/// Finish the TCP checksum of an Ethernet/IPv4/TCP `frame` whose checksum
-/// field holds only the pseudo-header sum. Returns true when it did;
-/// false for anything else (not TCP/IPv4, truncated, already valid, or
-/// corrupt). Never panics on any input.
-pub fn complete_partial(frame: &mut [u8]) -> bool {
+/// What [`check`] found of a frame's TCP checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// Not an unfragmented TCP segment in an IPv4 packet whose header
+    /// verifies (ARP, another protocol, a fragment, a truncated or corrupt
+    /// header): left to the stack, which checks what it parses.
+    NotTcp,
+    /// The TCP checksum verifies.
+    Valid,
+    /// The checksum field held only the pseudo-header sum (a peer's
+    /// transmit offload); the checksum is now finished in place.
+    Completed,
+    /// The TCP checksum does not verify: drop the segment.
+    Corrupt,
+}
+
+/// Verify the TCP checksum of an Ethernet/IPv4/TCP `frame`, reading the
+/// segment once, and finish it in place if it holds only the
+/// pseudo-header sum. Never panics on any input.
+pub fn check(frame: &mut [u8]) -> Checked {
     let Ok(mut eth) = EthernetFrame::new_checked(frame) else {
-        return false;
+        return Checked::NotTcp;
     };
     if eth.ethertype() != EthernetProtocol::Ipv4 {
-        return false;
+        return Checked::NotTcp;
     }
     let Ok(mut ip) = Ipv4Packet::new_checked(eth.payload_mut()) else {
-        return false;
+        return Checked::NotTcp;
     };
     if ip.next_header() != IpProtocol::Tcp
         || ip.more_frags()
         || ip.frag_offset() != 0
         || !ip.verify_checksum()
     {
-        return false;
+        return Checked::NotTcp;
     }
     let (src, dst) = (ip.src_addr(), ip.dst_addr());
     let Ok(mut tcp) = TcpPacket::new_checked(ip.payload_mut()) else {
-        return false;
+        return Checked::NotTcp;
     };
-    // The field first: a segment whose field is not the bare
-    // pseudo-header sum (every segment of a peer without the offload) is
-    // left to smoltcp's own verification, without a second pass over it
-    // here.
-    let len = tcp.as_ref().len();
-    let Ok(len32) = u32::try_from(len) else {
-        return false;
+    let Ok(len) = u32::try_from(tcp.as_ref().len()) else {
+        return Checked::NotTcp;
     };
-    let pseudo = checksum::pseudo_header_v4(&src, &dst, IpProtocol::Tcp, len32);
-    if tcp.checksum() != pseudo {
-        return false;
+    let pseudo = checksum::pseudo_header_v4(&src, &dst, IpProtocol::Tcp, len);
+    // The one pass over the segment, its checksum field included.
+    let sum = checksum::data(tcp.as_ref());
+    if checksum::combine(&[pseudo, sum]) == !0 {
+        return Checked::Valid;
     }
-    let (s, d) = (IpAddress::Ipv4(src), IpAddress::Ipv4(dst));
-    if tcp.verify_checksum(&s, &d) {
-        return false;
+    let field = tcp.checksum();
+    if field != pseudo {
+        return Checked::Corrupt;
     }
-    tcp.fill_checksum(&s, &d);
-    true
+    // The sum without the field (adding a one's complement subtracts),
+    // and the checksum over it and the pseudo header.
+    let rest = checksum::combine(&[sum, !field]);
+    tcp.set_checksum(!checksum::combine(&[pseudo, rest]));
+    Checked::Completed
 }
 
 #[cfg(test)]
@@ -68,7 +85,8 @@ mod tests {
     use super::*;
     use smoltcp::phy::ChecksumCapabilities;
     use smoltcp::wire::{
-        EthernetAddress, EthernetRepr, Ipv4Address, Ipv4Repr, TcpControl, TcpRepr, TcpSeqNumber,
+        EthernetAddress, EthernetRepr, IpAddress, Ipv4Address, Ipv4Repr, TcpControl, TcpRepr,
+        TcpSeqNumber,
     };
 
     const A: Ipv4Address = Ipv4Address::new(198, 18, 0, 1);
@@ -126,27 +144,38 @@ mod tests {
 
     #[test]
     fn partial_checksum_is_completed() {
-        let good = segment(b"an FPDU");
-        let mut f = partial(b"an FPDU");
-        assert_ne!(f, good);
-        assert!(complete_partial(&mut f));
-        assert_eq!(f, good);
-        // Now valid: left alone.
-        assert!(!complete_partial(&mut f));
-        assert_eq!(f, good);
+        // Odd and even lengths, and payloads whose sums carry.
+        for payload in [&b"an FPDU"[..], b"an FPDU!", &[0xff; 1447], &[0; 1448]] {
+            let good = segment(payload);
+            let mut f = partial(payload);
+            assert_ne!(f, good);
+            assert_eq!(check(&mut f), Checked::Completed);
+            assert_eq!(f, good);
+            // Now valid: left alone.
+            assert_eq!(check(&mut f), Checked::Valid);
+            assert_eq!(f, good);
+        }
     }
 
     #[test]
-    fn corrupt_checksum_is_left_alone() {
+    fn corrupt_segments_are_found_and_left_alone() {
         let mut f = segment(b"an FPDU");
         tcp_checksum_field(&mut f)[1] ^= 0x40;
         let before = f.clone();
-        assert!(!complete_partial(&mut f));
+        assert_eq!(check(&mut f), Checked::Corrupt);
         assert_eq!(f, before);
-        // A partial checksum over a corrupted IP header is not trusted.
+        // A flipped payload bit under a full checksum.
+        let mut f = segment(b"an FPDU");
+        let last = f.len() - 1;
+        f[last] ^= 0x10;
+        assert_eq!(check(&mut f), Checked::Corrupt);
+        // A partial checksum over a corrupted IP header is not trusted:
+        // the stack drops the packet by its header checksum.
         let mut f = partial(b"x");
         f[14 + 8] ^= 1; // TTL: the IPv4 header checksum now fails
-        assert!(!complete_partial(&mut f));
+        let before = f.clone();
+        assert_eq!(check(&mut f), Checked::NotTcp);
+        assert_eq!(f, before);
     }
 
     #[test]
@@ -154,10 +183,10 @@ mod tests {
         let full = partial(b"payload");
         for n in 0..full.len() {
             let mut f = full[..n].to_vec();
-            let _ = complete_partial(&mut f);
+            let _ = check(&mut f);
         }
         let mut arp = vec![0xff; 60];
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
-        assert!(!complete_partial(&mut arp));
+        assert_eq!(check(&mut arp), Checked::NotTcp);
     }
 }

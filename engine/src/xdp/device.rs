@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::ArrayQueue;
 use iwarp_capture::pcap::PcapWriter;
-use iwarp_tcp::smoltcp::phy::{self, DeviceCapabilities, Medium};
+use iwarp_tcp::smoltcp::phy::{self, Checksum, DeviceCapabilities, Medium};
 use iwarp_tcp::smoltcp::time::Instant;
 use iwarp_tcp::Stack;
 use xsk_rs::umem::frame::FrameDesc;
@@ -609,6 +609,10 @@ impl phy::Device for XskDevice {
         caps.medium = Medium::Ethernet;
         caps.max_transmission_unit = self.mtu + ETH_HEADER;
         caps.max_burst_size = Some(super::umem::RX_BURST);
+        // The rx burst verifies every TCP checksum (and finishes partial
+        // ones) and drops the segments that fail: smoltcp computes TCP
+        // checksums on transmit only.
+        caps.checksum.tcp = Checksum::Tx;
         caps
     }
 }

@@ -19,6 +19,7 @@ use std::io;
 use std::num::NonZeroU32;
 use std::os::fd::{AsRawFd, RawFd};
 
+use iwarp_tcp::csum::Checked;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
 };
@@ -55,8 +56,11 @@ pub struct RingCounters {
     pub fill_wakeups: u64,
     /// Received TCP segments whose checksum a virtual peer left partial
     /// (checksum offload) and the engine finished
-    /// (`iwarp_tcp::csum::complete_partial`).
+    /// (`iwarp_tcp::csum::check`).
     pub rx_csum_completed: u64,
+    /// Received TCP segments whose checksum failed, dropped before the
+    /// stack: the device tells smoltcp that it verifies TCP checksums.
+    pub rx_csum_bad: u64,
 }
 
 /// The UMEM, its rings and the frames user space owns.
@@ -172,13 +176,19 @@ impl Frames {
         for desc in &mut self.scratch[..n] {
             // SAFETY: as above: the frame was just consumed from the rx
             // ring, belongs to this UMEM, and nothing else references it
-            // until it is queued for smoltcp below.
+            // until it is queued for smoltcp or recycled below.
             let mut data = unsafe { self.umem.data_mut(desc) };
-            if iwarp_tcp::csum::complete_partial(data.contents_mut()) {
-                self.counters.rx_csum_completed += 1;
+            match iwarp_tcp::csum::check(data.contents_mut()) {
+                Checked::Completed => self.counters.rx_csum_completed += 1,
+                Checked::Corrupt => {
+                    self.counters.rx_csum_bad += 1;
+                    self.recycle.push(*desc);
+                    continue;
+                }
+                Checked::Valid | Checked::NotTcp => {}
             }
+            out.push_back(*desc);
         }
-        out.extend(self.scratch[..n].iter().copied());
         self.in_fill = self.in_fill.saturating_sub(n);
         self.counters.rx_frames += n as u64;
         n
