@@ -81,9 +81,9 @@ pub struct ScaleResult {
     /// Process RSS (KiB) after the traffic.
     pub rss_traffic: u64,
     /// Process RSS (KiB) once the writes completed (see
-    /// [`Self::stuck_writes`]) and the connections stayed quiet for twice
-    /// the stacks' `idle_release` (the AF_XDP engines give quiet
-    /// connections' buffer pages back).
+    /// [`Self::stuck_writes`]), side b received nothing for a second, and
+    /// the connections stayed quiet for twice the stacks' `idle_release`
+    /// (the AF_XDP engines give quiet connections' buffer pages back).
     pub rss_idle: u64,
     /// Writes side a posted that had not completed `2 * WAIT` after the
     /// counted traffic ended (the quiet period starts then regardless).
@@ -142,6 +142,10 @@ fn manual(seed: u64) -> DeviceConfig {
         busy_poll: false,
     }
 }
+
+/// How long side b receives nothing before its connections' quiet
+/// period starts.
+const RX_SILENCE: Duration = Duration::from_secs(1);
 
 /// Spin `dev`'s engine until a message arrives on `rx`.
 fn spin_recv<T>(dev: &Device, rx: &Receiver<T>, timeout: Duration) -> io::Result<T> {
@@ -280,6 +284,19 @@ pub fn run(
         // stuck); the connections go quiet long enough to give their
         // buffers back.
         spin_recv(&dev, &from_a, 3 * WAIT)?;
+        // A write completes on side a once its bytes are in flight (a
+        // kernel socket took them), not once they arrived: the quiet
+        // period starts when no frame has come in for a second.
+        let (mut last, mut seen, waited) = (Instant::now(), rx_frames(&dev), Instant::now());
+        while last.elapsed() < RX_SILENCE && waited.elapsed() < WAIT {
+            if dev.progress() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let now = rx_frames(&dev);
+            if now != seen {
+                (seen, last) = (now, Instant::now());
+            }
+        }
         let quiet = cfg.tcp.idle_release.map_or(Duration::ZERO, |d| {
             Duration::from_micros(2 * d.total_micros()) + Duration::from_millis(200)
         });
