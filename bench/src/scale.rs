@@ -81,8 +81,8 @@ pub struct ScaleResult {
     /// Process RSS (KiB) after the traffic.
     pub rss_traffic: u64,
     /// Process RSS (KiB) once the writes completed (see
-    /// [`Self::stuck_writes`]), side b received nothing for a second, and
-    /// the connections stayed quiet for twice the stacks' `idle_release`
+    /// [`Self::stuck_writes`]), side b received nothing for a second (or
+    /// 5 s passed), and the connections stayed quiet for twice the stacks' `idle_release`
     /// (the AF_XDP engines give quiet connections' buffer pages back).
     pub rss_idle: u64,
     /// Writes side a posted that had not completed `2 * WAIT` after the
@@ -146,6 +146,9 @@ fn manual(seed: u64) -> DeviceConfig {
 /// How long side b receives nothing before its connections' quiet
 /// period starts.
 const RX_SILENCE: Duration = Duration::from_secs(1);
+
+/// The longest side b waits for that silence.
+const RX_SILENCE_MAX: Duration = Duration::from_secs(5);
 
 /// Spin `dev`'s engine until a message arrives on `rx`.
 fn spin_recv<T>(dev: &Device, rx: &Receiver<T>, timeout: Duration) -> io::Result<T> {
@@ -286,9 +289,11 @@ pub fn run(
         spin_recv(&dev, &from_a, 3 * WAIT)?;
         // A write completes on side a once its bytes are in flight (a
         // kernel socket took them), not once they arrived: the quiet
-        // period starts when no frame has come in for a second.
+        // period starts when no frame has come in for a second, or after
+        // at most `RX_SILENCE_MAX` (side a waits for the result `2 *
+        // WAIT`).
         let (mut last, mut seen, waited) = (Instant::now(), rx_frames(&dev), Instant::now());
-        while last.elapsed() < RX_SILENCE && waited.elapsed() < WAIT {
+        while last.elapsed() < RX_SILENCE && waited.elapsed() < RX_SILENCE_MAX {
             if dev.progress() == 0 {
                 std::thread::sleep(Duration::from_millis(1));
             }

@@ -1008,3 +1008,80 @@ fn xdp_device_drops_segments_whose_checksum_fails() {
         counters.rx_csum_completed
     );
 }
+
+/// The AF_XDP device kicks the kernel (`sendto`) only while its tx ring
+/// holds descriptors the kernel has not taken. With the kernel's
+/// processing of the frames it sends moved to another core (RPS on the
+/// peer's veth end, as `iwarp-scale` sets it up for a kernel sender), a
+/// frame completes there after `sendto` returned; kicking on every pass
+/// while frames were on their way made several kicks per frame sent,
+/// each finding the ring empty. A user-space TCP on CPU 1 receives 2 MB
+/// from a kernel client whose receive processing runs on CPU 0 and
+/// acknowledges it: no more kicks than frames sent.
+#[test]
+fn xdp_device_kicks_only_for_frames_the_kernel_has_not_taken() {
+    use std::io::Write;
+    if !is_root() {
+        println!("skipped: needs root");
+        return;
+    }
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    if cores.len() < 2 {
+        println!("skipped: needs two CPUs");
+        return;
+    }
+    const P: u16 = 7176;
+    let topo = Topo::up(1500, Some(IP_A), Some(IP_B), 1);
+    let (first, second) = (cores[0], cores[1]);
+    // The mask of one CPU (at most 64 of them here).
+    let mask = format!("{:x}", 1u64 << (first.id % 64));
+    let rps = std::process::Command::new("ip")
+        .args(["netns", "exec", &topo.a, "sh", "-c"])
+        .arg(format!(
+            "for q in /sys/class/net/xa/queues/rx-*; do echo {mask} > $q/rps_cpus || exit 1; done"
+        ))
+        .status()
+        .expect("ip netns exec");
+    assert!(rps.success(), "rps_cpus of xa");
+    let (up_tx, up_rx) = mpsc::channel();
+    let want = pattern(2 << 20, 3);
+    let expect = want.clone();
+    let server = spawn_in(&topo.b, move || {
+        core_affinity::set_for_current(second);
+        let mut raw = iwarp_engine::xdp::RawTcp::open(&XdpConfig::new("xb", IP_B, 24), &[P])
+            .expect("AF_XDP TCP on xb");
+        raw.stack().listen(P).expect("listen");
+        up_tx.send(()).unwrap();
+        let mut got = 0;
+        let mut conn = None;
+        let until = Instant::now() + WAIT;
+        while got < expect.len() && Instant::now() < until {
+            raw.poll();
+            conn = conn.or_else(|| raw.stack().accept(P));
+            if let Some(c) = conn {
+                let _ = raw.stack().recv(c, |b| {
+                    got += b.len();
+                    b.len()
+                });
+            }
+        }
+        assert_eq!(got, expect.len(), "bytes received");
+        // The last acknowledgements complete.
+        let until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < until {
+            raw.poll();
+        }
+        raw.ring_counters()
+    });
+    up_rx.recv_timeout(WAIT).expect("server up");
+    let client = spawn_in(&topo.a, move || {
+        core_affinity::set_for_current(second);
+        let mut s = std::net::TcpStream::connect((IP_B, P)).expect("connect");
+        s.write_all(&want).expect("write");
+    });
+    client.join().expect("client");
+    let c = server.join().expect("server");
+    println!("{} frames sent, {} kicks", c.tx_frames, c.tx_kicks);
+    assert!(c.tx_frames > 0 && c.tx_completed == c.tx_frames, "{c:?}");
+    assert!(c.tx_kicks <= c.tx_frames, "{c:?}");
+}
