@@ -82,8 +82,6 @@ pub(crate) struct Frames {
     fill_size: usize,
     /// Frames in the tx ring or not yet completed.
     in_tx: usize,
-    /// Slots of the tx ring.
-    tx_size: u32,
     scratch: Vec<FrameDesc>,
     /// Bytes of data each frame holds.
     pub(crate) frame_mtu: usize,
@@ -151,7 +149,6 @@ impl Frames {
             in_fill: 0,
             fill_size: ring as usize,
             in_tx: 0,
-            tx_size: ring,
             scratch: vec![FrameDesc::default(); ring as usize],
             frame_mtu,
             counters: RingCounters::default(),
@@ -239,7 +236,7 @@ impl Frames {
     }
 
     /// Submit written frames to the tx ring and kick the kernel while the
-    /// ring holds frames it has not taken (copy mode transmits only inside
+    /// ring holds frames it has not sent (copy mode transmits only inside
     /// `sendto`); reclaim the completion ring first and after each kick.
     pub(crate) fn tx_burst(&mut self) -> usize {
         let mut sent = 0;
@@ -257,13 +254,7 @@ impl Frames {
                 sent += done;
                 self.counters.tx_frames += done as u64;
             }
-            // Frames the kernel took from the ring but has not completed
-            // are on their way (copy mode completes a frame when its
-            // socket buffer is freed, which on veth can be on the peer's
-            // core, after `sendto` returned): a kick now would find the
-            // ring empty and cost a system call for nothing.
-            let unread = self.tx_size - self.tx.nb_free_exact();
-            if self.in_tx == 0 || unread == 0 || !self.tx.needs_wakeup() {
+            if self.in_tx == 0 || !self.tx.needs_wakeup() {
                 break;
             }
             let before = self.counters.tx_completed;
