@@ -82,8 +82,9 @@ pub struct ScaleResult {
     pub rss_traffic: u64,
     /// Process RSS (KiB) once the writes completed (see
     /// [`Self::stuck_writes`]), side b received nothing for a second (or
-    /// 5 s passed), and the connections stayed quiet for twice the stacks' `idle_release`
-    /// (the AF_XDP engines give quiet connections' buffer pages back).
+    /// 5 s passed), and the connections stayed quiet for twice the
+    /// stacks' `idle_release` (the AF_XDP engines give quiet connections'
+    /// buffer pages back).
     pub rss_idle: u64,
     /// Writes side a posted that had not completed `2 * WAIT` after the
     /// counted traffic ended (the quiet period starts then regardless).

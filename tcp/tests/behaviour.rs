@@ -637,12 +637,6 @@ fn narrow_windows_are_acknowledged_at_once() {
     );
 }
 
-/// `send_segment` queues whole segments: full ones back to back (smoltcp
-/// cuts exactly between them) as far as the congestion window goes, none
-/// after a shorter one until it has left, and what `unsent` reports
-/// follows. Without congestion control a whole message goes in one call;
-/// with Reno the first call fills smoltcp's initial window of 2048 bytes
-/// exactly: a full segment and a short one, both sent whole.
 /// `egress_now` sends the segments a connection queued before any poll:
 /// whole segments, all of them (the window is open), and a second call
 /// finds nothing left; the bytes arrive intact.
@@ -698,6 +692,12 @@ fn egress_now_sends_queued_segments_before_the_poll() {
     assert!(got == payload);
 }
 
+/// `send_segment` queues whole segments: full ones back to back (smoltcp
+/// cuts exactly between them) as far as the congestion window goes, none
+/// after a shorter one until it has left, and what `unsent` reports
+/// follows. Without congestion control a whole message goes in one call;
+/// with Reno the first call fills smoltcp's initial window of 2048 bytes
+/// exactly: a full segment and a short one, both sent whole.
 #[test]
 fn send_segment_queues_whole_segments() {
     let no_cc = Config {

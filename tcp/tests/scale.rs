@@ -732,10 +732,9 @@ fn zero_window_probes_of_many_timers_wait_for_answers() {
 /// writes into each closed window, all at one instant: the second finds
 /// the probe of the first waiting). Each write is followed by
 /// `egress_now`, which sends a probe only when it has its turn. Walks the
-/// frames in the order they
-/// were sent: a probe is A's segment with payload, answered by B's next
-/// segment on its connection (sent before A hears it, so the count is at
-/// most what A had unanswered).
+/// frames in the order they were sent: a probe is A's segment with
+/// payload, answered by B's next segment on its connection (sent before A
+/// hears it, so the count is at most what A had unanswered).
 fn probes_wait_for_answers(queued: bool) {
     const N: u16 = 3 * PROBE_LIMIT as u16;
     let b_cfg = Config {
