@@ -9,23 +9,43 @@ perftest_clock_failed() {
     grep -q 'Correlation coefficient r^2' "$1" && grep -q "Can't produce a report" "$1"
 }
 
+# perftest_vm_stalled LOG: whether scripts/siw-interop found that the
+# VM's network transmit stalled during the run (see vm_transmit_stalled
+# there): the emulated NIC, under host load, stopped sending for seconds.
+perftest_vm_stalled() {
+    grep -q '^siw-interop: VM transmit stalled: ' "$1"
+}
+
 # perftest_run NAME LOG CMD...: run CMD with its output in LOG; when it
 # failed because the VM's perftest could not measure its clock
-# (perftest_clock_failed), say so and run it again, up to
-# PERFTEST_ATTEMPTS times in all (default 3), a few seconds apart so that
-# a burst of load on the host has passed, with the host side niced
+# (perftest_clock_failed) or the VM's transmit stalled
+# (perftest_vm_stalled), say so with the failed attempt's evidence and
+# run it again, up to PERFTEST_ATTEMPTS times in all (default 3), a few
+# seconds apart so that a burst of load on the host has passed, with the
+# host side niced
 # (SIW_INTEROP_HOST_NICE, scripts/siw-interop): a host side that polls
 # without yielding, as perftest does, otherwise takes the core the VM's
 # emulated CPU measures its clock on. Every other failure stands at once.
 # Returns CMD's last exit status.
 perftest_run() {
-    local name="$1" log="$2" rc attempt=1
+    local name="$1" log="$2" rc attempt=1 why
     shift 2
     "$@" >"$log" 2>&1
     rc=$?
-    while ((rc != 0 && attempt < ${PERFTEST_ATTEMPTS:-3})) && perftest_clock_failed "$log"; do
+    while ((rc != 0 && attempt < ${PERFTEST_ATTEMPTS:-3})); do
+        if perftest_clock_failed "$log"; then
+            why="the VM's perftest could not measure its clock (r^2 < 0.9)"
+        elif perftest_vm_stalled "$log"; then
+            why="$(grep -m1 '^siw-interop: VM transmit stalled: ' "$log" | cut -d: -f2-)"
+            why="${why# }"
+        else
+            break
+        fi
         attempt=$((attempt + 1))
-        echo "  note $name: the VM's perftest could not measure its clock (r^2 < 0.9); attempt $attempt"
+        echo "  note $name: $why; attempt $attempt"
+        # The evidence: the failed attempt's VM kernel messages, tap
+        # counters and last packets.
+        sed -n '/^---- VM kernel messages/,/^host rc=/p' "$log" | sed 's/^/    | /'
         sleep 5
         SIW_INTEROP_HOST_NICE=19 "$@" >"$log" 2>&1
         rc=$?
