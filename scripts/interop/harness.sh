@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Checks of the interop harness itself, no VM needed: the rules by which
+# scripts/siw-interop calls a failed run a stall of the VM's network
+# transmit (scripts/lib/vmstall.sh), on the VM kernel's own lines and on
+# frame lists shaped as tshark prints them (time, source, destination,
+# retransmission flag). A scenario the rules wrongly call a stall would
+# be run again instead of failing; one they miss fails.
+# Prints `PASS harness-<name>` / `FAIL harness-<name>: why`; exits 0.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=../lib/vmstall.sh
+source "$ROOT/scripts/lib/vmstall.sh"
+
+VM=198.18.7.2 HOST=198.18.7.1 XDP=198.18.7.3
+
+# check NAME WANT GOT: WANT and GOT equal.
+check() {
+    if [[ "$2" == "$3" ]]; then
+        echo "PASS harness-$1"
+    else
+        echo "FAIL harness-$1: want '$2', got '$3'"
+    fi
+}
+
+kernel() { if vm_stall_kernel "$1"; then echo stalled; else echo fine; fi; }
+check vm-stall-kernel-watchdog stalled "$(kernel "[   11.012748] virtio_net virtio0 eth0: NETDEV WATCHDOG: CPU: 0: transmit queue 0 timed out 5004 ms
+[   11.179650] reboot: Power down")"
+check vm-stall-kernel-quiet fine "$(kernel "[    3.100000] siw: device siw0 speed is unknown
+[   11.179650] reboot: Power down")"
+
+# Frames: the VM talks until 6.5 s, then the host retransmits thrice
+# over 4.6 s and hears nothing.
+silent="1.0 $VM $HOST
+6.5 $VM $HOST
+6.6 $HOST $VM
+6.8 $HOST $VM 1
+7.8 $HOST $VM
+8.0 $HOST $VM 1
+11.1 $HOST $VM 1"
+check vm-stall-silence "4.6 3" "$(vm_stall_silence "$VM" "$HOST" <<<"$silent")"
+# The same, but the VM answers the last retransmission.
+check vm-stall-answered "" "$(vm_stall_silence "$VM" "$HOST" <<<"$silent
+11.2 $VM $HOST")"
+# One retransmission is not enough, nor is a short silence.
+check vm-stall-one-retransmission "" "$(vm_stall_silence "$VM" "$HOST" <<<"1.0 $VM $HOST
+2.0 $HOST $VM 1
+5.0 $HOST $VM")"
+check vm-stall-short-silence "" "$(vm_stall_silence "$VM" "$HOST" <<<"1.0 $VM $HOST
+1.4 $HOST $VM 1
+1.9 $HOST $VM 1")"
+# A VM that never sent the host anything is another failure.
+check vm-stall-never-heard "" "$(vm_stall_silence "$VM" "$HOST" <<<"0.1 $HOST $VM
+1.1 $HOST $VM 1
+3.1 $HOST $VM 1")"
+# Frames between the VM and the AF_XDP address are not judged (XDP takes
+# the VM's before the capture sees them).
+check vm-stall-xdp-not-judged "" "$(vm_stall_silence "$VM" "$HOST" <<<"1.0 $VM $HOST
+1.1 $XDP $VM
+4.0 $XDP $VM 1
+7.0 $XDP $VM 1")"
+exit 0
