@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Checks of the interop harness itself, no VM needed: the rules by which
 # scripts/siw-interop calls a failed run a stall of the VM's network
-# transmit (scripts/lib/vmstall.sh), on the VM kernel's own lines and on
+# transmit (scripts/lib/vmstall.sh), on the VM kernel's own lines, on
 # frame lists shaped as tshark prints them (time, source, destination,
-# retransmission flag). A scenario the rules wrongly call a stall would
+# retransmission flag) and on samples of the tap's counters. A scenario the rules wrongly call a stall would
 # be run again instead of failing; one they miss fails.
 # Prints `PASS harness-<name>` / `FAIL harness-<name>: why`; exits 0.
 set -uo pipefail
@@ -59,4 +59,34 @@ check vm-stall-xdp-not-judged "" "$(vm_stall_silence "$VM" "$HOST" <<<"1.0 $VM $
 1.1 $XDP $VM
 4.0 $XDP $VM 1
 7.0 $XDP $VM 1")"
+
+# Tap counters every half second, "time rx tx": the VM answers until
+# 1.5 s, then the host resends at 2, 4 and 8 s and closes at 9 s.
+samples="0.0 10 10
+0.5 20 40
+1.0 30 70
+1.5 31 72
+2.0 31 72
+2.5 31 73
+3.0 31 73
+4.0 31 74
+6.0 31 74
+8.0 31 75
+9.0 31 77"
+check vm-stall-counters "7.5 4" "$(vm_stall_counters <<<"$samples")"
+# The VM answers the last resend.
+check vm-stall-counters-answered "" "$(vm_stall_counters <<<"$samples
+9.5 32 77")"
+# A side that waits silently and closes at the end: its last frames go
+# out at once (one sample), which is no stall.
+check vm-stall-counters-closing "" "$(vm_stall_counters <<<"0.0 10 10
+1.0 30 70
+4.0 30 70
+8.0 30 70
+9.0 30 73")"
+# A VM that sent nothing during the samples is another failure.
+check vm-stall-counters-never-heard "" "$(vm_stall_counters <<<"0.0 10 10
+2.0 10 11
+4.0 10 12
+8.0 10 13")"
 exit 0

@@ -23,3 +23,20 @@ vm_stall_silence() {
         { last = $1 }
         END { if (seen && last - tv >= 2 && n >= 2) printf "%.1f %d\n", last - tv, n }'
 }
+
+# vm_stall_counters: reads samples of the tap's counters, one line each,
+# "time rx_packets tx_packets" (rx: frames from the VM, tx: frames to
+# it), and prints "SECS N" when the VM, having sent something during the
+# samples, sent nothing more in the last SECS >= 5 seconds while frames
+# went to it in N >= 3 of the samples since (a host waiting for an
+# answer resends with growing gaps; a side closing sends its last frames
+# at once); else nothing. For runs whose frames the capture cannot see
+# (an AF_XDP engine takes them first).
+vm_stall_counters() {
+    awk '
+        NR == 1 { rx = $2; tx = $3; t = $1; next }
+        $2 != rx { seen = 1; t = $1; n = 0 }
+        $2 == rx && $3 != tx { n++ }
+        { rx = $2; tx = $3; last = $1 }
+        END { if (seen && last - t >= 5 && n >= 3) printf "%.1f %d\n", last - t, n }'
+}

@@ -2187,17 +2187,21 @@ impl<D: Device> Stack<D> {
     /// and whatever this left). A writer that has just queued a turn's
     /// worth sends it while the bytes are still in its core's cache: one
     /// that queues for many connections before the poll sends them would
-    /// read the first ones back from memory. Uses the clock of the last
-    /// poll; a zero-window probe that waits for its turn
-    /// ([`Counters::probes_delayed`]) still waits. Returns whether the
-    /// connection sent anything.
-    pub fn egress_now(&mut self, conn: ConnId) -> bool {
+    /// read the first ones back from memory. `now` is the caller's
+    /// clock, as for [`Stack::poll_egress`]: a caller that skips polls
+    /// while it has no work ([`Stack::needs_poll`]) may come here long
+    /// after the last one, and segments stamped with that poll's time
+    /// would start their retransmission timer in the past and give
+    /// smoltcp a round trip as long as the idle time. A zero-window probe
+    /// that waits for its turn ([`Counters::probes_delayed`]) still
+    /// waits. Returns whether the connection sent anything.
+    pub fn egress_now(&mut self, conn: ConnId, now: Instant) -> bool {
         match self.core.conn(conn) {
             Some(c) if c.probe != Probe::Waiting => {}
             _ => return false,
         }
         self.port.tx_refused = false;
-        let (rounds, now) = (self.core.config.egress_budget, self.core.now);
+        let rounds = self.core.config.egress_budget;
         self.core.egress(&mut self.port, conn, rounds, now).0
     }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bulk, connect, data, one_way_on, sharing_frames, PORT};
+use common::{bulk, connect, data, one_way_on, recv_on, sharing_frames, PORT};
 use iwarp_tcp::sim::{Faults, LinkConfig, Sim, Step};
 use iwarp_tcp::{Config, Error, State};
 use smoltcp::time::Duration;
@@ -662,7 +662,7 @@ fn egress_now_sends_queued_segments_before_the_poll() {
         .unwrap();
     assert_eq!(n, payload.len());
     let before = sim.a.device().tx.len();
-    assert!(sim.a.egress_now(a));
+    assert!(sim.a.egress_now(a, sim.now));
     let frames: Vec<usize> = sim
         .a
         .device()
@@ -674,22 +674,35 @@ fn egress_now_sends_queued_segments_before_the_poll() {
     assert_eq!(frames.len(), 3, "{frames:?}");
     assert!(frames.iter().all(|&len| len == frames[0]), "{frames:?}");
     assert_eq!(sim.a.unsent(a), Some(0));
-    assert!(!sim.a.egress_now(a));
-    let mut got = Vec::new();
-    let limit = sim.now + Duration::from_secs(5);
-    sim.run(limit, |s| {
-        let _ = s.b.recv(b, |buf| {
-            got.extend_from_slice(buf);
-            buf.len()
-        });
-        if got.len() == payload.len() {
-            Step::Done
-        } else {
-            Step::Idle
-        }
-    })
-    .unwrap();
-    assert!(got == payload);
+    assert!(!sim.a.egress_now(a, sim.now));
+    assert!(recv_on(&mut sim, b, payload.len()) == payload);
+}
+
+/// `egress_now` stamps what it sends with the caller's clock, not with
+/// that of the last poll: an engine polls only when it has work, and a
+/// write after ten idle seconds must not start its retransmission timer
+/// ten seconds in the past. A poll 10 ms after the send, with the
+/// acknowledgement not back yet, resends nothing; the bytes arrive once.
+#[test]
+fn egress_now_sends_at_the_callers_time() {
+    let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+    let emss = sim.a.emss(a).unwrap();
+    let payload = data(emss, 6);
+    let later = sim.now + Duration::from_secs(10);
+    assert_eq!(sim.a.send_slice(a, &payload).unwrap(), payload.len());
+    let before = sim.a.device().tx.len();
+    assert!(sim.a.egress_now(a, later));
+    let sent = sim.a.device().tx.len();
+    assert_eq!(sent, before + 1);
+    sim.a.poll(later + Duration::from_millis(10));
+    assert_eq!(
+        sim.a.device().tx.len(),
+        sent,
+        "a retransmission 10 ms after the send"
+    );
+    sim.now = later + Duration::from_millis(10);
+    assert!(recv_on(&mut sim, b, payload.len()) == payload);
 }
 
 /// `send_segment` queues whole segments: full ones back to back (smoltcp

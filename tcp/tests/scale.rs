@@ -762,7 +762,7 @@ fn probes_wait_for_answers(queued: bool) {
     sim.run(limit, |s| {
         for (i, &(a, _)) in pairs.iter().enumerate() {
             sent[i] += s.a.send_slice(a, &fill[sent[i]..before]).unwrap();
-            s.a.egress_now(a);
+            s.a.egress_now(a, s.now);
         }
         let waiting = pairs
             .iter()
@@ -784,9 +784,9 @@ fn probes_wait_for_answers(queued: bool) {
                 if !more[i] {
                     let one = s.a.send_slice(a, &fill[before..before + 1]).unwrap();
                     // Sent at once unless the probe waits for its turn.
-                    s.a.egress_now(a);
+                    s.a.egress_now(a, s.now);
                     let two = s.a.send_slice(a, &fill[before + 1..]).unwrap();
-                    s.a.egress_now(a);
+                    s.a.egress_now(a, s.now);
                     assert_eq!(one + two, EXTRA);
                     more[i] = true;
                 }

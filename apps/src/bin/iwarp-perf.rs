@@ -815,12 +815,22 @@ impl Accepting {
 
 fn run(cfg: &Cfg) -> Res<()> {
     let dev = open_device(cfg)?;
-    if cfg.server.is_some() {
-        return run_test(cfg, &dev, None);
+    let r = if cfg.server.is_some() {
+        run_test(cfg, &dev, None)
+    } else {
+        Accepting::listen(cfg, &dev, false).and_then(|mut acc| {
+            let req = acc.next_comm(cfg)?;
+            run_test(cfg, &dev, Some((&mut acc, req)))
+        })
+    };
+    if r.is_err() {
+        // What the engine saw, for the failure's report.
+        eprintln!(
+            "iwarp-perf: device counters at the failure: {:?}",
+            dev.stats()
+        );
     }
-    let mut acc = Accepting::listen(cfg, &dev, false)?;
-    let req = acc.next_comm(cfg)?;
-    run_test(cfg, &dev, Some((&mut acc, req)))
+    r
 }
 
 /// `--persistent`: run the test with one client after another on one

@@ -1025,6 +1025,7 @@ impl XdpIo {
             align: self.align,
             segments: false,
             more: false,
+            now: smol(now),
         };
         let work = c.core.visit(ctx, &mut io, now);
         self.visits += 1;
@@ -1177,6 +1178,9 @@ struct XdpStream<'a> {
     /// The transmit buffer filled up and may hide more to send: the
     /// connection comes back at the next pass.
     more: bool,
+    /// The pass's clock, for the segments sent at once
+    /// ([`Stack::egress_now`]).
+    now: SmolInstant,
 }
 
 impl Stream for XdpStream<'_> {
@@ -1218,7 +1222,7 @@ impl Stream for XdpStream<'_> {
         };
         if let Ok(n) = sent {
             if n > 0 {
-                self.stack.egress_now(self.conn);
+                self.stack.egress_now(self.conn, self.now);
             }
             t.work = n;
             self.segments = self.align && n > 0 && ctx.may_transmit(qp);

@@ -64,6 +64,26 @@ pub fn one_way_on(sim: &mut Sim, a: ConnId, b: ConnId, out: &[u8]) -> Vec<u8> {
     got
 }
 
+/// Read `len` bytes on `b` on B, sent already (within 5 s); returns
+/// them.
+pub fn recv_on(sim: &mut Sim, b: ConnId, len: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let limit = sim.now + Duration::from_secs(5);
+    sim.run(limit, |s| {
+        let _ = s.b.recv(b, |buf| {
+            got.extend_from_slice(buf);
+            buf.len()
+        });
+        if got.len() == len {
+            Step::Done
+        } else {
+            Step::Idle
+        }
+    })
+    .unwrap();
+    got
+}
+
 /// A simulation whose B's windows share `frames` receive frames
 /// ([`Config::window_frames`]); A, the rest of B's configuration and the
 /// link are the defaults.
