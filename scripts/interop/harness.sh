@@ -3,7 +3,8 @@
 # scripts/siw-interop calls a failed run a stall of the VM's network
 # transmit (scripts/lib/vmstall.sh), on the VM kernel's own lines, on
 # frame lists shaped as tshark prints them (time, source, destination,
-# retransmission flag) and on samples of the tap's counters. A scenario the rules wrongly call a stall would
+# retransmission flag) and on samples of the tap's counters (time, rx,
+# tx, XDP program attached). A scenario the rules wrongly call a stall would
 # be run again instead of failing; one they miss fails.
 # Prints `PASS harness-<name>` / `FAIL harness-<name>: why`; exits 0.
 set -uo pipefail
@@ -60,33 +61,43 @@ check vm-stall-xdp-not-judged "" "$(vm_stall_silence "$VM" "$HOST" <<<"1.0 $VM $
 4.0 $XDP $VM 1
 7.0 $XDP $VM 1")"
 
-# Tap counters every half second, "time rx tx": the VM answers until
-# 1.5 s, then the host resends at 2, 4 and 8 s and closes at 9 s.
-samples="0.0 10 10
-0.5 20 40
-1.0 30 70
-1.5 31 72
-2.0 31 72
-2.5 31 73
-3.0 31 73
-4.0 31 74
-6.0 31 74
-8.0 31 75
-9.0 31 77"
+# Tap counters every half second, "time rx tx xdp", an AF_XDP engine on
+# the tap: the VM answers until 1.5 s, then the host resends at 2, 4 and
+# 8 s and closes at 9 s.
+samples="0.0 10 10 1
+0.5 20 40 1
+1.0 30 70 1
+1.5 31 72 1
+2.0 31 72 1
+2.5 31 73 1
+3.0 31 73 1
+4.0 31 74 1
+6.0 31 74 1
+8.0 31 75 1
+9.0 31 77 0"
 check vm-stall-counters "7.5 4" "$(vm_stall_counters <<<"$samples")"
 # The VM answers the last resend.
 check vm-stall-counters-answered "" "$(vm_stall_counters <<<"$samples
-9.5 32 77")"
+9.5 32 77 0")"
+# The same frames with no XDP program on the tap: kernel TCP's frames
+# are in the capture, judged by its rule.
+check vm-stall-counters-kernel-tcp "" "$(sed 's/ 1$/ 0/' <<<"$samples" | vm_stall_counters)"
 # A side that waits silently and closes at the end: its last frames go
 # out at once (one sample), which is no stall.
-check vm-stall-counters-closing "" "$(vm_stall_counters <<<"0.0 10 10
-1.0 30 70
-4.0 30 70
-8.0 30 70
-9.0 30 73")"
+check vm-stall-counters-closing "" "$(vm_stall_counters <<<"0.0 10 10 1
+1.0 30 70 1
+4.0 30 70 1
+8.0 30 70 1
+9.0 30 73 1")"
 # A VM that sent nothing during the samples is another failure.
-check vm-stall-counters-never-heard "" "$(vm_stall_counters <<<"0.0 10 10
-2.0 10 11
-4.0 10 12
-8.0 10 13")"
+check vm-stall-counters-never-heard "" "$(vm_stall_counters <<<"0.0 10 10 1
+2.0 10 11 1
+4.0 10 12 1
+8.0 10 13 1")"
+# A VM whose kernel panicked or locked up has no stalled NIC; the
+# watchdog line is no such report.
+broken() { if vm_kernel_broken "$1"; then echo broken; else echo fine; fi; }
+check vm-stall-kernel-panic broken "$(broken "[   12.300000] Kernel panic - not syncing: Fatal exception")"
+check vm-stall-kernel-lockup broken "$(broken "[   30.100000] watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [ib_write_bw:160]")"
+check vm-stall-kernel-watchdog-not-broken fine "$(broken "[   11.012748] virtio_net virtio0 eth0: NETDEV WATCHDOG: CPU: 0: transmit queue 0 timed out 5004 ms")"
 exit 0

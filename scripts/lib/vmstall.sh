@@ -10,6 +10,13 @@ vm_stall_kernel() {
     grep -qE 'NETDEV WATCHDOG|TX timeout on queue' <<<"$1"
 }
 
+# vm_kernel_broken KERN: whether the VM kernel's lines KERN report a
+# panic, an oops or a lockup: a VM that stopped answering for that is no
+# stall of its NIC.
+vm_kernel_broken() {
+    grep -qE 'Kernel panic|BUG:|Oops|soft lockup|hung_task|blocked for more than' <<<"$1"
+}
+
 # vm_stall_silence VM_IP HOST_IP: reads one line per IPv4 frame, "time
 # source destination retransmission" (tshark's fields frame.time_relative,
 # ip.src, ip.dst, tcp.analysis.retransmission), and prints "SECS N" when
@@ -25,18 +32,21 @@ vm_stall_silence() {
 }
 
 # vm_stall_counters: reads samples of the tap's counters, one line each,
-# "time rx_packets tx_packets" (rx: frames from the VM, tx: frames to
-# it), and prints "SECS N" when the VM, having sent something during the
-# samples, sent nothing more in the last SECS >= 5 seconds while frames
-# went to it in N >= 3 of the samples since (a host waiting for an
-# answer resends with growing gaps; a side closing sends its last frames
-# at once); else nothing. For runs whose frames the capture cannot see
-# (an AF_XDP engine takes them first).
+# "time rx_packets tx_packets xdp" (rx: frames from the VM; tx: frames
+# the VM's NIC took from the tap; xdp: 1 while an XDP program is attached
+# to the tap), and prints "SECS N" when an XDP program was attached
+# during the samples and the VM, having sent something, sent nothing
+# more in the last SECS >= 5 seconds while it took frames in N >= 3 of
+# the samples since (a host waiting for an answer resends with growing
+# gaps; a side closing sends its last frames at once); else nothing.
+# For an AF_XDP engine's frames, which the capture cannot see (XDP takes
+# them first); a run of kernel TCP has the capture's rule.
 vm_stall_counters() {
     awk '
+        $4 == 1 { xdp = 1 }
         NR == 1 { rx = $2; tx = $3; t = $1; next }
         $2 != rx { seen = 1; t = $1; n = 0 }
         $2 == rx && $3 != tx { n++ }
         { rx = $2; tx = $3; last = $1 }
-        END { if (seen && last - t >= 5 && n >= 3) printf "%.1f %d\n", last - t, n }'
+        END { if (xdp && seen && last - t >= 5 && n >= 3) printf "%.1f %d\n", last - t, n }'
 }

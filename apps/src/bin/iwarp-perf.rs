@@ -824,13 +824,15 @@ fn run(cfg: &Cfg) -> Res<()> {
         })
     };
     if r.is_err() {
-        // What the engine saw, for the failure's report.
-        eprintln!(
-            "iwarp-perf: device counters at the failure: {:?}",
-            dev.stats()
-        );
+        print_counters(&dev);
     }
     r
+}
+
+/// What the engine saw, for a failure's report (not prefixed `iwarp-perf:
+/// `, which scripts take for the error line).
+fn print_counters(dev: &Device) {
+    eprintln!("iwarp-perf counters at the failure: {:?}", dev.stats());
 }
 
 /// `--persistent`: run the test with one client after another on one
@@ -856,6 +858,7 @@ fn serve_persistent(cfg: &Cfg, runs: u64) -> Res<()> {
             Err(e) => {
                 failed += 1;
                 eprintln!("iwarp-perf: run {n} from {peer}: failed: {e}; {open} connections open");
+                print_counters(&dev);
             }
         }
     }
