@@ -16,21 +16,21 @@ perftest_vm_stalled() {
     grep -q '^siw-interop: VM transmit stalled: ' "$1"
 }
 
-# perftest_run NAME LOG CMD...: run CMD with its output in LOG; when it
-# failed because the VM's perftest could not measure its clock
+# perftest_run NAME LOG CMD...: run CMD with its output in LOG, the host
+# side at nice 19 (SIW_INTEROP_HOST_NICE, scripts/siw-interop, unless
+# set): a host side that polls without yielding, as an AF_XDP engine and
+# perftest do, otherwise starves the VM's emulated CPU, which measures
+# its clock and drives its NIC, on a two-core host. When it failed
+# because the VM's perftest could not measure its clock
 # (perftest_clock_failed) or the VM's transmit stalled
 # (perftest_vm_stalled), say so with the failed attempt's evidence and
 # run it again, up to PERFTEST_ATTEMPTS times in all (default 3), a few
-# seconds apart so that a burst of load on the host has passed, with the
-# host side niced
-# (SIW_INTEROP_HOST_NICE, scripts/siw-interop): a host side that polls
-# without yielding, as perftest does, otherwise takes the core the VM's
-# emulated CPU measures its clock on. Every other failure stands at once.
-# Returns CMD's last exit status.
+# seconds apart so that a burst of load on the host has passed. Every
+# other failure stands at once. Returns CMD's last exit status.
 perftest_run() {
     local name="$1" log="$2" rc attempt=1 why
     shift 2
-    "$@" >"$log" 2>&1
+    SIW_INTEROP_HOST_NICE="${SIW_INTEROP_HOST_NICE:-19}" "$@" >"$log" 2>&1
     rc=$?
     while ((rc != 0 && attempt < ${PERFTEST_ATTEMPTS:-3})); do
         if perftest_clock_failed "$log"; then
@@ -47,7 +47,7 @@ perftest_run() {
         # counters and last packets.
         sed -n '/^---- VM kernel messages/,/^host rc=/p' "$log" | sed 's/^/    | /'
         sleep 5
-        SIW_INTEROP_HOST_NICE=19 "$@" >"$log" 2>&1
+        SIW_INTEROP_HOST_NICE="${SIW_INTEROP_HOST_NICE:-19}" "$@" >"$log" 2>&1
         rc=$?
     done
     return "$rc"
