@@ -4,8 +4,9 @@
 # transmit (scripts/lib/vmstall.sh), on the VM kernel's own lines, on
 # frame lists shaped as tshark prints them (time, source, destination,
 # retransmission flag) and on samples of the tap's counters (time, rx,
-# tx, XDP program attached). A scenario the rules wrongly call a stall would
-# be run again instead of failing; one they miss fails.
+# tx, XDP program attached), and on pings between two namespaces of its
+# own (a VM that answers none). A scenario the rules wrongly call a
+# stall would be run again instead of failing; one they miss fails.
 # Prints `PASS harness-<name>` / `FAIL harness-<name>: why`; exits 0.
 set -uo pipefail
 
@@ -100,4 +101,22 @@ broken() { if vm_kernel_broken "$1"; then echo broken; else echo fine; fi; }
 check vm-stall-kernel-panic broken "$(broken "[   12.300000] Kernel panic - not syncing: Fatal exception")"
 check vm-stall-kernel-lockup broken "$(broken "[   30.100000] watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [ib_write_bw:160]")"
 check vm-stall-kernel-watchdog-not-broken fine "$(broken "[   11.012748] virtio_net virtio0 eth0: NETDEV WATCHDOG: CPU: 0: transmit queue 0 timed out 5004 ms")"
+
+# The ping rule, between two namespaces of this run joined by a veth
+# pair: an address that answers, and one in the same subnet that nobody
+# holds (its resolution goes unanswered, as a VM's whose NIC sends
+# nothing).
+NS_A="iwh$$a" NS_B="iwh$$b"
+cleanup() { ip netns del "$NS_A" 2>/dev/null; ip netns del "$NS_B" 2>/dev/null; }
+trap cleanup EXIT
+if ip netns add "$NS_A" && ip netns add "$NS_B" &&
+    ip -n "$NS_A" link add v0 type veth peer name v1 netns "$NS_B" &&
+    ip -n "$NS_A" addr add "$HOST/24" dev v0 && ip -n "$NS_B" addr add "$VM/24" dev v1 &&
+    ip -n "$NS_A" link set v0 up && ip -n "$NS_B" link set v1 up; then
+    unanswered() { if vm_stall_unanswered "$NS_A" "$1"; then echo unanswered; else echo answered; fi; }
+    check vm-stall-ping-answered answered "$(unanswered "$VM")"
+    check vm-stall-ping-unanswered unanswered "$(unanswered 198.18.7.9)"
+else
+    echo "FAIL harness-vm-stall-ping: could not set up namespaces $NS_A and $NS_B (root needed)"
+fi
 exit 0

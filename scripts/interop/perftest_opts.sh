@@ -14,7 +14,9 @@
 #       engine (`--xdp $TAP --xdp-ip $XDP_IP/24`, see xdp.sh)
 # Prints `PASS perftest-<name>` / `FAIL perftest-<name>: why`; always exits 0.
 #   PERFTEST_FILTER=REGEX   run only scenarios whose name matches
-#   PERFTEST_LOGS=DIR       keep every scenario's output in DIR
+#   PERFTEST_LOGS=DIR       keep every scenario's output in DIR, and the
+#                           AF_XDP engine's capture of each -xdp- one
+#                           (its frames are in no capture of the tap)
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -46,6 +48,10 @@ run() {
         # shellcheck disable=SC2016 # expanded by siw-interop in the namespace
         ours='--xdp $TAP --xdp-ip $XDP_IP/24'
         addr="@XDP@"
+        if [[ -n "$LOGS" ]]; then
+            mkdir -p "$LOGS"
+            ours="$ours --xdp-pcap $(printf %q "$(cd "$LOGS" && pwd)/$name.pcap")"
+        fi
     fi
     if [[ -n "${PERFTEST_FILTER:-}" && ! "$name" =~ $PERFTEST_FILTER ]]; then
         return

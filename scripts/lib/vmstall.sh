@@ -50,3 +50,13 @@ vm_stall_counters() {
         { rx = $2; tx = $3; last = $1 }
         END { if (xdp && seen && last - t >= 5 && n >= 3) printf "%.1f %d\n", last - t, n }'
 }
+
+# vm_stall_unanswered NETNS VM_IP: whether VM_IP, a VM known to be
+# running, answers none of the pings NETNS sends it over 3 s (one every
+# half second; the first answer ends the wait): its kernel takes them but
+# its NIC sends nothing, not even the address resolution's reply. For
+# the shape no capture shows: both sides wait for each other in silence
+# (the VM's last message never left, so nobody has anything to resend).
+vm_stall_unanswered() {
+    ! ip netns exec "$1" ping -n -q -c 1 -i 0.5 -w 3 "$2" >/dev/null 2>&1
+}
