@@ -5,7 +5,9 @@
 # frame lists shaped as tshark prints them (time, source, destination,
 # retransmission flag) and on samples of the tap's counters (time, rx,
 # tx, XDP program attached), and on pings between two namespaces of its
-# own (a VM that answers none). A scenario the rules wrongly call a
+# own (a VM that answers none); and that perftest_run
+# (scripts/lib/perftest.sh) runs a scenario again for a stall or a
+# failed clock measurement only. A scenario the rules wrongly call a
 # stall would be run again instead of failing; one they miss fails.
 # Prints `PASS harness-<name>` / `FAIL harness-<name>: why`; exits 0.
 set -uo pipefail
@@ -102,13 +104,41 @@ check vm-stall-kernel-panic broken "$(broken "[   12.300000] Kernel panic - not 
 check vm-stall-kernel-lockup broken "$(broken "[   30.100000] watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [ib_write_bw:160]")"
 check vm-stall-kernel-watchdog-not-broken fine "$(broken "[   11.012748] virtio_net virtio0 eth0: NETDEV WATCHDOG: CPU: 0: transmit queue 0 timed out 5004 ms")"
 
+# perftest_run runs a scenario again for those reasons only, up to its
+# attempts. The fake scenario fails its first FAILS runs with the line
+# given, then passes; each run appends to the count file.
+# shellcheck source=../lib/perftest.sh
+source "$ROOT/scripts/lib/perftest.sh"
+RUNS="$(mktemp -t harness-runs.XXXXXX)"
+LOG="$(mktemp -t harness-log.XXXXXX)"
+trap 'rm -f "$RUNS" "$LOG"' EXIT
+fake() {
+    echo run >>"$RUNS"
+    (($(grep -c . "$RUNS") > $1)) && return 0
+    printf '%s\nhost rc=1\n' "$2"
+    return 1
+}
+attempts() {
+    : >"$RUNS"
+    local rc=0
+    PERFTEST_RETRY_PAUSE=0 perftest_run fake "$LOG" fake "$@" >/dev/null || rc=$?
+    echo "$(grep -c . "$RUNS") rc=$rc"
+}
+clock="Correlation coefficient r^2: 0.70 < 0.9
+Can't produce a report"
+check perftest-retry-clock "2 rc=0" "$(attempts 1 "$clock")"
+check perftest-retry-stalled "3 rc=0" "$(attempts 2 "siw-interop: VM transmit stalled: the VM answered none")"
+check perftest-retry-gives-up "3 rc=1" "$(attempts 5 "$clock")"
+check perftest-retry-other-failure "1 rc=1" "$(attempts 1 "iwarp-perf: timed out waiting for completions")"
+check perftest-retry-passes "1 rc=0" "$(attempts 0 "")"
+
 # The ping rule, between two namespaces of this run joined by a veth
 # pair: an address that answers, and one in the same subnet that nobody
 # holds (its resolution goes unanswered, as a VM's whose NIC sends
 # nothing).
 NS_A="iwh$$a" NS_B="iwh$$b"
 cleanup() { ip netns del "$NS_A" 2>/dev/null; ip netns del "$NS_B" 2>/dev/null; }
-trap cleanup EXIT
+trap 'cleanup; rm -f "$RUNS" "$LOG"' EXIT
 if ip netns add "$NS_A" && ip netns add "$NS_B" &&
     ip -n "$NS_A" link add v0 type veth peer name v1 netns "$NS_B" &&
     ip -n "$NS_A" addr add "$HOST/24" dev v0 && ip -n "$NS_B" addr add "$VM/24" dev v1 &&

@@ -9,46 +9,46 @@ perftest_clock_failed() {
     grep -q 'Correlation coefficient r^2' "$1" && grep -q "Can't produce a report" "$1"
 }
 
-# perftest_vm_stalled LOG: whether scripts/siw-interop found that the
-# VM's network transmit stalled during the run (see vm_transmit_stalled
-# there): the emulated NIC, under host load, stopped sending for seconds.
-perftest_vm_stalled() {
-    grep -q '^siw-interop: VM transmit stalled: ' "$1"
+# perftest_retry_why LOG: why the failed run in LOG is run again (the
+# VM's perftest could not measure its clock, or scripts/siw-interop found
+# that the VM's network transmit stalled: see vm_transmit_stalled there);
+# fails when it is not.
+perftest_retry_why() {
+    local stalled
+    if perftest_clock_failed "$1"; then
+        echo "the VM's perftest could not measure its clock (r^2 < 0.9)"
+    elif stalled="$(grep -m1 '^siw-interop: VM transmit stalled: ' "$1")"; then
+        echo "${stalled#siw-interop: }"
+    else
+        return 1
+    fi
 }
 
 # perftest_run NAME LOG CMD...: run CMD with its output in LOG, the host
 # side at nice 19 (SIW_INTEROP_HOST_NICE, scripts/siw-interop, unless
 # set): a host side that polls without yielding, as an AF_XDP engine and
 # perftest do, otherwise starves the VM's emulated CPU, which measures
-# its clock and drives its NIC, on a two-core host. When it failed
-# because the VM's perftest could not measure its clock
-# (perftest_clock_failed) or the VM's transmit stalled
-# (perftest_vm_stalled), say so with the failed attempt's evidence and
-# run it again, up to PERFTEST_ATTEMPTS times in all (default 3), a few
-# seconds apart so that a burst of load on the host has passed. Every
-# other failure stands at once. Returns CMD's last exit status.
+# its clock and drives its NIC, on a two-core host. When it failed for a
+# reason perftest_retry_why gives, say so with the failed attempt's
+# evidence and run it again, up to PERFTEST_ATTEMPTS times in all
+# (default 3), PERFTEST_RETRY_PAUSE seconds apart (default 5) so that a
+# burst of load on the host has passed. Every other failure stands at once. Returns CMD's last
+# exit status.
 perftest_run() {
-    local name="$1" log="$2" rc attempt=1 why
+    local name="$1" log="$2" rc attempt=0 why=""
     shift 2
-    SIW_INTEROP_HOST_NICE="${SIW_INTEROP_HOST_NICE:-19}" "$@" >"$log" 2>&1
-    rc=$?
-    while ((rc != 0 && attempt < ${PERFTEST_ATTEMPTS:-3})); do
-        if perftest_clock_failed "$log"; then
-            why="the VM's perftest could not measure its clock (r^2 < 0.9)"
-        elif perftest_vm_stalled "$log"; then
-            why="$(grep -m1 '^siw-interop: VM transmit stalled: ' "$log" | cut -d: -f2-)"
-            why="${why# }"
-        else
-            break
-        fi
+    while :; do
         attempt=$((attempt + 1))
-        echo "  note $name: $why; attempt $attempt"
-        # The evidence: the failed attempt's VM kernel messages, tap
-        # counters and last packets.
-        sed -n '/^---- VM kernel messages/,/^host rc=/p' "$log" | sed 's/^/    | /'
-        sleep 5
+        if ((attempt > 1)); then
+            echo "  note $name: $why; attempt $attempt"
+            # The evidence: the failed attempt's VM kernel messages, tap
+            # counters and last packets.
+            sed -n '/^---- VM kernel messages/,/^host rc=/p' "$log" | sed 's/^/    | /'
+            sleep "${PERFTEST_RETRY_PAUSE:-5}"
+        fi
         SIW_INTEROP_HOST_NICE="${SIW_INTEROP_HOST_NICE:-19}" "$@" >"$log" 2>&1
         rc=$?
+        ((rc != 0 && attempt < ${PERFTEST_ATTEMPTS:-3})) || return "$rc"
+        why="$(perftest_retry_why "$log")" || return "$rc"
     done
-    return "$rc"
 }
