@@ -128,7 +128,7 @@ clock="Correlation coefficient r^2: 0.70 < 0.9
 Can't produce a report"
 check perftest-retry-clock "2 rc=0" "$(attempts 1 "$clock")"
 check perftest-retry-stalled "3 rc=0" "$(attempts 2 "siw-interop: VM transmit stalled: the VM answered none")"
-check perftest-retry-gives-up "3 rc=1" "$(attempts 5 "$clock")"
+check perftest-retry-gives-up "4 rc=1" "$(attempts 5 "$clock")"
 check perftest-retry-other-failure "1 rc=1" "$(attempts 1 "iwarp-perf: timed out waiting for completions")"
 check perftest-retry-passes "1 rc=0" "$(attempts 0 "")"
 

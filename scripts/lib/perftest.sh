@@ -31,7 +31,7 @@ perftest_retry_why() {
 # its clock and drives its NIC, on a two-core host. When it failed for a
 # reason perftest_retry_why gives, say so with the failed attempt's
 # evidence and run it again, up to PERFTEST_ATTEMPTS times in all
-# (default 3), PERFTEST_RETRY_PAUSE seconds apart (default 5) so that a
+# (default 4), PERFTEST_RETRY_PAUSE seconds apart (default 5) so that a
 # burst of load on the host has passed. Every other failure stands at once. Returns CMD's last
 # exit status.
 perftest_run() {
@@ -48,7 +48,7 @@ perftest_run() {
         fi
         SIW_INTEROP_HOST_NICE="${SIW_INTEROP_HOST_NICE:-19}" "$@" >"$log" 2>&1
         rc=$?
-        ((rc != 0 && attempt < ${PERFTEST_ATTEMPTS:-3})) || return "$rc"
+        ((rc != 0 && attempt < ${PERFTEST_ATTEMPTS:-4})) || return "$rc"
         why="$(perftest_retry_why "$log")" || return "$rc"
     done
 }
