@@ -32,8 +32,8 @@ perftest_retry_why() {
 # reason perftest_retry_why gives, say so with the failed attempt's
 # evidence and run it again, up to PERFTEST_ATTEMPTS times in all
 # (default 4), PERFTEST_RETRY_PAUSE seconds apart (default 5) so that a
-# burst of load on the host has passed. Every other failure stands at once. Returns CMD's last
-# exit status.
+# burst of load on the host has passed. Every other failure stands at
+# once. Returns CMD's last exit status.
 perftest_run() {
     local name="$1" log="$2" rc attempt=0 why=""
     shift 2
