@@ -111,7 +111,14 @@ check vm-stall-kernel-watchdog-not-broken fine "$(broken "[   11.012748] virtio_
 source "$ROOT/scripts/lib/perftest.sh"
 RUNS="$(mktemp -t harness-runs.XXXXXX)"
 LOG="$(mktemp -t harness-log.XXXXXX)"
-trap 'rm -f "$RUNS" "$LOG"' EXIT
+# The ping rule's namespaces (below) go too.
+NS_A="iwh$$a" NS_B="iwh$$b"
+cleanup() {
+    rm -f "$RUNS" "$LOG"
+    ip netns del "$NS_A" 2>/dev/null
+    ip netns del "$NS_B" 2>/dev/null
+}
+trap cleanup EXIT
 fake() {
     echo run >>"$RUNS"
     (($(grep -c . "$RUNS") > $1)) && return 0
@@ -136,9 +143,6 @@ check perftest-retry-passes "1 rc=0" "$(attempts 0 "")"
 # pair: an address that answers, and one in the same subnet that nobody
 # holds (its resolution goes unanswered, as a VM's whose NIC sends
 # nothing).
-NS_A="iwh$$a" NS_B="iwh$$b"
-cleanup() { ip netns del "$NS_A" 2>/dev/null; ip netns del "$NS_B" 2>/dev/null; }
-trap 'cleanup; rm -f "$RUNS" "$LOG"' EXIT
 if ip netns add "$NS_A" && ip netns add "$NS_B" &&
     ip -n "$NS_A" link add v0 type veth peer name v1 netns "$NS_B" &&
     ip -n "$NS_A" addr add "$HOST/24" dev v0 && ip -n "$NS_B" addr add "$VM/24" dev v1 &&
