@@ -7,8 +7,9 @@
 # tx, XDP program attached), and on pings between two namespaces of its
 # own (a VM that answers none); and that perftest_run
 # (scripts/lib/perftest.sh) runs a scenario again for a stall or a
-# failed clock measurement only. A scenario the rules wrongly call a
-# stall would be run again instead of failing; one they miss fails.
+# failed clock measurement only, and which runs perftest_close_race
+# leaves unjudged. A scenario the rules wrongly call a stall would be
+# run again instead of failing; one they miss fails.
 # Prints `PASS harness-<name>` / `FAIL harness-<name>: why`; exits 0.
 set -uo pipefail
 
@@ -138,6 +139,30 @@ check perftest-retry-stalled "3 rc=0" "$(attempts 2 "siw-interop: VM transmit st
 check perftest-retry-gives-up "4 rc=1" "$(attempts 5 "$clock")"
 check perftest-retry-other-failure "1 rc=1" "$(attempts 1 "iwarp-perf: timed out waiting for completions")"
 check perftest-retry-passes "1 rc=0" "$(attempts 0 "")"
+
+# perftest_close_race: a run whose VM's perftest failed only its
+# closing handshake after the result row, on a log longer than a pipe's
+# buffer (the VM's view of its network follows the console's tail).
+# closing HOST-LINES VM-LINES HOST-RC VM-RC: such a log.
+closing() {
+    printf '%s\n' "$1" '---- VM console (tail) ----' "$2"
+    for i in $(seq 2000); do echo "   $i: 0A00A8C6:4A3B 0200A8C6:C2A6 01 00000000:00000000"; done
+    printf 'host rc=%s\nvm rc=%s\n' "$3" "$4"
+}
+race() {
+    closing "$@" >"$LOG"
+    if perftest_close_race "$LOG" 64; then echo race; else echo other; fi
+}
+row=" 64      50          92.50          797.40       117.93"
+failed="Failed to close connection between server and client"
+check perftest-close-race race "$(race "" "$row
+ Bad wc status 2
+$failed" 0 1)"
+check perftest-close-race-host-failed other "$(race "" "$row
+$failed" 1 1)"
+check perftest-close-race-no-row other "$(race "" " Bad wc status 2
+$failed" 0 1)"
+check perftest-close-race-host-side other "$(race "$failed" "$row" 0 1)"
 
 # The ping rule, between two namespaces of this run joined by a veth
 # pair: an address that answers, and one in the same subnet that nobody

@@ -9,6 +9,27 @@ perftest_clock_failed() {
     grep -q 'Correlation coefficient r^2' "$1" && grep -q "Can't produce a report" "$1"
 }
 
+# perftest_close_race LOG SIZE: whether the siw-interop run in LOG
+# failed only in perftest's closing handshake on the VM's side, after
+# its result row for SIZE bytes: the host side exited 0, the VM's 1, and
+# the VM's console says it failed to close the connection. perftest
+# ends with a handshake on its first connection, then each side
+# disconnects; siw sometimes fails the VM's last work request when the
+# other side disconnects right after that handshake ("Bad wc status").
+# One pass of awk over the whole file: a reader that stops at its first
+# match (grep -q) at the end of a pipe ends the pipeline with SIGPIPE
+# under pipefail once the log outgrows the pipe's buffer.
+perftest_close_race() {
+    awk -v size="$2" '
+        /^---- VM console \(tail\) ----$/ { vm = 1 }
+        vm && /^Failed to close connection between server and client/ { closed = 1 }
+        $1 == size && $2 ~ /^[0-9]+$/ { row = 1 }
+        /^host rc=/ { host = substr($0, 9) }
+        /^vm rc=/ { vmrc = substr($0, 7) }
+        END { exit !(closed && row && host == "0" && vmrc == "1") }
+    ' "$1"
+}
+
 # perftest_retry_why LOG: why the failed run in LOG is run again (the
 # VM's perftest could not measure its clock, or scripts/siw-interop found
 # that the VM's network transmit stalled: see vm_transmit_stalled there);
