@@ -242,6 +242,22 @@ fn serve(
         ok.send(()).unwrap();
     }
     println!("server stats: {:?}", s.dev.stats());
+    if kind == Kind::Xdp {
+        assert_kicks_follow_frames(&s.dev);
+    }
+}
+
+/// The kernel is kicked for frames in the tx ring it has not taken (at
+/// most a batch per `sendto` in copy mode), not while frames it took
+/// wait for their completions: never more kicks than frames sent.
+fn assert_kicks_follow_frames(dev: &Device) {
+    let rings = dev.stats().xdp.expect("AF_XDP counters").rings;
+    assert!(
+        rings.tx_kicks <= rings.tx_frames,
+        "{} kicks for {} frames sent",
+        rings.tx_kicks,
+        rings.tx_frames
+    );
 }
 
 /// Connect, then Write/Read/Send each size; optionally time a stream of
@@ -447,6 +463,7 @@ fn pair(server: Kind, client_kind: Kind, o: Opts) {
     let dev = cli.join().expect("client");
     srv.join().expect("server");
     if client_kind == Kind::Xdp {
+        assert_kicks_follow_frames(&dev);
         let show = topo.link(&topo.a, "xa");
         assert!(show.contains("xdp"), "attached while open: {show}");
         // `ip link` names a generic-mode program `xdpgeneric`.

@@ -82,6 +82,11 @@ pub(crate) struct Frames {
     fill_size: usize,
     /// Frames in the tx ring or not yet completed.
     in_tx: usize,
+    /// Slots of the tx ring.
+    tx_size: u32,
+    /// A frame was wanted for transmit and none was free; cleared when
+    /// completions return frames.
+    starved: bool,
     scratch: Vec<FrameDesc>,
     /// Bytes of data each frame holds.
     pub(crate) frame_mtu: usize,
@@ -149,6 +154,8 @@ impl Frames {
             in_fill: 0,
             fill_size: ring as usize,
             in_tx: 0,
+            tx_size: ring,
+            starved: false,
             scratch: vec![FrameDesc::default(); ring as usize],
             frame_mtu,
             counters: RingCounters::default(),
@@ -201,6 +208,10 @@ impl Frames {
         if room == 0 {
             return;
         }
+        if self.free.len() < room {
+            // Transmitted frames the completion ring returned since.
+            self.reclaim();
+        }
         let n = room.min(self.free.len());
         if n == 0 {
             self.counters.fill_starved += 1;
@@ -231,13 +242,25 @@ impl Frames {
         // kernel is done with.
         let n = unsafe { self.cq.consume(&mut self.scratch[..want]) };
         self.free.extend(self.scratch[..n].iter().copied());
+        self.starved &= n == 0;
         self.in_tx -= n;
         self.counters.tx_completed += n as u64;
     }
 
+    /// Whether the tx ring holds descriptors the kernel has not taken
+    /// (read from its consumer position, not the cached one).
+    fn tx_ring_holds(&mut self) -> bool {
+        self.tx.nb_free_exact() < self.tx_size
+    }
+
     /// Submit written frames to the tx ring and kick the kernel while the
-    /// ring holds frames it has not sent (copy mode transmits only inside
-    /// `sendto`); reclaim the completion ring first and after each kick.
+    /// ring holds frames it has not taken (copy mode transmits only inside
+    /// `sendto`, at most a batch a call); reclaim the completion ring
+    /// first and after each kick. Frames the kernel took and has not
+    /// completed need no kick: their completions come when the kernel
+    /// lets the copies go (in copy mode when the receiving side frees
+    /// them, often on another core), and a `sendto` in the meantime
+    /// finds an empty ring and only costs a system call.
     pub(crate) fn tx_burst(&mut self) -> usize {
         let mut sent = 0;
         for _ in 0..MAX_KICKS {
@@ -254,7 +277,7 @@ impl Frames {
                 sent += done;
                 self.counters.tx_frames += done as u64;
             }
-            if self.in_tx == 0 || !self.tx.needs_wakeup() {
+            if self.in_tx == 0 || !self.tx.needs_wakeup() || !self.tx_ring_holds() {
                 break;
             }
             let before = self.counters.tx_completed;
@@ -271,9 +294,13 @@ impl Frames {
         sent
     }
 
-    /// Whether frames wait for transmission.
-    pub(crate) fn tx_busy(&self) -> bool {
-        !self.tx_pending.is_empty() || self.in_tx > 0
+    /// Whether transmission needs more passes: frames written and not in
+    /// the tx ring yet, frames in the ring the kernel has not taken, or
+    /// frames in flight that a transmit waits for (none was free). Other
+    /// frames the kernel took come back through the completion ring on
+    /// their own, reclaimed by the next tx burst, refill or frame taken.
+    pub(crate) fn tx_busy(&mut self) -> bool {
+        !self.tx_pending.is_empty() || (self.in_tx > 0 && (self.starved || self.tx_ring_holds()))
     }
 
     /// Take a free frame for transmit, reclaiming completions if needed.
@@ -281,6 +308,8 @@ impl Frames {
         if self.free.is_empty() {
             self.reclaim();
         }
-        self.free.pop()
+        let frame = self.free.pop();
+        self.starved |= frame.is_none();
+        frame
     }
 }
