@@ -143,10 +143,11 @@ pub struct Counters {
     /// send into: the connections not visited yet wait for the next poll
     /// instead of each finding the device full.
     pub egress_device_full: u64,
-    /// Visits not listed for [`Stack::take_active`]: a connection whose
-    /// application writes whole segments ([`Stack::send_segment`]) had
-    /// bytes queued or in flight and less than a segment of room beyond
-    /// them, nothing to read and no change of state.
+    /// Visits not listed for [`Stack::take_active`]: nothing to read,
+    /// no change of state, and an application with nothing to write
+    /// ([`Stack::set_writer_idle`]) or one that writes whole segments
+    /// ([`Stack::send_segment`]) with bytes queued or in flight and less
+    /// than a segment of room beyond them.
     pub writer_waits: u64,
     /// Connections opened with [`Stack::connect`].
     pub connects: u64,
@@ -255,6 +256,9 @@ struct Conn {
     /// The application writes whole segments ([`Stack::send_segment`]):
     /// it waits for the peer's window, not for free transmit buffer.
     segmented: bool,
+    /// The application said it has nothing to write
+    /// ([`Stack::set_writer_idle`]) and has written nothing since.
+    writer_idle: bool,
     /// The socket acknowledges every segment at once (see [`quick_ack`]).
     quick_ack: bool,
     /// The effective MSS, learnt from the SYNs once established.
@@ -971,6 +975,7 @@ impl Core {
             short_tail: false,
             nagle: false,
             segmented: false,
+            writer_idle: false,
             quick_ack: false,
             peer_emss: None,
             half_open_on: None,
@@ -1262,14 +1267,17 @@ impl Core {
             }
             None => c.deadline = None,
         }
-        // A writer of whole segments has nothing to do for this visit
-        // unless it brought data or changed the state, or the room beyond
-        // what is queued reaches a segment, or nothing is queued or in
-        // flight any more (see [`SegmentRoom::writer_waits`]).
+        // A visit that brought no data and changed no state gives the
+        // application nothing to read, and nothing to write if it has
+        // nothing ([`Stack::set_writer_idle`]); a writer of whole
+        // segments has nothing to do either until the room beyond what
+        // is queued reaches a segment, or nothing is queued or in flight
+        // any more (see [`SegmentRoom::writer_waits`]).
         let writer_waits = !changed
-            && c.segmented
             && c.socket().recv_queue() == 0
-            && segment_room(port, &self.config, c).is_some_and(|r| r.writer_waits());
+            && (c.writer_idle
+                || (c.segmented
+                    && segment_room(port, &self.config, c).is_some_and(|r| r.writer_waits())));
         if writer_waits {
             self.counters.writer_waits += 1;
         } else if !std::mem::replace(&mut c.active, true) {
@@ -1940,6 +1948,9 @@ impl<D: Device> Stack<D> {
             }
         }
         c.written = c.written.wrapping_add(total as u32);
+        if total > 0 {
+            c.writer_idle = false;
+        }
         // A probe leaves when it has a turn: the connection is visited
         // then (see `crate::probe`).
         if total > 0 && !probe_waits(probes, &mut c.probe, probe, conn, *now, counters) {
@@ -2004,6 +2015,20 @@ impl<D: Device> Stack<D> {
         let r = self.core.remove(conn).map(drop);
         self.flush_forgotten();
         r.ok_or(Error::UnknownConnection)
+    }
+
+    /// The application has nothing to write on `conn` (`idle`), or may
+    /// have again. While it has nothing, a frame that brings no data to
+    /// read and changes no state (an acknowledgement, a window update, a
+    /// zero-window probe) does not list the connection for
+    /// [`Stack::take_active`]: it gives the application nothing to do.
+    /// Anything written ([`Stack::send`], [`Stack::send_segment`]) ends
+    /// it. An application that gets something to write (a request of its
+    /// own, a timer) visits the connection by its own account.
+    pub fn set_writer_idle(&mut self, conn: ConnId, idle: bool) {
+        if let Some(c) = self.core.conn_mut(conn) {
+            c.writer_idle = idle;
+        }
     }
 
     /// smoltcp's TCP state of the connection, `None`

@@ -816,6 +816,79 @@ fn queue_whole_segments(config: Config) {
     assert_eq!(s.sent - frames_before, 7, "{s:?}");
 }
 
+/// A connection whose application has nothing to write
+/// (`set_writer_idle`) is not listed for the acknowledgements of what it
+/// wrote before: they give it nothing to do. Data from the peer and the
+/// peer's FIN still list it. Without the flag, the same acknowledgements
+/// list it.
+#[test]
+fn an_idle_writer_is_listed_only_for_data_and_state() {
+    for idle in [false, true] {
+        let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+        let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+        let mut active = Vec::new();
+        sim.b.take_active(&mut active);
+        // B writes 20 segments' worth, then has nothing more.
+        let out = data(20 * 1460, 5);
+        assert_eq!(sim.b.send_slice(b, &out).unwrap(), out.len());
+        sim.b.set_writer_idle(b, idle);
+        let (mut got, mut listed) = (Vec::new(), 0);
+        let limit = sim.now + Duration::from_secs(10);
+        sim.run(limit, |s| {
+            active.clear();
+            s.b.take_active(&mut active);
+            listed += active.iter().filter(|&&c| c == b).count();
+            let _ = s.a.recv(a, |buf| {
+                got.extend_from_slice(buf);
+                buf.len()
+            });
+            if got.len() == out.len() && s.b.send_queue(b) == 0 {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+        assert!(got == out, "idle {idle}");
+        if idle {
+            assert_eq!(listed, 0, "listed for acknowledgements alone");
+        } else {
+            assert!(listed > 0, "the acknowledgements never listed it");
+        }
+        // The peer's data lists it, idle or not; so does the peer's FIN.
+        let back = data(3000, 6);
+        sim.a.send_slice(a, &back).unwrap();
+        let limit = sim.now + Duration::from_secs(5);
+        let mut data_listed = false;
+        sim.run(limit, |s| {
+            active.clear();
+            s.b.take_active(&mut active);
+            data_listed |= active.contains(&b);
+            if s.b.recv_queue(b) == back.len() {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+        assert!(data_listed, "idle {idle}: data did not list it");
+        sim.a.close(a).unwrap();
+        let mut fin_listed = false;
+        sim.run(limit + Duration::from_secs(5), |s| {
+            active.clear();
+            s.b.take_active(&mut active);
+            fin_listed |= active.contains(&b);
+            if s.b.state(b) == Some(State::CloseWait) {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+        assert!(fin_listed, "idle {idle}: the FIN did not list it");
+    }
+}
+
 /// A writer of whole segments driven only by the connections
 /// `take_active` lists (as the engine drives it) gets all its data
 /// across a window of a few segments, and is listed only when it can

@@ -1212,7 +1212,13 @@ impl Stream for XdpStream<'_> {
             drained: true,
             ..Transmitted::default()
         };
-        if !ctx.may_transmit(qp) || self.stack.is_reset(self.conn) {
+        // A QP with nothing to send gets something only from a request
+        // (the application's, which touches it) or from what it receives
+        // (which lists the connection): the stack need not list it for
+        // acknowledgements, window updates and probes.
+        let idle = !ctx.may_transmit(qp);
+        self.stack.set_writer_idle(self.conn, idle);
+        if idle || self.stack.is_reset(self.conn) {
             return t;
         }
         let sent = if self.align {
