@@ -47,9 +47,6 @@ LOGS="${COMPAT_LOGS:-}"
 TMP="$(mktemp -d -t compat-interop.XXXXXX)"
 trap 'rm -rf "$TMP"' EXIT
 
-host_rc() { sed -n 's/^host rc=//p' "$1" | tail -n 1; }
-vm_rc() { sed -n 's/^vm rc=//p' "$1" | tail -n 1; }
-
 # The library's connections in LOG: at least MIN, every one with crc=WANT.
 crc_as_asked() {
     local log="$1" want="$2" min="$3" n

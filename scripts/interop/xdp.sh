@@ -63,9 +63,6 @@ run() {
     fi
 }
 
-host_rc() { sed -n 's/^host rc=//p' "$1" | tail -n 1; }
-vm_rc() { sed -n 's/^vm rc=//p' "$1" | tail -n 1; }
-
 # Our rping client verified 3 pings; or the VM client did, and our
 # server saw its disconnect.
 judge_rping() {

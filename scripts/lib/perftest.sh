@@ -1,5 +1,11 @@
 # Shared by the interop scripts that run perftest (`ib_*`) in the siw VM.
 
+# host_rc LOG, vm_rc LOG: the exit status of the host's and of the VM's
+# command in a scripts/siw-interop log (its last `host rc=` / `vm rc=`
+# line).
+host_rc() { sed -n 's/^host rc=//p' "$1" | tail -n 1; }
+vm_rc() { sed -n 's/^vm rc=//p' "$1" | tail -n 1; }
+
 # perftest_clock_failed LOG: whether the VM's perftest gave up on its own
 # clock. Before it reports, perftest measures the CPU's cycle rate and
 # refuses to report when the samples do not fit a line (r^2 < 0.9), which
