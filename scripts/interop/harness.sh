@@ -4,8 +4,9 @@
 # transmit (scripts/lib/vmstall.sh), on the VM kernel's own lines, on
 # frame lists shaped as tshark prints them (time, source, destination,
 # retransmission flag) and on samples of the tap's counters (time, rx,
-# tx, XDP program attached), and on pings between two namespaces of its
-# own (a VM that answers none); and that perftest_run
+# tx, XDP program attached), on the VM's own view of its network (its
+# pings of the host and the tap's count meanwhile), and on pings between
+# two namespaces of its own (a VM that answers none); and that perftest_run
 # (scripts/lib/perftest.sh) runs a scenario again for a stall or a
 # failed clock measurement only, and which runs perftest_close_race
 # leaves unjudged. A scenario the rules wrongly call a stall would be
@@ -104,6 +105,19 @@ broken() { if vm_kernel_broken "$1"; then echo broken; else echo fine; fi; }
 check vm-stall-kernel-panic broken "$(broken "[   12.300000] Kernel panic - not syncing: Fatal exception")"
 check vm-stall-kernel-lockup broken "$(broken "[   30.100000] watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [ib_write_bw:160]")"
 check vm-stall-kernel-watchdog-not-broken fine "$(broken "[   11.012748] virtio_net virtio0 eth0: NETDEV WATCHDOG: CPU: 0: transmit queue 0 timed out 5004 ms")"
+
+# The VM's own view: its pings unanswered and none of its frames at the
+# tap is a stall (busybox's and iputils' summaries); a ping that got out
+# (the tap's count moved) or got an answer, or no view at all, is not.
+view="-- uptime 43.04
+--- 198.18.7.1 ping statistics ---
+3 packets transmitted, 0 packets received, 100% packet loss"
+check vm-stall-view "3" "$(vm_stall_view "$view" 4548 4548)"
+check vm-stall-view-iputils "3" "$(vm_stall_view "3 packets transmitted, 0 received, 100% packet loss, time 2003ms" 7 7)"
+check vm-stall-view-frames-out "" "$(vm_stall_view "$view" 4548 4551)"
+check vm-stall-view-answered "" "$(vm_stall_view "3 packets transmitted, 1 packets received, 66% packet loss" 7 7)"
+check vm-stall-view-no-answer "" "$(vm_stall_view "(no answer in 15 s)" 7 7)"
+check vm-stall-view-no-counts "" "$(vm_stall_view "$view" "" "")"
 
 # perftest_run runs a scenario again for those reasons only, up to its
 # attempts. The fake scenario fails its first FAILS runs with the line

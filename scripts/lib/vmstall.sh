@@ -60,3 +60,16 @@ vm_stall_counters() {
 vm_stall_unanswered() {
     ! ip netns exec "$1" ping -n -q -c 1 -i 0.5 -w 3 "$2" >/dev/null 2>&1
 }
+
+# vm_stall_view VIEW RX_BEFORE RX_AFTER: the VM's own view of its network
+# after a failed run (scripts/siw-interop's vm_net_view: VIEW is what the
+# VM printed, RX_BEFORE and RX_AFTER the tap's count of frames from the
+# VM before and after it). Prints N when the VM pinged the host N times
+# with no answer (ping's summary, "N packets transmitted, 0 [packets]
+# received") and no frame of it reached the tap meanwhile: its kernel
+# sends, its NIC delivers nothing, not even the address resolution's
+# request. Else nothing (the VM did not answer, or something got out).
+vm_stall_view() {
+    [[ -n "$2" && "$2" == "$3" ]] || return 0
+    sed -nE 's/^([0-9]+) packets transmitted, 0 (packets )?received.*/\1/p' <<<"$1" | awk '$1 > 0 { print; exit }'
+}
