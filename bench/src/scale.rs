@@ -156,25 +156,46 @@ fn spin_recv<T>(dev: &Device, rx: &Receiver<T>, timeout: Duration) -> io::Result
     spin_recv_timed(dev, rx, timeout).map(|(t, _)| t)
 }
 
-/// [`spin_recv`], also returning the time spent in passes that did work.
-fn spin_recv_timed<T>(
-    dev: &Device,
-    rx: &Receiver<T>,
-    timeout: Duration,
-) -> io::Result<(T, Duration)> {
+/// Side b's passes while [`spin_recv_timed`] waited.
+#[derive(Clone, Copy, Debug, Default)]
+struct Spun {
+    /// Time in passes that did work.
+    busy: Duration,
+    /// Passes.
+    passes: u64,
+    /// Passes that did work.
+    worked: u64,
+}
+
+impl std::ops::Add for Spun {
+    type Output = Self;
+    fn add(self, o: Self) -> Self {
+        Self {
+            busy: self.busy + o.busy,
+            passes: self.passes + o.passes,
+            worked: self.worked + o.worked,
+        }
+    }
+}
+
+/// [`spin_recv`], also returning the passes it ran and the time spent in
+/// those that did work.
+fn spin_recv_timed<T>(dev: &Device, rx: &Receiver<T>, timeout: Duration) -> io::Result<(T, Spun)> {
     let start = Instant::now();
-    let mut busy = Duration::ZERO;
+    let mut spun = Spun::default();
     loop {
         match rx.try_recv() {
-            Ok(t) => return Ok((t, busy)),
+            Ok(t) => return Ok((t, spun)),
             Err(TryRecvError::Disconnected) => return Err(err("the other side is gone")),
             Err(TryRecvError::Empty) if start.elapsed() > timeout => {
                 return Err(err("the other side did not answer"))
             }
             Err(TryRecvError::Empty) => {
                 let t = Instant::now();
+                spun.passes += 1;
                 if dev.progress() > 0 {
-                    busy += t.elapsed();
+                    spun.busy += t.elapsed();
+                    spun.worked += 1;
                 }
             }
         }
@@ -267,17 +288,26 @@ pub fn run(
         back_a.send(()).map_err(|_| err("side a is gone"))?;
         // The traffic runs until side a says it counts, then until it
         // says it is done.
-        let ((), warm_busy) =
+        let ((), warm) =
             spin_recv_timed(&dev, &from_a, 2 * WAIT + Duration::from_secs_f64(p.warmup))?;
         let (bytes_before, counting) = (rx_bytes(&dev), Instant::now());
-        let ((), count_busy) =
-            spin_recv_timed(&dev, &from_a, WAIT + Duration::from_secs_f64(p.secs))?;
+        let ((), count) = spin_recv_timed(&dev, &from_a, WAIT + Duration::from_secs_f64(p.secs))?;
         let rx_gbps = rx_bytes(&dev).saturating_sub(bytes_before) as f64 * 8.0
             / counting.elapsed().as_secs_f64()
             / 1e9;
-        let busy = warm_busy + count_busy;
+        let spun = warm + count;
         let frames = rx_frames(&dev).saturating_sub(frames_before);
-        let rx_frame_ns = busy.as_nanos() as f64 / frames.max(1) as f64;
+        let rx_frame_ns = spun.busy.as_nanos() as f64 / frames.max(1) as f64;
+        if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
+            let per = |x: f64| x / spun.worked.max(1) as f64;
+            eprintln!(
+                "scale-b: traffic: {} passes, {} did work: {:.2} frames and {:.0} ns per pass that did work",
+                spun.passes,
+                spun.worked,
+                per(frames as f64),
+                per(spun.busy.as_nanos() as f64),
+            );
+        }
         let rss_traffic = rss()?;
         crate::rdma::debug_stats(&dev);
         let st = dev.stats();
