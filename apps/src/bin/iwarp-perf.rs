@@ -378,6 +378,18 @@ struct Comm {
     spin: bool,
 }
 
+/// `wc` if it succeeded; otherwise the error of a peer that went away.
+fn ok_wc(wc: WorkCompletion) -> Res<WorkCompletion> {
+    if wc.status == WcStatus::Success {
+        Ok(wc)
+    } else {
+        Err(format!(
+            "comm: {:?} completed with {:?} (peer gone?)",
+            wc.opcode, wc.status
+        ))
+    }
+}
+
 impl Comm {
     /// `qp` was connected with [`Self::recv_sge`] posted (`COMM_RECV`).
     fn new(qp: Qp, cq: Cq, mr: Mr, side: Side, timeout: Duration, spin: bool) -> Self {
@@ -407,10 +419,22 @@ impl Comm {
             .map_err(|e| format!("comm: post_recv: {e:?}"))
     }
 
-    /// The next completion with `wr_id`, stashing others.
+    /// The next completion with `wr_id`, stashing others. A failed
+    /// completion ends the wait with an error, unless the one awaited
+    /// succeeded in the same batch: the receive reposted after the last
+    /// message is flushed when the peer disconnects right after it, which
+    /// can reach the queue together with that message's completion.
     fn wait(&mut self, wr_id: u64) -> Res<WorkCompletion> {
-        if let Some(i) = self.stash.iter().position(|w| w.wr_id == wr_id) {
-            return Ok(self.stash.remove(i));
+        // The awaited one if it came before; else a failure that came
+        // before ends this wait as it would have ended the earlier one.
+        let stashed = self.stash.iter().position(|w| w.wr_id == wr_id);
+        let stashed = stashed.or_else(|| {
+            self.stash
+                .iter()
+                .position(|w| w.status != WcStatus::Success)
+        });
+        if let Some(i) = stashed {
+            return ok_wc(self.stash.remove(i));
         }
         let deadline = Instant::now() + self.timeout;
         let mut wcs = [EMPTY_WC; 4];
@@ -427,12 +451,10 @@ impl Comm {
                 self.cq.wait(&mut wcs, Some(left))
             };
             let mut found = None;
+            let mut failed = None;
             for wc in &wcs[..n] {
-                if wc.status != WcStatus::Success {
-                    return Err(format!(
-                        "comm: {:?} completed with {:?} (peer gone?)",
-                        wc.opcode, wc.status
-                    ));
+                if wc.status != WcStatus::Success && failed.is_none() {
+                    failed = Some(*wc);
                 }
                 if wc.wr_id == wr_id && found.is_none() {
                     found = Some(*wc);
@@ -440,8 +462,8 @@ impl Comm {
                     self.stash.push(*wc);
                 }
             }
-            if let Some(wc) = found {
-                return Ok(wc);
+            if let Some(wc) = found.or(failed) {
+                return ok_wc(wc);
             }
         }
     }
