@@ -22,9 +22,10 @@
 # (IWARP_COMPAT_CONNECT_RETRY=10000): perftest's client connects its test
 # QP right after the handshake, before the VM's perftest server listens
 # again for it, and perftest's own retry reuses destroyed IDs (iwarp-perf
-# retries likewise). The VM rping server may exit 255 after a complete exchange (an rping
-# CM-thread race, see rping.sh): its status is not checked when the host
-# client verified the data. Likewise the VM's perftest may fail perftest's
+# retries likewise). The VM's rping may exit 255 after a complete exchange (its
+# CM-thread teardown race, scripts/lib/vmrping.sh): as server its status
+# is not checked when the host client verified the data; as client it runs
+# through vm_rping. Likewise the VM's perftest may fail perftest's
 # closing handshake after the results are printed, when our side
 # disconnects right after it (siw's close race): that is noted, not
 # judged.
@@ -38,6 +39,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 # shellcheck source=../lib/perftest.sh
 source scripts/lib/perftest.sh
+# shellcheck source=../lib/vmrping.sh
+source scripts/lib/vmrping.sh
 if ! cargo build --release -q -p iwarp-compat >/dev/null 2>&1; then
     echo "FAIL compat-build: cargo build --release -p iwarp-compat failed"
     exit 0
@@ -147,7 +150,8 @@ for crc in nocrc crc; do
     [[ "$crc" == crc ]] && sfx="-crc"
     for role in client server; do
         pick "rping -c -a @VM@ -v -V -C 5 -S 64" "rping -s -a @VM@ -v -C 5 -S 64" \
-            "rping -s -a @HOST@ -v -C 5 -S 64" "rping -c -a @HOST@ -v -V -C 5 -S 64"
+            "rping -s -a @HOST@ -v -C 5 -S 64" "$VM_RPING
+vm_rping -c -a @HOST@ -v -V -C 5 -S 64"
         run "rping-$role$sfx" "$role" "$crc" 7174 "$HOST" "$VMC" judge_rping
         for t in write_bw read_lat; do
             case "$t" in

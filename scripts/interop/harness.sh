@@ -9,8 +9,10 @@
 # two namespaces of its own (a VM that answers none); and that perftest_run
 # (scripts/lib/perftest.sh) runs a scenario again for a stall or a
 # failed clock measurement only, and which runs perftest_close_race
-# leaves unjudged. A scenario the rules wrongly call a stall would be
-# run again instead of failing; one they miss fails.
+# leaves unjudged; and which exits of the VM's rping vm_rping
+# (scripts/lib/vmrping.sh) counts as its teardown race. A scenario the
+# rules wrongly call a stall would be run again instead of failing; one
+# they miss fails.
 # Prints `PASS harness-<name>` / `FAIL harness-<name>: why`; exits 0.
 set -uo pipefail
 
@@ -130,6 +132,7 @@ LOG="$(mktemp -t harness-log.XXXXXX)"
 NS_A="iwh$$a" NS_B="iwh$$b"
 cleanup() {
     rm -f "$RUNS" "$LOG"
+    [[ -z "${FAKE:-}" ]] || rm -rf "$FAKE"
     ip netns del "$NS_A" 2>/dev/null
     ip netns del "$NS_B" 2>/dev/null
 }
@@ -177,6 +180,43 @@ $failed" 1 1)"
 check perftest-close-race-no-row other "$(race "" " Bad wc status 2
 $failed" 0 1)"
 check perftest-close-race-host-side other "$(race "$failed" "$row" 0 1)"
+
+# vm_rping (scripts/lib/vmrping.sh) in a POSIX sh, as the VM's busybox
+# runs it, around a stand-in rping that prints OUT and exits RC.
+# vm_rping RC OUT: its status, and "race" when it counted the race as 0.
+# shellcheck source=../lib/vmrping.sh
+source "$ROOT/scripts/lib/vmrping.sh"
+FAKE="$(mktemp -d -t harness-rping.XXXXXX)"
+printf '#!/bin/sh\nprintf "%%s\\n" "$OUT"\nexit "$RC"\n' >"$FAKE/rping"
+chmod +x "$FAKE/rping"
+vm_rping() {
+    local out
+    out="$(RC="$1" OUT="$2" PATH="$FAKE:$PATH" sh -c "$VM_RPING
+vm_rping -c -a $HOST -V -C 5 -S 64; echo \"rc=\$?\"")"
+    if grep -q 'teardown race' <<<"$out"; then
+        echo "${out##*rc=} race"
+    else
+        echo "${out##*rc=}"
+    fi
+}
+disc="client DISCONNECT EVENT..."
+ebadf="rdma_get_cm_event: Bad file descriptor"
+check vm-rping-race "0 race" "$(vm_rping 255 "$disc
+$ebadf")"
+check vm-rping-race-verbose "0 race" "$(vm_rping 255 "ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_\`abcdefghijklmnopqr
+$ebadf
+$disc")"
+check vm-rping-race-mismatch 255 "$(vm_rping 255 "data mismatch!
+rping client failed: -1
+$disc
+$ebadf")"
+check vm-rping-race-flushed 255 "$(vm_rping 255 "cq completion failed status 5
+wait for RDMA_WRITE_ADV state 10
+$ebadf")"
+check vm-rping-connect-failed 255 "$(vm_rping 255 "rdma_resolve_addr: No such device")"
+check vm-rping-race-line-other-status 1 "$(vm_rping 1 "$ebadf")"
+check vm-rping-passes 0 "$(vm_rping 0 "")"
+check vm-rping-fails 1 "$(vm_rping 1 "$disc")"
 
 # The ping rule, between two namespaces of this run joined by a veth
 # pair: an address that answers, and one in the same subnet that nobody
