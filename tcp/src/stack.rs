@@ -223,6 +223,10 @@ pub struct Counters {
     /// Connection visits: a connection's egress and state, for frames,
     /// timers or calls that concerned it.
     pub conn_visits: u64,
+    /// Frames for a connection other than the one the connection frame
+    /// before them went to: with many connections, how often a frame
+    /// finds its connection's state out of the cache.
+    pub conn_switches: u64,
     /// Times a quiet connection's socket buffers were given back to the
     /// system ([`Config::idle_release`]).
     pub idle_releases: u64,
@@ -384,6 +388,8 @@ struct Core {
     idle: VecDeque<(Instant, ConnId)>,
     /// The turns of zero-window probes.
     probes: ProbeGate<ConnId>,
+    /// The connection the last connection frame went to.
+    last_frame_conn: Option<ConnId>,
 }
 
 /// A user-space TCP/IPv4 stack over one Ethernet device. See the module
@@ -1117,6 +1123,9 @@ impl Core {
                     caps,
                 };
                 c.iface.poll_ingress_single(now, &mut dev, &mut c.sockets);
+                if self.last_frame_conn.replace(id) != Some(id) {
+                    self.counters.conn_switches += 1;
+                }
                 self.touch(id);
                 return;
             }
@@ -1521,6 +1530,7 @@ impl<D: Device> Stack<D> {
             forgotten: Vec::new(),
             idle: VecDeque::new(),
             probes: ProbeGate::default(),
+            last_frame_conn: None,
         };
         Self { port, core }
     }

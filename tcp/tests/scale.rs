@@ -880,3 +880,48 @@ fn tails_shorter_than_a_turn_drain_in_short_turns() {
         "the tails took {took} to arrive (simulated time)"
     );
 }
+
+#[test]
+fn conn_switches_count_frames_that_change_connection() {
+    let mut sim = Sim::new(Config::default(), Config::default(), LinkConfig::default());
+    let pairs = open_many(&mut sim, 2);
+    // `msgs[i]` goes from A to B over pair `i`; B reads what arrives.
+    let receive = |sim: &mut Sim, msgs: [&[u8]; 2]| {
+        let before = sim.b.counters();
+        let mut got = [Vec::new(), Vec::new()];
+        for (&(a, _), msg) in pairs.iter().zip(msgs) {
+            assert_eq!(sim.a.send_slice(a, msg), Ok(msg.len()));
+        }
+        let limit = sim.now + Duration::from_secs(10);
+        sim.run(limit, |s| {
+            for (i, &(_, b)) in pairs.iter().enumerate() {
+                let _ = s.b.recv(b, |buf| {
+                    got[i].extend_from_slice(buf);
+                    buf.len()
+                });
+            }
+            if got.iter().zip(msgs).all(|(g, m)| g.len() == m.len()) {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+        let after = sim.b.counters();
+        (
+            after.rx_frames - before.rx_frames,
+            after.conn_switches - before.conn_switches,
+        )
+    };
+    let msg = data(8 * 1024, 1);
+    // One connection's frames: at most the one switch to it.
+    let (frames, switches) = receive(&mut sim, [&msg, b""]);
+    assert!(frames >= 5, "{frames} frames");
+    assert!(switches <= 1, "{switches} switches in {frames} frames");
+    // Both connections' frames: at least a switch to each.
+    let (frames, switches) = receive(&mut sim, [&msg, &msg]);
+    assert!(
+        (2..=frames).contains(&switches),
+        "{switches} switches in {frames} frames"
+    );
+}
