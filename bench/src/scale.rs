@@ -97,8 +97,10 @@ pub struct ScaleResult {
     /// empty) over the run.
     pub rx_dropped: u64,
     /// Side b's receive cost per frame (ns): the time of its engine
-    /// passes that did work during the traffic, over the frames it
-    /// received meanwhile (idle passes of the spinning thread left out).
+    /// passes that did work during the counted seconds, over the frames
+    /// it received meanwhile (idle passes of the spinning thread left
+    /// out; the warm-up, in which each connection's receive ring is first
+    /// written and its pages faulted in, too).
     pub rx_frame_ns: f64,
     /// Side a's send cost per KiB written (ns): the time of its loop
     /// rounds that did work (an engine pass that did work, or
@@ -167,17 +169,6 @@ struct Spun {
     worked: u64,
 }
 
-impl std::ops::Add for Spun {
-    type Output = Self;
-    fn add(self, o: Self) -> Self {
-        Self {
-            busy: self.busy + o.busy,
-            passes: self.passes + o.passes,
-            worked: self.worked + o.worked,
-        }
-    }
-}
-
 /// [`spin_recv`], also returning the passes it ran and the time spent in
 /// those that did work.
 fn spin_recv_timed<T>(dev: &Device, rx: &Receiver<T>, timeout: Duration) -> io::Result<(T, Spun)> {
@@ -200,6 +191,14 @@ fn spin_recv_timed<T>(dev: &Device, rx: &Receiver<T>, timeout: Duration) -> io::
             }
         }
     }
+}
+
+/// Page faults of the calling thread so far (minor and major).
+fn thread_faults() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_THREAD)
+        .map(|u| (u.minor_page_faults() + u.major_page_faults()) as u64)
+        .unwrap_or(0)
 }
 
 /// Frames side b's user-space TCP has received.
@@ -286,26 +285,47 @@ pub fn run(
         crate::rdma::debug_stats(&dev);
         let frames_before = rx_frames(&dev);
         back_a.send(()).map_err(|_| err("side a is gone"))?;
+        let faults_before = thread_faults();
         // The traffic runs until side a says it counts, then until it
-        // says it is done.
+        // says it is done. Side b's cost is taken over the counted
+        // seconds, as its bandwidth: the warm-up is where each
+        // connection's receive ring is first written (its pages faulted
+        // in).
         let ((), warm) =
             spin_recv_timed(&dev, &from_a, 2 * WAIT + Duration::from_secs_f64(p.warmup))?;
         let (bytes_before, counting) = (rx_bytes(&dev), Instant::now());
+        let (frames_counting, faults_counting) = (rx_frames(&dev), thread_faults());
         let ((), count) = spin_recv_timed(&dev, &from_a, WAIT + Duration::from_secs_f64(p.secs))?;
         let rx_gbps = rx_bytes(&dev).saturating_sub(bytes_before) as f64 * 8.0
             / counting.elapsed().as_secs_f64()
             / 1e9;
-        let spun = warm + count;
-        let frames = rx_frames(&dev).saturating_sub(frames_before);
-        let rx_frame_ns = spun.busy.as_nanos() as f64 / frames.max(1) as f64;
+        let frames_end = rx_frames(&dev);
+        let frames = frames_end.saturating_sub(frames_counting);
+        let rx_frame_ns = count.busy.as_nanos() as f64 / frames.max(1) as f64;
         if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
-            let per = |x: f64| x / spun.worked.max(1) as f64;
-            eprintln!(
-                "scale-b: traffic: {} passes, {} did work: {:.2} frames and {:.0} ns per pass that did work",
-                spun.passes,
-                spun.worked,
-                per(frames as f64),
-                per(spun.busy.as_nanos() as f64),
+            let faults_end = thread_faults();
+            let line = |what: &str, spun: &Spun, frames: u64, faults: u64| {
+                let per = |x: f64| x / spun.worked.max(1) as f64;
+                eprintln!(
+                    "scale-b: {what}: {} passes, {} did work: {:.2} frames and {:.0} ns per pass that did work, {:.0} ns per frame; {faults} page faults",
+                    spun.passes,
+                    spun.worked,
+                    per(frames as f64),
+                    per(spun.busy.as_nanos() as f64),
+                    spun.busy.as_nanos() as f64 / frames.max(1) as f64,
+                );
+            };
+            line(
+                "warm-up",
+                &warm,
+                frames_counting.saturating_sub(frames_before),
+                faults_counting.saturating_sub(faults_before),
+            );
+            line(
+                "counted",
+                &count,
+                frames,
+                faults_end.saturating_sub(faults_counting),
             );
         }
         let rss_traffic = rss()?;
@@ -429,6 +449,8 @@ pub fn run(
             let mut counting: Option<Instant> = None;
             // Side a's rounds that did work while counting.
             let mut busy = Duration::ZERO;
+            // This thread's page faults when the counting started.
+            let mut faults_counting = 0;
             // QPs that have not seen a write complete yet.
             let mut cold = vec![true; n];
             let mut cold_left = n;
@@ -440,6 +462,7 @@ pub fn run(
                 }
                 if counting.is_none() && el >= warm && (cold_left == 0 || el >= warm + WAIT) {
                     counting = Some(Instant::now());
+                    faults_counting = thread_faults();
                     to_b.send(()).map_err(|_| err("side b is gone"))?;
                 }
                 let worked = dev.progress();
@@ -469,6 +492,12 @@ pub fn run(
             }
             let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
             let tx_kib_ns = busy.as_nanos() as f64 / (counted as f64 / 1024.0).max(1.0);
+            if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
+                eprintln!(
+                    "scale-a: counted: {} page faults",
+                    thread_faults().saturating_sub(faults_counting)
+                );
+            }
             crate::rdma::debug_stats(&dev);
             to_b.send(()).map_err(|_| err("side b is gone"))?;
             // The writes still outstanding complete (those that have not
