@@ -184,8 +184,8 @@ check perftest-close-race-host-side other "$(race "$failed" "$row" 0 1)"
 # vm_rping (scripts/lib/vmrping.sh) in a POSIX sh (busybox's, as the VM
 # runs it, where there is one), around a stand-in rping that prints OUT
 # on stdout and ERR on stderr, keeps its arguments and exits RC.
-# vm_rping RC OUT ERR: its status, and "race" when it counted the race
-# as 0.
+# vm_rping_status RC OUT ERR: vm_rping's status, and "race" when it
+# counted the race as 0.
 # shellcheck source=../lib/vmrping.sh
 source "$ROOT/scripts/lib/vmrping.sh"
 FAKE="$(mktemp -d -t harness-rping.XXXXXX)"
@@ -199,7 +199,7 @@ STANDIN
 chmod +x "$FAKE/rping"
 POSIX_SH=(sh)
 command -v busybox >/dev/null && POSIX_SH=(busybox sh)
-vm_rping() {
+vm_rping_status() {
     local out
     out="$(RC="$1" OUT="$2" ERR="$3" PATH="$FAKE:$PATH" "${POSIX_SH[@]}" -c "$VM_RPING
 vm_rping -c -a $HOST -V -C 5 -S 64; echo \"rc=\$?\"" 2>&1)"
@@ -211,25 +211,25 @@ vm_rping -c -a $HOST -V -C 5 -S 64; echo \"rc=\$?\"" 2>&1)"
 }
 disc="client DISCONNECT EVENT..."
 ebadf="rdma_get_cm_event: Bad file descriptor"
-check vm-rping-race "0 race" "$(vm_rping 255 "" "$disc
+check vm-rping-race "0 race" "$(vm_rping_status 255 "" "$disc
 $ebadf")"
 check vm-rping-args "-c -a $HOST -V -C 5 -S 64" "$(cat "$FAKE/args")"
-check vm-rping-race-verbose "0 race" "$(vm_rping 255 "ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_\`abcdefghijklmnopqr
+check vm-rping-race-verbose "0 race" "$(vm_rping_status 255 "ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_\`abcdefghijklmnopqr
 ping data: rdma-ping-1: BCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_\`abcdefghijklmnopqrs" "$disc
 $ebadf")"
-check vm-rping-race-mismatch 255 "$(vm_rping 255 "" "data mismatch!
+check vm-rping-race-mismatch 255 "$(vm_rping_status 255 "" "data mismatch!
 rping client failed: -1
 $disc
 $ebadf")"
-check vm-rping-race-flushed 255 "$(vm_rping 255 "" "cq completion failed status 5
+check vm-rping-race-flushed 255 "$(vm_rping_status 255 "" "cq completion failed status 5
 wait for RDMA_WRITE_ADV state 10
 $ebadf")"
-check vm-rping-race-line-on-stdout 255 "$(vm_rping 255 "$ebadf" "$disc")"
-check vm-rping-255-without-race-line 255 "$(vm_rping 255 "" "$disc")"
-check vm-rping-connect-failed 255 "$(vm_rping 255 "" "rdma_resolve_addr: No such device")"
-check vm-rping-race-line-other-status 1 "$(vm_rping 1 "" "$ebadf")"
-check vm-rping-passes 0 "$(vm_rping 0 "" "")"
-check vm-rping-fails 1 "$(vm_rping 1 "" "$disc")"
+check vm-rping-race-line-on-stdout 255 "$(vm_rping_status 255 "$ebadf" "$disc")"
+check vm-rping-255-without-race-line 255 "$(vm_rping_status 255 "" "$disc")"
+check vm-rping-connect-failed 255 "$(vm_rping_status 255 "" "rdma_resolve_addr: No such device")"
+check vm-rping-race-line-other-status 1 "$(vm_rping_status 1 "" "$ebadf")"
+check vm-rping-passes 0 "$(vm_rping_status 0 "" "")"
+check vm-rping-fails 1 "$(vm_rping_status 1 "" "$disc")"
 
 # The ping rule, between two namespaces of this run joined by a veth
 # pair: an address that answers, and one in the same subnet that nobody
