@@ -77,4 +77,4 @@ pub use config::{Config, MAX_BUFFER, MIN_BUFFER, SHARED_BUFFER_MIN};
 pub use probe::{PROBE_ANSWER_WAIT, PROBE_LIMIT};
 pub use smoltcp;
 pub use smoltcp::socket::tcp::{CongestionControl, State};
-pub use stack::{ConnId, Counters, Error, Stack};
+pub use stack::{ConnId, Counters, Error, Stack, FRAME_RUN_BUCKETS};

@@ -124,6 +124,15 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// Buckets of [`Counters::frame_runs`].
+pub const FRAME_RUN_BUCKETS: usize = 8;
+
+/// The bucket of [`Counters::frame_runs`] a run of `len` frames (at
+/// least 1) goes to.
+fn frame_run_bucket(len: u64) -> usize {
+    (len.max(1).ilog2() as usize).min(FRAME_RUN_BUCKETS - 1)
+}
+
 /// Stack counters since the stack was created (monotonic, never reset).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -227,6 +236,11 @@ pub struct Counters {
     /// before them went to: with many connections, how often a frame
     /// finds its connection's state out of the cache.
     pub conn_switches: u64,
+    /// The runs of consecutive connection frames that went to one
+    /// connection, by length: `frame_runs[k]` counts runs of `2^k` to
+    /// `2^(k+1) - 1` frames (1, 2–3, 4–7, … the last bucket open-ended).
+    /// A run is counted when a frame for another connection ends it.
+    pub frame_runs: [u64; FRAME_RUN_BUCKETS],
     /// Times a quiet connection's socket buffers were given back to the
     /// system ([`Config::idle_release`]).
     pub idle_releases: u64,
@@ -390,6 +404,8 @@ struct Core {
     probes: ProbeGate<ConnId>,
     /// The connection the last connection frame went to.
     last_frame_conn: Option<ConnId>,
+    /// Frames of the run that frame belongs to ([`Counters::frame_runs`]).
+    frame_run: u64,
 }
 
 /// A user-space TCP/IPv4 stack over one Ethernet device. See the module
@@ -1125,7 +1141,12 @@ impl Core {
                 c.iface.poll_ingress_single(now, &mut dev, &mut c.sockets);
                 if self.last_frame_conn.replace(id) != Some(id) {
                     self.counters.conn_switches += 1;
+                    if self.frame_run > 0 {
+                        self.counters.frame_runs[frame_run_bucket(self.frame_run)] += 1;
+                    }
+                    self.frame_run = 0;
                 }
+                self.frame_run += 1;
                 self.touch(id);
                 return;
             }
@@ -1531,6 +1552,7 @@ impl<D: Device> Stack<D> {
             idle: VecDeque::new(),
             probes: ProbeGate::default(),
             last_frame_conn: None,
+            frame_run: 0,
         };
         Self { port, core }
     }
@@ -2405,5 +2427,30 @@ impl<D: Device> Stack<D> {
     pub(crate) fn mirrored_cwnd(&self, conn: ConnId) -> Option<usize> {
         let flow = self.core.conn(conn)?.flow();
         self.port.sent.get(flow)?.congestion_window()
+    }
+}
+
+#[cfg(test)]
+mod frame_run_tests {
+    use super::{frame_run_bucket, FRAME_RUN_BUCKETS};
+
+    #[test]
+    fn runs_go_to_their_power_of_two() {
+        let last = FRAME_RUN_BUCKETS - 1;
+        for (len, bucket) in [
+            (1, 0),
+            (2, 1),
+            (3, 1),
+            (4, 2),
+            (7, 2),
+            (8, 3),
+            (31, 4),
+            (32, 5),
+        ] {
+            assert_eq!(frame_run_bucket(len), bucket, "a run of {len}");
+        }
+        assert_eq!(frame_run_bucket(1 << last), last);
+        assert_eq!(frame_run_bucket((1 << last) - 1), last - 1);
+        assert_eq!(frame_run_bucket(u64::MAX), last);
     }
 }

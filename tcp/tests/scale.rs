@@ -6,7 +6,7 @@ mod common;
 
 use common::{connect, data, idle_for, sharing_frames, sharing_frames_seeded, PORT};
 use iwarp_tcp::sim::{LinkConfig, Sim, Step};
-use iwarp_tcp::{Config, ConnId, Error, MIN_BUFFER, PROBE_LIMIT};
+use iwarp_tcp::{Config, ConnId, Error, FRAME_RUN_BUCKETS, MIN_BUFFER, PROBE_LIMIT};
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::time::Duration;
 use smoltcp::wire::{
@@ -908,20 +908,30 @@ fn conn_switches_count_frames_that_change_connection() {
         })
         .unwrap();
         let after = sim.b.counters();
+        let runs: Vec<u64> = (0..FRAME_RUN_BUCKETS)
+            .map(|k| after.frame_runs[k] - before.frame_runs[k])
+            .collect();
         (
             after.rx_frames - before.rx_frames,
             after.conn_switches - before.conn_switches,
+            runs,
         )
     };
     let msg = data(8 * 1024, 1);
-    // One connection's frames: at most the one switch to it.
-    let (frames, switches) = receive(&mut sim, [&msg, b""]);
+    // One connection's frames: at most the one switch to it, which ends
+    // the run before it (the handshakes' frames came before).
+    let (frames, switches, runs) = receive(&mut sim, [&msg, b""]);
     assert!(frames >= 5, "{frames} frames");
     assert!(switches <= 1, "{switches} switches in {frames} frames");
-    // Both connections' frames: at least a switch to each.
-    let (frames, switches) = receive(&mut sim, [&msg, &msg]);
+    assert_eq!(runs.iter().sum::<u64>(), switches, "runs {runs:?}");
+    // Both connections' frames: at least a switch to each. Every switch
+    // ends a run; the first ends the run of at least five frames above
+    // (4–7 frames or longer).
+    let (frames, switches, runs) = receive(&mut sim, [&msg, &msg]);
     assert!(
         (2..=frames).contains(&switches),
         "{switches} switches in {frames} frames"
     );
+    assert_eq!(runs.iter().sum::<u64>(), switches, "runs {runs:?}");
+    assert!(runs[2..].iter().sum::<u64>() >= 1, "runs {runs:?}");
 }
