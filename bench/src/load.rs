@@ -74,6 +74,18 @@ impl CpuTimes {
     pub fn busy(&self) -> u64 {
         self.user + self.system + self.irq + self.softirq
     }
+
+    /// Every tick counted, whatever it was spent on.
+    pub fn total(&self) -> u64 {
+        self.busy() + self.nice + self.idle + self.iowait + self.steal
+    }
+
+    /// The share of the ticks spent in soft interrupts (the kernel's
+    /// network processing), from 0 to 1; `None` without a tick.
+    pub fn softirq_share(&self) -> Option<f64> {
+        let total = self.total();
+        (total > 0).then(|| self.softirq as f64 / total as f64)
+    }
 }
 
 /// The per-core lines (`cpuN ...`) of a `/proc/stat` text: (N, times).
@@ -491,6 +503,9 @@ btime 1062191376
         let d = b.since(&a);
         assert_eq!(d.busy(), 101);
         assert_eq!(d.nice, 70);
+        assert_eq!(d.total(), 171);
+        assert_eq!(d.softirq_share(), Some(20.0 / 171.0));
+        assert_eq!(CpuTimes::default().softirq_share(), None);
         // A counter going back (CPU hot-unplug) reads as 0, no overflow.
         assert_eq!(a.since(&b).user, 0);
     }

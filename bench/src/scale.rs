@@ -111,6 +111,23 @@ pub struct ScaleResult {
     /// connect returns once the MPA exchange is done): the time of its
     /// connect loop over N.
     pub connect_rate: f64,
+    /// The share of the counted seconds side a spent in rounds that did
+    /// work (see [`Self::tx_kib_ns`]), from 0 to 1.
+    pub a_work: f64,
+    /// The share of the counted seconds side b spent in passes that did
+    /// work (see [`Self::rx_frame_ns`]), from 0 to 1. A side whose share
+    /// stays well below 1 waited for the other, or for the network.
+    pub b_work: f64,
+    /// The share of side a's and side b's cores (when pinned) spent in
+    /// soft interrupts over side b's counted seconds: the kernel's
+    /// network processing (TCP, veth, generic XDP), which takes its time
+    /// from the thread on that core.
+    pub softirq: Option<[f64; 2]>,
+    /// Page faults of side a's and side b's threads during the counted
+    /// seconds: pages of the connections' buffers touched for the first
+    /// time. At thousands of QPs the first touches go on past the
+    /// warm-up, and the counted seconds carry their cost.
+    pub faults: [u64; 2],
 }
 
 /// `VmRSS` (KiB) of a `/proc/self/status` text.
@@ -211,6 +228,16 @@ fn rx_bytes(dev: &Device) -> u64 {
     dev.stats().engines.iter().map(|e| e.tcp.rx_bytes).sum()
 }
 
+/// Side a's figures of a [`ScaleResult`].
+struct SideA {
+    gbps: f64,
+    stuck_writes: usize,
+    tx_kib_ns: f64,
+    connect_rate: f64,
+    a_work: f64,
+    a_faults: u64,
+}
+
 /// Side b's buffer as side a sees it.
 #[derive(Clone, Copy, Debug)]
 struct Target {
@@ -295,15 +322,26 @@ pub fn run(
             spin_recv_timed(&dev, &from_a, 2 * WAIT + Duration::from_secs_f64(p.warmup))?;
         let (bytes_before, counting) = (rx_bytes(&dev), Instant::now());
         let (frames_counting, faults_counting) = (rx_frames(&dev), thread_faults());
+        let pinned = match cpus {
+            (Some(a), Some(b)) => Some([a, b]),
+            _ => None,
+        };
+        let cores_counting = pinned.and_then(|c| crate::load::read_cpus(c).ok());
         let ((), count) = spin_recv_timed(&dev, &from_a, WAIT + Duration::from_secs_f64(p.secs))?;
-        let rx_gbps = rx_bytes(&dev).saturating_sub(bytes_before) as f64 * 8.0
-            / counting.elapsed().as_secs_f64()
-            / 1e9;
+        let counted = counting.elapsed().as_secs_f64();
+        let softirq = pinned.zip(cores_counting).and_then(|(c, before)| {
+            let now = crate::load::read_cpus(c).ok()?;
+            let share = |i: usize| now[i].since(&before[i]).softirq_share();
+            Some([share(0)?, share(1)?])
+        });
+        let b_work = count.busy.as_secs_f64() / counted.max(f64::MIN_POSITIVE);
+        let rx_gbps = rx_bytes(&dev).saturating_sub(bytes_before) as f64 * 8.0 / counted / 1e9;
         let frames_end = rx_frames(&dev);
         let frames = frames_end.saturating_sub(frames_counting);
         let rx_frame_ns = count.busy.as_nanos() as f64 / frames.max(1) as f64;
+        let faults_end = thread_faults();
+        let b_faults = faults_end.saturating_sub(faults_counting);
         if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
-            let faults_end = thread_faults();
             let line = |what: &str, spun: &Spun, frames: u64, faults: u64| {
                 let per = |x: f64| x / spun.worked.max(1) as f64;
                 eprintln!(
@@ -321,12 +359,7 @@ pub fn run(
                 frames_counting.saturating_sub(frames_before),
                 faults_counting.saturating_sub(faults_before),
             );
-            line(
-                "counted",
-                &count,
-                frames,
-                faults_end.saturating_sub(faults_counting),
-            );
+            line("counted", &count, frames, b_faults);
         }
         let rss_traffic = rss()?;
         crate::rdma::debug_stats(&dev);
@@ -370,7 +403,7 @@ pub fn run(
         while t.elapsed() < Duration::from_millis(50) {
             dev.progress();
         }
-        // Side b's part of the result; side a's two figures are set below.
+        // Side b's part of the result; side a's figures are set below.
         Ok(ScaleResult {
             gbps: 0.0,
             rx_gbps,
@@ -384,13 +417,17 @@ pub fn run(
             rx_frame_ns,
             tx_kib_ns: 0.0,
             connect_rate: 0.0,
+            a_work: 0.0,
+            b_work,
+            softirq,
+            faults: [0, b_faults],
         })
     })?;
     let ha = spawn_in(
         &topo.ns_a,
         cpus.0,
         "scale-a",
-        move || -> io::Result<(f64, usize, f64, f64)> {
+        move || -> io::Result<SideA> {
             let backend = match p.sender {
                 Sender::Kernel => Backend::Kernel,
                 Sender::Afxdp => Backend::AfXdp(xdp(veth, false, p.frames)),
@@ -492,12 +529,8 @@ pub fn run(
             }
             let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
             let tx_kib_ns = busy.as_nanos() as f64 / (counted as f64 / 1024.0).max(1.0);
-            if std::env::var_os("IWARP_BENCH_DEBUG").is_some() {
-                eprintln!(
-                    "scale-a: counted: {} page faults",
-                    thread_faults().saturating_sub(faults_counting)
-                );
-            }
+            let a_work = busy.as_secs_f64() / dt.max(f64::MIN_POSITIVE);
+            let a_faults = thread_faults().saturating_sub(faults_counting);
             crate::rdma::debug_stats(&dev);
             to_b.send(()).map_err(|_| err("side b is gone"))?;
             // The writes still outstanding complete (those that have not
@@ -527,17 +560,26 @@ pub fn run(
             } else {
                 0.0
             };
-            Ok((gbps, outstanding, tx_kib_ns, connect_rate))
+            Ok(SideA {
+                gbps,
+                stuck_writes: outstanding,
+                tx_kib_ns,
+                connect_rate,
+                a_work,
+                a_faults,
+            })
         },
     )?;
     let ra = ha.join().map_err(|_| err("side a panicked"))?;
     let rb = hb.join().map_err(|_| err("side b panicked"))?;
     match (ra?, rb?) {
-        (Ok((gbps, stuck_writes, tx_kib_ns, connect_rate)), Ok(b)) => Ok(ScaleResult {
-            gbps,
-            stuck_writes,
-            tx_kib_ns,
-            connect_rate,
+        (Ok(a), Ok(b)) => Ok(ScaleResult {
+            gbps: a.gbps,
+            stuck_writes: a.stuck_writes,
+            tx_kib_ns: a.tx_kib_ns,
+            connect_rate: a.connect_rate,
+            a_work: a.a_work,
+            faults: [a.a_faults, b.faults[1]],
             ..b
         }),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),

@@ -203,6 +203,9 @@ fn main() -> std::process::ExitCode {
         "rx drops",
         "ns/rx frame",
         "a ns/KiB",
+        "work % a/b",
+        "softirq % a/b",
+        "faults a/b",
         "conn/s",
         "tcp Gb/s",
     ]
@@ -237,6 +240,11 @@ fn main() -> std::process::ExitCode {
                         r.rx_dropped.to_string(),
                         format!("{:.0}", r.rx_frame_ns),
                         format!("{:.0}", r.tx_kib_ns),
+                        format!("{:.0}/{:.0}", 100.0 * r.a_work, 100.0 * r.b_work),
+                        r.softirq.map_or("-".into(), |[a, b]| {
+                            format!("{:.0}/{:.0}", 100.0 * a, 100.0 * b)
+                        }),
+                        format!("{}/{}", r.faults[0], r.faults[1]),
                         format!("{:.0}", r.connect_rate),
                     ]);
                     let need = iwarp_bench::streams::fds_needed(n);
@@ -291,6 +299,44 @@ fn main() -> std::process::ExitCode {
                     new.push(rec(&name, "rx_frame_cost", "ns", r.rx_frame_ns));
                     new.push(rec(&name, "tx_kib_cost", "ns", r.tx_kib_ns));
                     new.push(rec(&name, "connect_rate", "conn/s", r.connect_rate));
+                    new.push(rec(
+                        &format!("{name}/side-a"),
+                        "work_share",
+                        "%",
+                        100.0 * r.a_work,
+                    ));
+                    new.push(rec(
+                        &format!("{name}/side-b"),
+                        "work_share",
+                        "%",
+                        100.0 * r.b_work,
+                    ));
+                    new.push(rec(
+                        &format!("{name}/side-a"),
+                        "page_faults",
+                        "faults",
+                        r.faults[0] as f64,
+                    ));
+                    new.push(rec(
+                        &format!("{name}/side-b"),
+                        "page_faults",
+                        "faults",
+                        r.faults[1] as f64,
+                    ));
+                    if let Some([a, b]) = r.softirq {
+                        new.push(rec(
+                            &format!("{name}/side-a"),
+                            "softirq_share",
+                            "%",
+                            100.0 * a,
+                        ));
+                        new.push(rec(
+                            &format!("{name}/side-b"),
+                            "softirq_share",
+                            "%",
+                            100.0 * b,
+                        ));
+                    }
                 }
                 Err(e) => {
                     eprintln!("scale: {n} QPs: {e}");
@@ -311,7 +357,7 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     println!();
     print!("{}", report::render(&rows));
-    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes), side b received nothing for a second (or 5 s passed), and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the counted seconds / frames it received meanwhile; a ns/KiB: side a's time in rounds that did work (an engine pass that did work, or completions to repost) during the counted seconds / KiB of the writes that completed; conn/s: connections side a opened one after the other per second, MPA exchange included; tcp Gb/s: payload side b received over N kernel TCP connections between the same cores, run right after (the platform's own aggregate at that count))");
+    println!("(Gb/s: writes side a saw complete; rx Gb/s: frames side b received, headers included, over the same seconds; RSS in KiB of the whole process: both engines; KiB/QP = RSS difference / QPs; RSS idle: the writes complete (see stuck writes), side b received nothing for a second (or 5 s passed), and the connections quiet for twice the stacks' idle_release, after which the AF_XDP engines give their socket buffers' pages back; stuck writes: writes not complete 40 s after the counted traffic ended (the quiet period starts then regardless); tcp bufs = side b's configured smoltcp receive + transmit buffers per connection, the most one gets (a receive buffer is cut to the connection's part of the shared frames), allocated, resident only once touched; rx drops: frames side b's AF_XDP socket dropped; ns/rx frame: side b's time in engine passes that did work during the counted seconds / frames it received meanwhile; a ns/KiB: side a's time in rounds that did work (an engine pass that did work, or completions to repost) during the counted seconds / KiB of the writes that completed; work % a/b: the share of the counted seconds side a spent in rounds that did work / side b in passes that did work (a side well below 100 waited for the other or for the network); softirq % a/b: the share of side a's / side b's core in soft interrupts over the counted seconds, the kernel's network processing (TCP, veth, generic XDP), time the engine thread on that core did not get; faults a/b: page faults of side a's / side b's thread during the counted seconds (buffer pages touched for the first time); conn/s: connections side a opened one after the other per second, MPA exchange included; tcp Gb/s: payload side b received over N kernel TCP connections between the same cores, run right after (the platform's own aggregate at that count))");
     let record = |cfg: &str, m: &str, n: usize| {
         recs.iter()
             .find(|r| r.metric == m && r.qps == Some(n) && r.config == cfg)
