@@ -112,12 +112,10 @@ pub struct ScaleResult {
     /// connect loop over N.
     pub connect_rate: f64,
     /// The share of the counted seconds side a spent in rounds that did
-    /// work (see [`Self::tx_kib_ns`]), from 0 to 1.
-    pub a_work: f64,
-    /// The share of the counted seconds side b spent in passes that did
-    /// work (see [`Self::rx_frame_ns`]), from 0 to 1. A side whose share
-    /// stays well below 1 waited for the other, or for the network.
-    pub b_work: f64,
+    /// work (see [`Self::tx_kib_ns`]) and side b in passes that did work
+    /// (see [`Self::rx_frame_ns`]), from 0 to 1. A side whose share stays
+    /// well below 1 waited for the other, or for the network.
+    pub work: [f64; 2],
     /// The share of side a's and side b's cores (when pinned) spent in
     /// soft interrupts over side b's counted seconds: the kernel's
     /// network processing (TCP, veth, generic XDP), which takes its time
@@ -417,8 +415,7 @@ pub fn run(
             rx_frame_ns,
             tx_kib_ns: 0.0,
             connect_rate: 0.0,
-            a_work: 0.0,
-            b_work,
+            work: [0.0, b_work],
             softirq,
             faults: [0, b_faults],
         })
@@ -578,7 +575,7 @@ pub fn run(
             stuck_writes: a.stuck_writes,
             tx_kib_ns: a.tx_kib_ns,
             connect_rate: a.connect_rate,
-            a_work: a.a_work,
+            work: [a.a_work, b.work[1]],
             faults: [a.a_faults, b.faults[1]],
             ..b
         }),

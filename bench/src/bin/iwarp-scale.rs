@@ -240,7 +240,7 @@ fn main() -> std::process::ExitCode {
                         r.rx_dropped.to_string(),
                         format!("{:.0}", r.rx_frame_ns),
                         format!("{:.0}", r.tx_kib_ns),
-                        format!("{:.0}/{:.0}", 100.0 * r.a_work, 100.0 * r.b_work),
+                        format!("{:.0}/{:.0}", 100.0 * r.work[0], 100.0 * r.work[1]),
                         r.softirq.map_or("-".into(), |[a, b]| {
                             format!("{:.0}/{:.0}", 100.0 * a, 100.0 * b)
                         }),
@@ -299,43 +299,13 @@ fn main() -> std::process::ExitCode {
                     new.push(rec(&name, "rx_frame_cost", "ns", r.rx_frame_ns));
                     new.push(rec(&name, "tx_kib_cost", "ns", r.tx_kib_ns));
                     new.push(rec(&name, "connect_rate", "conn/s", r.connect_rate));
-                    new.push(rec(
-                        &format!("{name}/side-a"),
-                        "work_share",
-                        "%",
-                        100.0 * r.a_work,
-                    ));
-                    new.push(rec(
-                        &format!("{name}/side-b"),
-                        "work_share",
-                        "%",
-                        100.0 * r.b_work,
-                    ));
-                    new.push(rec(
-                        &format!("{name}/side-a"),
-                        "page_faults",
-                        "faults",
-                        r.faults[0] as f64,
-                    ));
-                    new.push(rec(
-                        &format!("{name}/side-b"),
-                        "page_faults",
-                        "faults",
-                        r.faults[1] as f64,
-                    ));
-                    if let Some([a, b]) = r.softirq {
-                        new.push(rec(
-                            &format!("{name}/side-a"),
-                            "softirq_share",
-                            "%",
-                            100.0 * a,
-                        ));
-                        new.push(rec(
-                            &format!("{name}/side-b"),
-                            "softirq_share",
-                            "%",
-                            100.0 * b,
-                        ));
+                    for (i, side) in ["side-a", "side-b"].into_iter().enumerate() {
+                        let cfg = format!("{name}/{side}");
+                        new.push(rec(&cfg, "work_share", "%", 100.0 * r.work[i]));
+                        new.push(rec(&cfg, "page_faults", "faults", r.faults[i] as f64));
+                        if let Some(share) = r.softirq {
+                            new.push(rec(&cfg, "softirq_share", "%", 100.0 * share[i]));
+                        }
                     }
                 }
                 Err(e) => {
