@@ -16,11 +16,13 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use iwarp_engine::xdp::AttachMode;
+use iwarp_engine::xdp::{AttachMode, RawTcp, TX_FLUSH_FRAMES};
 use iwarp_engine::{
     Access, Backend, ConnParams, Cq, Device, DeviceConfig, Mr, Progress, Qp, QpInit, RecvWr,
     SendOp, SendWr, WcOpcode, WcStatus, XdpConfig, EMPTY_WC,
 };
+use iwarp_tcp::smoltcp::phy::{Device as _, TxToken as _};
+use iwarp_tcp::smoltcp::time::Instant as SmolInstant;
 
 use common::{is_root, pattern, readable, spawn_in, Topo, IP_A, IP_B};
 
@@ -516,6 +518,46 @@ fn xdp_to_xdp_busy_poll_mtu_3506() {
     pair(Kind::Xdp, Kind::Xdp, o);
 }
 
+/// A pass that writes more frames than a burst hands them to the kernel
+/// as it goes, [`TX_FLUSH_FRAMES`] at a time, and the rest at its end:
+/// in copy mode the kernel reads each frame back, best while it is still
+/// in the cache.
+#[test]
+fn xdp_device_submits_frames_during_a_long_pass() {
+    if !is_root() {
+        return;
+    }
+    let topo = Topo::up(1500, None, Some(IP_B), 1);
+    spawn_in(&topo.a, || {
+        let mut raw = RawTcp::open(&XdpConfig::new("xa", IP_A, 24), &[]).expect("AF_XDP socket");
+        let frames = 3 * TX_FLUSH_FRAMES + 10;
+        let dev = raw.stack().device_mut();
+        for i in 0..frames {
+            let tx = dev
+                .transmit(SmolInstant::from_micros(0))
+                .expect("a free frame");
+            // Broadcast on the test's own veth pair, an EtherType for
+            // local experiments (IEEE 802): namespace b drops it.
+            tx.consume(60, |f| {
+                f.fill(0);
+                f[..6].fill(0xff);
+                f[12..14].copy_from_slice(&[0x88, 0xb5]);
+                f[14] = i as u8;
+            });
+        }
+        let rings = raw.ring_counters();
+        assert_eq!(
+            (rings.tx_early_bursts, rings.tx_frames),
+            (3, 3 * TX_FLUSH_FRAMES as u64),
+            "{rings:?}"
+        );
+        raw.transmit();
+        assert_eq!(raw.ring_counters().tx_frames, frames as u64);
+    })
+    .join()
+    .expect("sender");
+}
+
 /// Whether tshark is there to judge `pcap`; if not, says so and removes it.
 fn tshark_ready(pcap: &std::path::Path) -> bool {
     let ready = iwarp_capture::tshark::available();
@@ -937,8 +979,8 @@ fn xdp_device_drops_segments_whose_checksum_fails() {
     let want = pattern(100_000, 9);
     let expect = want.clone();
     let server = spawn_in(&topo.b, move || {
-        let mut raw = iwarp_engine::xdp::RawTcp::open(&XdpConfig::new("xb", IP_B, 24), &[P])
-            .expect("AF_XDP TCP on xb");
+        let mut raw =
+            RawTcp::open(&XdpConfig::new("xb", IP_B, 24), &[P]).expect("AF_XDP TCP on xb");
         raw.stack().listen(P).expect("listen");
         up_tx.send(()).unwrap();
         // The corrupt SYN: counted, and the stack never sees it (no frame

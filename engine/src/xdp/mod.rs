@@ -31,7 +31,7 @@ use std::path::PathBuf;
 
 pub use iwarp_bpf::{ActiveMode, AttachMode, Counters as SteerCounters};
 pub use raw::RawTcp;
-pub use umem::RingCounters;
+pub use umem::{RingCounters, TX_FLUSH_FRAMES};
 
 /// How to open an AF_XDP device ([`Backend::AfXdp`](crate::Backend::AfXdp)).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -36,6 +36,15 @@ pub(crate) const RX_BURST: usize = 256;
 /// Most `sendto` kicks per transmit burst (copy mode sends at most 32
 /// frames per call).
 const MAX_KICKS: usize = 16;
+/// Frames written for transmit after which the device submits them (and
+/// kicks the kernel) during the engine's pass rather than at its end
+/// (counted in [`RingCounters::tx_early_bursts`]). In copy mode the
+/// kernel reads each frame back to copy it into an skb: a pass that
+/// sends turns for many connections writes hundreds of frames, and the
+/// socket-buffer bytes they were copied from with them, so by the pass's
+/// end the first frames have left the core's cache (`bench/README.md`,
+/// "Many connections").
+pub const TX_FLUSH_FRAMES: usize = 64;
 
 /// Counters of the rings (monotonic).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,6 +70,9 @@ pub struct RingCounters {
     /// Received TCP segments whose checksum failed, dropped before the
     /// stack: the device tells smoltcp that it verifies TCP checksums.
     pub rx_csum_bad: u64,
+    /// Transmit bursts submitted during a pass because
+    /// [`TX_FLUSH_FRAMES`] frames were waiting.
+    pub tx_early_bursts: u64,
 }
 
 /// The UMEM, its rings and the frames user space owns.
@@ -77,6 +89,10 @@ pub(crate) struct Frames {
     pub(crate) recycle: Vec<FrameDesc>,
     /// Frames written for transmit, not yet in the tx ring.
     pub(crate) tx_pending: VecDeque<FrameDesc>,
+    /// `tx_pending` length at which the frames are submitted during the
+    /// pass: [`TX_FLUSH_FRAMES`] more than the last burst left behind
+    /// (a full tx ring does not make every frame written try again).
+    flush_at: usize,
     /// Frames in the fill ring.
     in_fill: usize,
     fill_size: usize,
@@ -151,6 +167,7 @@ impl Frames {
             free: descs,
             recycle: Vec::with_capacity(RX_BURST),
             tx_pending: VecDeque::with_capacity(ring as usize),
+            flush_at: TX_FLUSH_FRAMES,
             in_fill: 0,
             fill_size: ring as usize,
             in_tx: 0,
@@ -291,7 +308,17 @@ impl Frames {
                 break;
             }
         }
+        self.flush_at = self.tx_pending.len() + TX_FLUSH_FRAMES;
         sent
+    }
+
+    /// Whether enough frames wait for transmit to submit them before the
+    /// pass ends ([`TX_FLUSH_FRAMES`]); counted in
+    /// [`RingCounters::tx_early_bursts`] when they are.
+    pub(crate) fn tx_due(&mut self) -> bool {
+        let due = self.tx_pending.len() >= self.flush_at;
+        self.counters.tx_early_bursts += u64::from(due);
+        due
     }
 
     /// Whether transmission needs more passes: frames written and not in
