@@ -584,9 +584,7 @@ impl phy::Device for XskDevice {
 
     fn transmit(&mut self, ts: Instant) -> Option<XskTx<'_>> {
         // The frames written so far go while still in the cache.
-        if self.frames.tx_due() {
-            self.frames.tx_burst();
-        }
+        self.frames.tx_burst_if_due();
         // No frame: smoltcp keeps the data and retries at the next poll.
         let desc = self.frames.take_free()?;
         self.frames.free.push(desc);

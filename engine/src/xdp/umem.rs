@@ -312,13 +312,14 @@ impl Frames {
         sent
     }
 
-    /// Whether enough frames wait for transmit to submit them before the
-    /// pass ends ([`TX_FLUSH_FRAMES`]); counted in
-    /// [`RingCounters::tx_early_bursts`] when they are.
-    pub(crate) fn tx_due(&mut self) -> bool {
-        let due = self.tx_pending.len() >= self.flush_at;
-        self.counters.tx_early_bursts += u64::from(due);
-        due
+    /// Submit the frames written so far before the pass ends, once
+    /// [`TX_FLUSH_FRAMES`] wait; counted in
+    /// [`RingCounters::tx_early_bursts`].
+    pub(crate) fn tx_burst_if_due(&mut self) {
+        if self.tx_pending.len() >= self.flush_at {
+            self.counters.tx_early_bursts += 1;
+            self.tx_burst();
+        }
     }
 
     /// Whether transmission needs more passes: frames written and not in
