@@ -232,8 +232,10 @@ struct SideA {
     stuck_writes: usize,
     tx_kib_ns: f64,
     connect_rate: f64,
-    a_work: f64,
-    a_faults: u64,
+    /// Share of the counted seconds in rounds that did work.
+    work: f64,
+    /// Page faults of side a's thread in the counted seconds.
+    faults: u64,
 }
 
 /// Side b's buffer as side a sees it.
@@ -526,8 +528,8 @@ pub fn run(
             }
             let dt = counting.map_or(0.0, |c| c.elapsed().as_secs_f64());
             let tx_kib_ns = busy.as_nanos() as f64 / (counted as f64 / 1024.0).max(1.0);
-            let a_work = busy.as_secs_f64() / dt.max(f64::MIN_POSITIVE);
-            let a_faults = thread_faults().saturating_sub(faults_counting);
+            let work = busy.as_secs_f64() / dt.max(f64::MIN_POSITIVE);
+            let faults = thread_faults().saturating_sub(faults_counting);
             crate::rdma::debug_stats(&dev);
             to_b.send(()).map_err(|_| err("side b is gone"))?;
             // The writes still outstanding complete (those that have not
@@ -562,8 +564,8 @@ pub fn run(
                 stuck_writes: outstanding,
                 tx_kib_ns,
                 connect_rate,
-                a_work,
-                a_faults,
+                work,
+                faults,
             })
         },
     )?;
@@ -575,8 +577,8 @@ pub fn run(
             stuck_writes: a.stuck_writes,
             tx_kib_ns: a.tx_kib_ns,
             connect_rate: a.connect_rate,
-            work: [a.a_work, b.work[1]],
-            faults: [a.a_faults, b.faults[1]],
+            work: [a.work, b.work[1]],
+            faults: [a.faults, b.faults[1]],
             ..b
         }),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
