@@ -22,8 +22,10 @@
 //!   to do: a frame arrived for it, the application queued data or closed
 //!   it, a read freed window space, or its timer is due. Timers live in a
 //!   heap of each connection's next deadline, taken from smoltcp's own
-//!   `poll_at`. No step of a poll or of a frame's handling walks the
-//!   connections.
+//!   `poll_at`; the deadline is also kept in the connection's slot, so
+//!   that an entry whose deadline moved or whose connection left is
+//!   told from the dense slots alone. No step of a poll or of a frame's
+//!   handling walks the connections.
 //! * **Listening without a backlog walk.** A listening port keeps its
 //!   half-open connections in arrival order, at most
 //!   [`Config::half_open`]: a SYN past that drops the oldest (counted). An
@@ -289,8 +291,6 @@ struct Conn {
     queued: bool,
     /// In the list of connections [`Stack::take_active`] hands out.
     active: bool,
-    /// The deadline of the heap entry that stands for this connection.
-    deadline: Option<Instant>,
     /// Receive buffer bytes, counted against [`Config::rx_budget`].
     rx_capacity: usize,
     /// The last visit that found data in a buffer or changed the state.
@@ -345,6 +345,11 @@ struct Listener {
 /// A slot of the connection slab.
 struct Slot {
     generation: u32,
+    /// The deadline of the heap entry that stands for the connection.
+    /// Kept here rather than in the connection, so that the timer heap
+    /// tells its stale entries (and rebuilds itself) from these dense
+    /// slots, without reading thousands of connections out of the cache.
+    deadline: Option<Instant>,
     conn: Option<Box<Conn>>,
 }
 
@@ -816,11 +821,27 @@ fn slot_conn(slots: &[Slot], id: ConnId) -> Option<&Conn> {
 
 /// [`slot_conn`], mutably.
 fn slot_conn_mut(slots: &mut [Slot], id: ConnId) -> Option<&mut Conn> {
+    slot_parts_mut(slots, id).map(|(_, c)| c)
+}
+
+/// [`slot_conn_mut`], with the deadline its slot keeps for it.
+fn slot_parts_mut(slots: &mut [Slot], id: ConnId) -> Option<(&mut Option<Instant>, &mut Conn)> {
     let slot = slots.get_mut(id.index as usize)?;
     if slot.generation != id.generation {
         return None;
     }
-    slot.conn.as_deref_mut()
+    let Slot { deadline, conn, .. } = slot;
+    Some((deadline, conn.as_deref_mut()?))
+}
+
+/// The deadline of the connection `id` names, as its slot keeps it;
+/// `None` if it has none or is gone. Reads the slot only.
+fn slot_deadline(slots: &[Slot], id: ConnId) -> Option<Instant> {
+    let slot = slots.get(id.index as usize)?;
+    if slot.generation != id.generation || slot.conn.is_none() {
+        return None;
+    }
+    slot.deadline
 }
 
 impl Core {
@@ -942,6 +963,7 @@ impl Core {
                 };
                 self.slots.push(Slot {
                     generation: 0,
+                    deadline: None,
                     conn: None,
                 });
                 i
@@ -1004,7 +1026,6 @@ impl Core {
             orphan: false,
             queued: false,
             active: false,
-            deadline: None,
             probe: Probe::None,
             rx_capacity,
             visited: self.now,
@@ -1015,7 +1036,9 @@ impl Core {
             self.free.push(index);
             return Err(Error::Exhausted);
         }
-        self.slots[index as usize].conn = Some(Box::new(conn));
+        let slot = &mut self.slots[index as usize];
+        slot.deadline = None;
+        slot.conn = Some(Box::new(conn));
         self.rx_held += rx_capacity;
         self.live += 1;
         Ok(id)
@@ -1029,6 +1052,7 @@ impl Core {
             return None;
         }
         let c = slot.conn.take()?;
+        slot.deadline = None;
         slot.generation = slot.generation.wrapping_add(1);
         if slot.generation != 0 {
             self.free.push(id.index);
@@ -1273,7 +1297,7 @@ impl Core {
             return changed;
         }
         let idle_release = self.config.idle_release.is_some();
-        let Some(c) = slot_conn_mut(&mut self.slots, id) else {
+        let Some((deadline, c)) = slot_parts_mut(&mut self.slots, id) else {
             return changed;
         };
         // A visit that leaves data in either buffer is activity; one for
@@ -1290,12 +1314,12 @@ impl Core {
         match c.iface.poll_at(now, &c.sockets) {
             Some(t) if t <= now => due = true,
             Some(t) => {
-                if c.deadline != Some(t) {
-                    c.deadline = Some(t);
+                if *deadline != Some(t) {
+                    *deadline = Some(t);
                     timer = Some(t);
                 }
             }
-            None => c.deadline = None,
+            None => *deadline = None,
         }
         // A visit that brought no data and changed no state gives the
         // application nothing to read, and nothing to write if it has
@@ -1434,13 +1458,13 @@ impl Core {
             }
             self.timers.pop();
             let id = ConnId { index, generation };
-            let Some(c) = slot_conn_mut(&mut self.slots, id) else {
-                continue;
-            };
-            if c.deadline != Some(t) {
+            if slot_deadline(&self.slots, id) != Some(t) {
                 continue;
             }
-            c.deadline = None;
+            let Some((deadline, c)) = slot_parts_mut(&mut self.slots, id) else {
+                continue;
+            };
+            *deadline = None;
             // A visit now would probe the peer's closed window: the probe
             // takes a turn first (`crate::probe`).
             let probes = c.probe == Probe::None
@@ -1461,8 +1485,7 @@ impl Core {
         if self.timers.len() > 2 * self.live + 64 {
             let slots = &self.slots;
             self.timers.retain(|&Reverse((t, index, generation))| {
-                slot_conn(slots, ConnId { index, generation })
-                    .is_some_and(|c| c.deadline == Some(t))
+                slot_deadline(slots, ConnId { index, generation }) == Some(t)
             });
         }
     }
@@ -1470,8 +1493,7 @@ impl Core {
     /// The earliest live deadline, dropping stale entries on the way.
     fn next_timer(&mut self) -> Option<Instant> {
         while let Some(&Reverse((t, index, generation))) = self.timers.peek() {
-            let id = ConnId { index, generation };
-            if self.conn(id).is_some_and(|c| c.deadline == Some(t)) {
+            if slot_deadline(&self.slots, ConnId { index, generation }) == Some(t) {
                 return Some(t);
             }
             self.timers.pop();
@@ -1608,6 +1630,13 @@ impl<D: Device> Stack<D> {
     /// Open connections (any state, until released).
     pub fn connection_count(&self) -> usize {
         self.core.live
+    }
+
+    /// Entries of the timer heap, stale ones included (deadlines that
+    /// moved, connections released): at most about twice the open
+    /// connections, for tests and diagnostics.
+    pub fn timer_entries(&self) -> usize {
+        self.core.timers.len()
     }
 
     /// Entries of the flow table (one per open connection).

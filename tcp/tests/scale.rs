@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{connect, data, idle_for, sharing_frames, sharing_frames_seeded, PORT};
-use iwarp_tcp::sim::{LinkConfig, Sim, Step};
+use common::{connect, data, idle_for, one_way_on, sharing_frames, sharing_frames_seeded, PORT};
+use iwarp_tcp::sim::{Faults, LinkConfig, Sim, Step};
 use iwarp_tcp::{Config, ConnId, Error, FRAME_RUN_BUCKETS, MIN_BUFFER, PROBE_LIMIT};
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::time::Duration;
@@ -466,7 +466,7 @@ fn windows_left_unused_are_retracted_within_the_frames() {
     let pairs = open_many(&mut sim, N);
     for (i, &(a, b)) in pairs.iter().enumerate() {
         let hello = data(100, i as u64);
-        assert_eq!(common::one_way_on(&mut sim, a, b, &hello), hello);
+        assert_eq!(one_way_on(&mut sim, a, b, &hello), hello);
         idle_for(&mut sim, Duration::from_millis(100));
     }
     idle_for(&mut sim, Duration::from_secs(3));
@@ -631,7 +631,7 @@ fn a_window_its_peer_leaves_unused_is_retracted_without_a_frame_arriving() {
         // B acknowledges the few bytes with a window of the whole pool,
         // which their peer leaves unused.
         let few = data(100, 1);
-        assert_eq!(common::one_way_on(&mut sim, a1, b1, &few), few);
+        assert_eq!(one_way_on(&mut sim, a1, b1, &few), few);
         idle_for(&mut sim, Duration::from_millis(50));
         let (a2, b2) = connect(&mut sim, 40001, Duration::from_secs(5));
         let len = 128 * sim.b.local_mss();
@@ -699,7 +699,7 @@ fn peers_quiet_after_a_loss_get_their_window_back() {
         let mut sim = sharing_frames_seeded(FRAMES, seed);
         let mss = sim.b.local_mss();
         let pairs = open_many(&mut sim, N);
-        sim.set_faults(iwarp_tcp::sim::Faults::loss(0.03));
+        sim.set_faults(Faults::loss(0.03));
         stream_each(&mut sim, &pairs, 40 * mss, true);
         let counters = sim.b.counters();
         retracted += counters.windows_retracted;
@@ -934,4 +934,66 @@ fn conn_switches_count_frames_that_change_connection() {
     );
     assert_eq!(runs.iter().sum::<u64>(), switches, "runs {runs:?}");
     assert!(runs[2..].iter().sum::<u64>() >= 1, "runs {runs:?}");
+}
+
+/// Each visit that moves a connection's deadline pushes a timer entry,
+/// and the deadline itself is kept in the connection's slot: entries of
+/// moved deadlines and of released connections are told apart from
+/// there and never outnumber the live ones for long. A released
+/// connection's entry is dropped when the heap is next looked at, and
+/// the connection that takes its slot runs on timers of its own.
+#[test]
+fn stale_timer_entries_are_dropped() {
+    let quiet = Config {
+        idle_release: None,
+        ..small()
+    };
+    let mut sim = Sim::new(quiet, quiet, LinkConfig::default());
+    let pairs = open_many(&mut sim, 32);
+    for round in 0..40u8 {
+        let mut got = vec![0usize; pairs.len()];
+        for &(a, _) in &pairs {
+            assert_eq!(sim.a.send_slice(a, &[round; 300]), Ok(300));
+        }
+        let limit = sim.now + Duration::from_secs(5);
+        sim.run(limit, |s| {
+            for (i, &(_, b)) in pairs.iter().enumerate() {
+                got[i] += s.b.recv(b, |buf| buf.len()).unwrap();
+            }
+            let live = s.a.connection_count();
+            assert!(
+                s.a.timer_entries() <= 3 * live + 64,
+                "{} timer entries for {live} connections",
+                s.a.timer_entries()
+            );
+            if got.iter().all(|&n| n == 300) {
+                Step::Done
+            } else {
+                Step::Idle
+            }
+        })
+        .unwrap();
+    }
+    // Let every acknowledgement and delayed-ACK timer run out.
+    idle_for(&mut sim, Duration::from_secs(2));
+    let _ = sim.a.poll_at(sim.now);
+    assert_eq!(sim.a.timer_entries(), 0);
+    // One connection's segment is lost: its retransmission timer is the
+    // heap's one entry.
+    sim.set_faults(Faults::loss(1.0));
+    let (x, _) = pairs[7];
+    assert_eq!(sim.a.send_slice(x, b"lost"), Ok(4));
+    sim.poll();
+    let rto = sim.a.poll_at(sim.now).expect("a retransmission timer");
+    assert!(rto > sim.now);
+    assert_eq!(sim.a.timer_entries(), 1);
+    // Released with its timer running, the connection's entry is stale:
+    // the next look at the heap drops it.
+    sim.a.release(x).unwrap();
+    let _ = sim.a.poll_at(sim.now);
+    assert_eq!(sim.a.timer_entries(), 0);
+    // The next connection takes the slot and has deadlines of its own.
+    sim.set_faults(Faults::default());
+    let (y, b) = connect(&mut sim, 40000, Duration::from_secs(1));
+    assert_eq!(one_way_on(&mut sim, y, b, b"again"), b"again");
 }
