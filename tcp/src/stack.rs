@@ -349,6 +349,8 @@ struct Slot {
     /// Kept here rather than in the connection, so that the timer heap
     /// tells its stale entries (and rebuilds itself) from these dense
     /// slots, without reading thousands of connections out of the cache.
+    /// Cleared when the connection is removed, so a reused slot starts
+    /// with none.
     deadline: Option<Instant>,
     conn: Option<Box<Conn>>,
 }
@@ -1036,9 +1038,7 @@ impl Core {
             self.free.push(index);
             return Err(Error::Exhausted);
         }
-        let slot = &mut self.slots[index as usize];
-        slot.deadline = None;
-        slot.conn = Some(Box::new(conn));
+        self.slots[index as usize].conn = Some(Box::new(conn));
         self.rx_held += rx_capacity;
         self.live += 1;
         Ok(id)
@@ -1458,12 +1458,12 @@ impl Core {
             }
             self.timers.pop();
             let id = ConnId { index, generation };
-            if slot_deadline(&self.slots, id) != Some(t) {
-                continue;
-            }
             let Some((deadline, c)) = slot_parts_mut(&mut self.slots, id) else {
                 continue;
             };
+            if *deadline != Some(t) {
+                continue;
+            }
             *deadline = None;
             // A visit now would probe the peer's closed window: the probe
             // takes a turn first (`crate::probe`).
