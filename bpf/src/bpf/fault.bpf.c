@@ -198,13 +198,11 @@ static __always_inline int port_matches(const struct fault_config *cfg, __be16 s
 static __always_inline void corrupt(struct xdp_md *ctx, const struct fault_config *cfg,
 				    struct iphdr *ip, struct tcphdr *tcp, __u32 ihl)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
 	__u32 thl = tcp->doff * 4;
 	__u32 tot = bpf_ntohs(ip->tot_len);
 	__u32 plen, off, pos, sum, zero = 0;
 	__u16 m_old, m_new;
-	__u8 *p, old, mask;
+	__u8 old, mask;
 	__u64 r;
 
 	if (thl < sizeof(*tcp) || tot <= ihl + thl)
@@ -222,14 +220,11 @@ static __always_inline void corrupt(struct xdp_md *ctx, const struct fault_confi
 	if (!mask)
 		mask = 0x5a;
 	pos = sizeof(struct ethhdr) + ihl + thl + off;
-	/* Frames are at most a page; the bound lets the verifier track p. */
-	if (pos > 0x3fff)
+	/* The byte may lie in a fragment of a multi-buffer frame, beyond
+	 * the linear part: read and write it through the helpers, which
+	 * reach every fragment. The header fields are in the linear part. */
+	if (bpf_xdp_load_bytes(ctx, pos, &old, 1))
 		return;
-	p = data + pos;
-	if ((void *)(p + 1) > data_end)
-		return;
-	old = *p;
-	*p = old ^ mask;
 	/* Checksum words start at the TCP header, whose length is a multiple
 	 * of four: an even payload offset is a word's high byte. */
 	if (off & 1) {
@@ -245,10 +240,14 @@ static __always_inline void corrupt(struct xdp_md *ctx, const struct fault_confi
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	tcp->check = bpf_htons((__u16)~sum);
+	old ^= mask;
+	if (bpf_xdp_store_bytes(ctx, pos, &old, 1))
+		return;
 	count(FAULT_CNT_CORRUPTED);
 }
 
-SEC("xdp")
+/* frags: attaches at any MTU, and sees multi-buffer frames whole. */
+SEC("xdp.frags")
 int iwarp_fault_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;

@@ -186,7 +186,10 @@ static __always_inline int steer_ipv4(struct xdp_md *ctx, const struct steer_con
 	return to_engine(ctx, cfg);
 }
 
-SEC("xdp")
+/* frags: the program reads only headers, which lie in the linear part,
+ * so it takes multi-buffer frames as they are; a veth end then accepts
+ * MTUs above a page in native mode too. */
+SEC("xdp.frags")
 int iwarp_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;

@@ -1,11 +1,13 @@
 //! [`XskDevice`]: a `smoltcp::phy::Device` over the UMEM.
 //!
-//! A receive token borrows one received UMEM frame: smoltcp reads the
-//! frame in place and the frame is recycled (to the fill ring, at the next
-//! refill) as soon as the token is consumed. A transmit token takes a free
-//! UMEM frame, lets smoltcp write the frame straight into it and queues it
-//! for the tx ring (submitted by [`Frames::tx_burst`]). No frame is
-//! copied between the UMEM and smoltcp's own buffers.
+//! A receive token borrows one received frame: smoltcp reads it in place
+//! in the UMEM (a multi-buffer frame too: its chunks lie one after the
+//! other, see `umem`), and its chunks are recycled (to the fill ring, at
+//! the next refill) as soon as the token is consumed. A transmit token
+//! takes a free transmit slot, lets smoltcp write the frame straight into
+//! it and queues it for the tx ring (submitted by [`Frames::tx_burst`],
+//! one descriptor per chunk). No frame is copied between the UMEM and
+//! smoltcp's own buffers.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -16,15 +18,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::umem::{rx_bytes, tx_bytes, Frames, Layout, RingCounters, RxFrame};
+use super::xsk::Area;
 use crossbeam_queue::ArrayQueue;
 use iwarp_capture::pcap::PcapWriter;
 use iwarp_tcp::smoltcp::phy::{self, Checksum, DeviceCapabilities, Medium};
 use iwarp_tcp::smoltcp::time::Instant;
 use iwarp_tcp::Stack;
-use xsk_rs::umem::frame::FrameDesc;
-use xsk_rs::umem::Umem;
-
-use super::umem::{Frames, RingCounters};
 
 /// Ethernet header length (smoltcp's MTU of an Ethernet device counts it).
 pub(crate) const ETH_HEADER: usize = 14;
@@ -300,7 +300,7 @@ impl Forward {
 pub(crate) struct XskDevice {
     pub(crate) frames: Frames,
     /// The received burst not yet handed to smoltcp.
-    rx: VecDeque<FrameDesc>,
+    rx: VecDeque<RxFrame>,
     /// IP MTU.
     mtu: usize,
     pcap: Option<RefCell<Pcap>>,
@@ -345,7 +345,7 @@ impl XskDevice {
         }
         Ok(Self {
             frames,
-            rx: VecDeque::with_capacity(super::umem::RX_BURST),
+            rx: VecDeque::with_capacity(2 * super::umem::RX_BURST),
             mtu,
             pcap: pcap.map(RefCell::new),
             scratch: Vec::new(),
@@ -396,15 +396,13 @@ impl XskDevice {
     fn forward_foreign(&mut self, from: usize) {
         let mut i = from;
         while i < self.rx.len() {
-            let desc = self.rx[i];
-            // SAFETY: `desc` came from this UMEM's rx ring and is user
-            // space's until it is recycled; nothing writes to it meanwhile.
-            let data = unsafe { self.frames.umem.data(&desc) };
-            match self.forward.dest(data.contents()) {
+            let frame = self.rx[i];
+            let data = self.frames.bytes(&frame);
+            match self.forward.dest(data) {
                 Dest::Here => i += 1,
                 Dest::There(owner) => {
                     if let Some(inbox) = self.forward.inboxes.get(owner) {
-                        if inbox.push(data.contents()) {
+                        if inbox.push(data) {
                             self.forwarded = true;
                             self.forwarded_out += 1;
                         } else {
@@ -418,7 +416,7 @@ impl XskDevice {
                 Dest::Everywhere => {
                     for (j, _) in &self.forward.others {
                         if let Some(inbox) = self.forward.inboxes.get(*j) {
-                            if inbox.push(data.contents()) {
+                            if inbox.push(data) {
                                 self.forwarded = true;
                             } else {
                                 self.forward_dropped += 1;
@@ -456,12 +454,13 @@ impl XskDevice {
 
 /// Borrows one received frame.
 pub(crate) struct XskRx<'a> {
-    umem: &'a Umem,
-    desc: Option<FrameDesc>,
+    area: &'a Area,
+    gather: &'a [Box<[u8]>],
+    frame: Option<RxFrame>,
     /// A frame another engine received for this one, and the inbox its
     /// buffer goes back to.
     owned: Option<(FrameBuf, &'a Inbox)>,
-    recycle: &'a mut Vec<FrameDesc>,
+    recycle: &'a mut Vec<RxFrame>,
     pcap: Option<&'a RefCell<Pcap>>,
     ts: Instant,
 }
@@ -479,22 +478,20 @@ impl phy::RxToken for XskRx<'_> {
             home.give_back(frame);
             return r;
         }
-        let desc = self.desc.take().expect("consumed once");
-        // SAFETY: `desc` came from this UMEM's rx ring and is user space's
-        // until it is recycled below; nothing writes to it meanwhile.
-        let data = unsafe { self.umem.data(&desc) };
+        let frame = self.frame.take().expect("consumed once");
+        let data = rx_bytes(self.area, self.gather, &frame);
         if let Some(p) = self.pcap {
-            p.borrow_mut().record(self.ts, data.contents());
+            p.borrow_mut().record(self.ts, data);
         }
-        let r = f(data.contents());
-        self.recycle.push(desc);
+        let r = f(data);
+        self.recycle.push(frame);
         r
     }
 }
 
 impl Drop for XskRx<'_> {
     fn drop(&mut self) {
-        if let Some(d) = self.desc.take() {
+        if let Some(d) = self.frame.take() {
             self.recycle.push(d);
         }
         if let Some((frame, home)) = self.owned.take() {
@@ -503,11 +500,12 @@ impl Drop for XskRx<'_> {
     }
 }
 
-/// Writes one frame into a free UMEM frame.
+/// Writes one frame into a free transmit slot.
 pub(crate) struct XskTx<'a> {
-    umem: &'a Umem,
-    free: &'a mut Vec<FrameDesc>,
-    pending: &'a mut VecDeque<FrameDesc>,
+    area: &'a Area,
+    layout: Layout,
+    free: &'a mut Vec<u32>,
+    pending: &'a mut VecDeque<(u32, u32)>,
     counters: &'a mut RingCounters,
     scratch: &'a mut Vec<u8>,
     pcap: Option<&'a RefCell<Pcap>>,
@@ -519,21 +517,19 @@ impl phy::TxToken for XskTx<'_> {
     where
         F: FnOnce(&mut [u8]) -> R,
     {
-        if let Some(mut desc) = self.free.pop() {
-            // SAFETY: `desc` was in `free`: a frame of this UMEM that
-            // neither the kernel nor any other reference uses.
-            let mut data = unsafe { self.umem.data_mut(&mut desc) };
-            let mut cursor = data.cursor();
-            if cursor.buf_len() >= len {
-                cursor.set_pos(len);
-                let r = f(data.contents_mut());
+        if len <= self.layout.frame_len {
+            if let Some(slot) = self.free.pop() {
+                // SAFETY: `slot` was in `free`: a transmit slot of this
+                // UMEM that neither the kernel nor any other reference
+                // uses until it is queued below.
+                let data = unsafe { tx_bytes(self.area, &self.layout, slot) };
+                let r = f(&mut data[..len]);
                 if let Some(p) = self.pcap {
-                    p.borrow_mut().record(self.ts, data.contents());
+                    p.borrow_mut().record(self.ts, &data[..len]);
                 }
-                self.pending.push_back(desc);
+                self.pending.push_back((slot, len as u32));
                 return r;
             }
-            self.free.push(desc);
         }
         self.counters.tx_no_frame += 1;
         self.scratch.resize(len, 0);
@@ -548,33 +544,28 @@ impl phy::Device for XskDevice {
     fn receive(&mut self, ts: Instant) -> Option<(XskRx<'_>, XskTx<'_>)> {
         let home = self.forward.inboxes.get(self.forward.me);
         let owned = home.and_then(|h| Some((self.inbox.pop_front()?, &**h)));
-        let desc = match owned {
+        let frame = match owned {
             Some(_) => None,
             None => Some(self.rx.pop_front()?),
         };
-        let Frames {
-            umem,
-            free,
-            recycle,
-            tx_pending,
-            counters,
-            ..
-        } = &mut self.frames;
+        let parts = self.frames.split();
         let pcap = self.pcap.as_ref();
         Some((
             XskRx {
-                umem,
-                desc,
+                area: parts.area,
+                gather: parts.gather,
+                frame,
                 owned,
-                recycle,
+                recycle: parts.recycle,
                 pcap,
                 ts,
             },
             XskTx {
-                umem,
-                free,
-                pending: tx_pending,
-                counters,
+                area: parts.area,
+                layout: parts.layout,
+                free: parts.tx_free,
+                pending: parts.tx_pending,
+                counters: parts.counters,
                 scratch: &mut self.scratch,
                 pcap,
                 ts,
@@ -586,20 +577,16 @@ impl phy::Device for XskDevice {
         // The frames written so far go while still in the cache.
         self.frames.tx_burst_if_due();
         // No frame: smoltcp keeps the data and retries at the next poll.
-        let desc = self.frames.take_free()?;
-        self.frames.free.push(desc);
-        let Frames {
-            umem,
-            free,
-            tx_pending,
-            counters,
-            ..
-        } = &mut self.frames;
+        if !self.frames.has_free() {
+            return None;
+        }
+        let parts = self.frames.split();
         Some(XskTx {
-            umem,
-            free,
-            pending: tx_pending,
-            counters,
+            area: parts.area,
+            layout: parts.layout,
+            free: parts.tx_free,
+            pending: parts.tx_pending,
+            counters: parts.counters,
             scratch: &mut self.scratch,
             pcap: self.pcap.as_ref(),
             ts,

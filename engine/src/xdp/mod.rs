@@ -24,6 +24,7 @@ mod raw;
 pub(crate) mod set;
 pub(crate) mod umem;
 pub(crate) mod worker;
+pub(crate) mod xsk;
 
 use std::net::Ipv4Addr;
 use std::ops::RangeInclusive;
@@ -62,9 +63,13 @@ pub struct XdpConfig {
     pub gateway: Option<Ipv4Addr>,
     /// Our MAC address (`None`: the interface's).
     pub mac: Option<[u8; 6]>,
-    /// IP MTU; at most the interface's (veth native XDP: at most 3506).
+    /// IP MTU; at most the interface's. A frame longer than one UMEM
+    /// chunk (MTU above 3826) is received and sent in several chunks
+    /// (multi-buffer AF_XDP, Linux 6.6 and later); the steering program
+    /// is frags-aware, so veth takes such MTUs in native mode too.
     pub mtu: usize,
-    /// UMEM frames (half for the fill ring, half for transmit).
+    /// UMEM frames (half for the fill ring, half for transmit); a frame
+    /// takes as many chunks as its length needs.
     pub frames: u32,
     /// Local ports of outgoing connections (and of `listen` on port 0);
     /// split into equal disjoint parts, one per engine, with several
@@ -145,8 +150,9 @@ impl XdpConfig {
         Some(u16::try_from(start).ok()?..=u16::try_from(end).ok()?)
     }
 
-    /// UMEM frame size: the smallest power of two holding an MTU-sized
-    /// Ethernet frame after the 256 bytes of XDP headroom.
+    /// UMEM chunk size: the smallest power of two holding an MTU-sized
+    /// Ethernet frame after the 256 bytes of XDP headroom, at most a
+    /// page (larger frames take several chunks).
     pub(crate) fn frame_size(&self) -> u32 {
         if self.mtu + 14 + 256 <= 2048 {
             2048
@@ -206,6 +212,11 @@ pub struct EngineStats {
 pub struct XdpStats {
     /// The mode the steering program runs in, once attached.
     pub mode: Option<ActiveMode>,
+    /// The socket is bound in zero-copy mode (the driver offers it);
+    /// false: copy mode, the fallback (veth).
+    pub zero_copy: bool,
+    /// Frames may span several UMEM chunks (bound with `XDP_USE_SG`).
+    pub multi_buffer: bool,
     /// Counters of the four AF_XDP rings and the UMEM frame pool.
     pub rings: RingCounters,
     /// The steering XDP program's counters, summed over CPUs.

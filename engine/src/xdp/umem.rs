@@ -1,31 +1,45 @@
 //! The UMEM of one AF_XDP socket, its four rings and the frame pool.
 //!
-//! Ownership of a frame moves between user space and the kernel only
-//! through the rings; a [`FrameDesc`] is in exactly one place at a time:
+//! The area holds two parts:
 //!
-//! * `free` (user space, unused),
+//! * **receive chunks**, `rx_slots` of them. In copy mode chunk `s`
+//!   starts at `s × (chunk − 256)`: the kernel writes a frame after the
+//!   256 bytes of XDP headroom, so the data part of each chunk ends where
+//!   the next one's begins, and a frame the kernel spreads over several
+//!   chunks taken from the fill ring in order lies in one piece of the
+//!   area. smoltcp reads it there, as it reads a frame of one chunk. The
+//!   fill ring is stocked in slot order for that; a frame whose chunks
+//!   do not follow each other (at the wrap from the last slot to the
+//!   first, or in zero-copy mode, where chunks are page-aligned and a
+//!   driver may recycle them in any order) is gathered into a buffer of
+//!   the device, counted in [`RingCounters::rx_gathered`].
+//! * **transmit slots**, each as long as the largest frame rounded up to
+//!   whole chunks: smoltcp writes a frame into one slot in one piece,
+//!   and the tx ring gets one descriptor per chunk of it
+//!   (`XDP_PKT_CONTD` on all but the last).
+//!
+//! Ownership of a chunk or slot moves between user space and the kernel
+//! only through the rings; each is in exactly one place at a time:
+//!
+//! * free (user space, unused: `rx_free`, `tx_free`),
 //! * the fill ring (the kernel may write a received frame into it),
-//! * the received batch / `recycle` (user space, holding received bytes),
+//! * a received frame in the device's queue or in `recycle` (user space,
+//!   holding received bytes),
 //! * `tx_pending` (user space, written by smoltcp, not submitted yet),
-//! * the tx ring until the completion ring hands it back.
+//! * the tx ring until the completion ring hands every chunk of the slot
+//!   back.
 //!
-//! Every unsafe ring call below relies on that invariant: a descriptor
-//! passed to the kernel is not touched again until it comes back, and all
-//! descriptors belong to this one UMEM.
+//! Every unsafe ring or area call below relies on that invariant: memory
+//! passed to the kernel is not touched again until it comes back, and
+//! every address lies in this one area.
 
 use std::collections::VecDeque;
-use std::ffi::CString;
 use std::io;
-use std::num::NonZeroU32;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 
 use iwarp_tcp::csum::Checked;
-use xsk_rs::config::{
-    BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
-};
-use xsk_rs::socket::{RxQueue, Socket, TxQueue};
-use xsk_rs::umem::frame::FrameDesc;
-use xsk_rs::umem::{CompQueue, FillQueue, Umem};
+
+use super::xsk::{Area, BindMode, Desc, Xsk, XskLayout, XskStats, XDP_HEADROOM};
 
 /// Most frames taken from the rx ring per burst, as many as smoltcp's
 /// ingress budget takes per poll (`iwarp_tcp::Config::ingress_budget`).
@@ -51,6 +65,19 @@ pub const TX_FLUSH_FRAMES: usize = 64;
 pub struct RingCounters {
     /// Frames taken from the rx ring.
     pub rx_frames: u64,
+    /// Of those, frames that spanned several chunks (multi-buffer).
+    pub rx_multi_buffer: u64,
+    /// Multi-buffer frames whose chunks did not lie one after the other,
+    /// copied into one buffer before smoltcp read them.
+    pub rx_gathered: u64,
+    /// Received frames dropped because their descriptors were
+    /// inconsistent: a chunk outside the receive part of the UMEM or not
+    /// at a chunk's data start, a part of a frame shorter than a chunk
+    /// before its last, more parts than the largest frame needs, or a
+    /// length that differs from the IPv4 header's. Never placed.
+    pub rx_bad_frames: u64,
+    /// Multi-buffer frames dropped because no gather buffer was free.
+    pub rx_gather_full: u64,
     /// Frames submitted to the tx ring.
     pub tx_frames: u64,
     /// Frames returned by the completion ring.
@@ -75,35 +102,236 @@ pub struct RingCounters {
     pub tx_early_bursts: u64,
 }
 
-/// The UMEM, its rings and the frames user space owns.
+/// Where the UMEM's parts lie and how large they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Chunk size.
+    pub(crate) chunk: u32,
+    /// Distance between two receive chunks: `chunk − 256` in copy mode
+    /// (their data parts touch), `chunk` in zero-copy mode.
+    pub(crate) stride: u64,
+    /// Receive chunks.
+    pub(crate) rx_slots: u32,
+    /// The largest frame (Ethernet header included).
+    pub(crate) frame_len: usize,
+    /// Most chunks a received frame takes.
+    pub(crate) rx_parts: usize,
+    /// Where the transmit slots start.
+    pub(crate) tx_base: u64,
+    /// Bytes of one transmit slot (whole chunks).
+    pub(crate) tx_slot: u64,
+    /// Transmit slots.
+    pub(crate) tx_slots: u32,
+    /// Entries of the fill and rx rings.
+    pub(crate) rx_ring: u32,
+    /// Entries of the tx and completion rings.
+    pub(crate) tx_ring: u32,
+}
+
+impl Layout {
+    /// The layout for `frames` frames (half to receive, half to
+    /// transmit, as many chunks as a frame of `frame_len` bytes takes
+    /// each) in chunks of `chunk` bytes.
+    pub(crate) fn new(frames: u32, chunk: u32, frame_len: usize) -> io::Result<Self> {
+        if !(chunk == 2048 || chunk == 4096) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("chunk size {chunk}: 2048 or 4096"),
+            ));
+        }
+        let data = (chunk - XDP_HEADROOM) as usize;
+        let rx_parts = frame_len.div_ceil(data).max(1);
+        let tx_parts = frame_len.div_ceil(chunk as usize).max(1);
+        if rx_parts > MAX_PARTS || frame_len > 65_535 + 14 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a frame of {frame_len} bytes does not fit {MAX_PARTS} chunks of {chunk}"),
+            ));
+        }
+        let half = (frames / 2).next_power_of_two().max(64);
+        let rx_ring = (half as usize * rx_parts).next_power_of_two().min(MAX_RING) as u32;
+        let tx_ring = (half as usize * tx_parts).next_power_of_two().min(MAX_RING) as u32;
+        // Beyond what the fill ring holds, the frames of the bursts the
+        // device holds: the slot the fill ring takes next is then
+        // always back.
+        let rx_slots = rx_ring + (2 * RX_BURST * rx_parts) as u32;
+        let tx_slot = (tx_parts as u64) * u64::from(chunk);
+        let tx_slots = (tx_ring / tx_parts as u32).max(1);
+        // Sized for the zero-copy stride, the larger one.
+        let tx_base = (u64::from(rx_slots) * u64::from(chunk)).next_multiple_of(4096);
+        Ok(Self {
+            chunk,
+            stride: u64::from(chunk - XDP_HEADROOM),
+            rx_slots,
+            frame_len,
+            rx_parts,
+            tx_base,
+            tx_slot,
+            tx_slots,
+            rx_ring,
+            tx_ring,
+        })
+    }
+
+    /// Bytes of the area.
+    pub(crate) fn area(&self) -> usize {
+        (self.tx_base + self.tx_slot * u64::from(self.tx_slots)) as usize
+    }
+
+    /// Whether a frame takes several chunks.
+    pub(crate) fn multi_buffer(&self) -> bool {
+        self.rx_parts > 1 || self.tx_slot > u64::from(self.chunk)
+    }
+
+    /// Data bytes of one receive chunk.
+    fn data(&self) -> u64 {
+        u64::from(self.chunk - XDP_HEADROOM)
+    }
+
+    /// The fill-ring address of receive chunk `slot`.
+    fn rx_addr(&self, slot: u32) -> u64 {
+        u64::from(slot) * self.stride
+    }
+
+    /// The slot whose data part starts at `addr` (a received
+    /// descriptor's address), if one does.
+    fn rx_slot(&self, addr: u64) -> Option<u32> {
+        let off = addr.checked_sub(u64::from(XDP_HEADROOM))?;
+        let slot = off / self.stride;
+        (off % self.stride == 0 && slot < u64::from(self.rx_slots)).then_some(slot as u32)
+    }
+
+    /// The tx slot an address of a transmit chunk belongs to.
+    fn tx_slot_of(&self, addr: u64) -> Option<u32> {
+        let off = addr.checked_sub(self.tx_base)?;
+        let slot = off / self.tx_slot;
+        (slot < u64::from(self.tx_slots)).then_some(slot as u32)
+    }
+}
+
+/// Most chunks a frame may take: one Ethernet frame of 64 KiB in data
+/// parts of 1792 bytes.
+const MAX_PARTS: usize = 37;
+/// Largest ring the engine asks for.
+const MAX_RING: usize = 1 << 16;
+
+/// A received frame the device holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RxFrame {
+    /// Bytes of the frame.
+    pub(crate) len: u32,
+    pub(crate) at: RxAt,
+}
+
+/// Where a received frame's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RxAt {
+    /// In the area from `addr`, in `slots` receive chunks from `slot` on.
+    Umem { addr: u64, slot: u32, slots: u16 },
+    /// In gather buffer `n` (its chunks are free again).
+    Gathered(u16),
+}
+
+/// What one received descriptor run turned into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Parsed {
+    /// A frame in consecutive chunks from `slot`, its data in one piece.
+    Whole { slot: u32, slots: u16, len: u32 },
+    /// A frame whose chunks do not follow each other (`slots` of them,
+    /// read from the descriptors again to gather).
+    Scattered { len: u32 },
+    /// Inconsistent descriptors: counted, chunks recycled, never placed.
+    Bad,
+}
+
+/// Judge the descriptors of one frame (all but the last with
+/// `XDP_PKT_CONTD`). `slot_of` tells each chunk's slot. Only checks what
+/// can be checked without reading the frame.
+fn parse(layout: &Layout, descs: &[Desc]) -> Parsed {
+    let data = layout.data();
+    let mut len = 0u64;
+    let mut run = true;
+    let mut first = 0;
+    for (i, d) in descs.iter().enumerate() {
+        let Some(slot) = layout.rx_slot(d.addr) else {
+            return Parsed::Bad;
+        };
+        let last = i + 1 == descs.len();
+        if u64::from(d.len) > data || (!last && u64::from(d.len) != data) || d.len == 0 {
+            return Parsed::Bad;
+        }
+        if i == 0 {
+            first = slot;
+        } else if slot != first.wrapping_add(i as u32) || layout.stride != data {
+            run = false;
+        }
+        len += u64::from(d.len);
+    }
+    if descs.len() > layout.rx_parts || len > layout.frame_len as u64 || descs.is_empty() {
+        return Parsed::Bad;
+    }
+    let len = len as u32;
+    if run {
+        Parsed::Whole {
+            slot: first,
+            slots: descs.len() as u16,
+            len,
+        }
+    } else {
+        Parsed::Scattered { len }
+    }
+}
+
+/// Whether a multi-buffer frame's length is what its IPv4 header says
+/// (other frames: nothing to check here).
+fn length_matches(frame: &[u8]) -> bool {
+    match frame.get(12..14) {
+        Some([0x08, 0x00]) => {}
+        _ => return true,
+    }
+    match frame.get(16..18) {
+        Some(&[hi, lo]) => usize::from(u16::from_be_bytes([hi, lo])) + 14 == frame.len(),
+        _ => false,
+    }
+}
+
+/// The UMEM, its rings and the chunks user space owns.
 pub(crate) struct Frames {
-    // The queues hold the socket; the UMEM goes with the last of them.
-    rx: RxQueue,
-    tx: TxQueue,
-    fq: FillQueue,
-    cq: CompQueue,
-    pub(crate) umem: Umem,
-    /// Frames owned by user space and unused.
-    pub(crate) free: Vec<FrameDesc>,
+    xsk: Xsk,
+    pub(crate) layout: Layout,
+    /// Receive chunks user space owns and does not use.
+    rx_free: Vec<bool>,
+    /// The slot the fill ring takes next (slot order keeps multi-buffer
+    /// frames in one piece).
+    fill_next: u32,
     /// Received frames smoltcp is done with.
-    pub(crate) recycle: Vec<FrameDesc>,
-    /// Frames written for transmit, not yet in the tx ring.
-    pub(crate) tx_pending: VecDeque<FrameDesc>,
+    pub(crate) recycle: Vec<RxFrame>,
+    /// Gather buffers (multi-buffer frames in scattered chunks) and the
+    /// free ones.
+    pub(crate) gather: Vec<Box<[u8]>>,
+    gather_free: Vec<u16>,
+    /// Transmit slots user space owns and does not use.
+    pub(crate) tx_free: Vec<u32>,
+    /// Chunks of each transmit slot the kernel has not completed.
+    tx_out: Vec<u8>,
+    /// Frames written for transmit (slot, length), not yet in the tx ring.
+    pub(crate) tx_pending: VecDeque<(u32, u32)>,
     /// `tx_pending` length at which the frames are submitted during the
     /// pass: [`TX_FLUSH_FRAMES`] more than the last burst left behind
     /// (a full tx ring does not make every frame written try again).
     flush_at: usize,
-    /// Frames in the fill ring.
+    /// Chunks in the fill ring.
     in_fill: usize,
-    fill_size: usize,
-    /// Frames in the tx ring or not yet completed.
+    /// Transmit slots in the tx ring or not yet completed.
     in_tx: usize,
-    /// Slots of the tx ring.
-    tx_size: u32,
     /// A frame was wanted for transmit and none was free; cleared when
     /// completions return frames.
     starved: bool,
-    scratch: Vec<FrameDesc>,
+    /// Received descriptors of the frame being read.
+    descs: Vec<Desc>,
+    /// The parts read so far belong to a frame with more parts than the
+    /// largest frame takes: skip them up to its last.
+    skipping: bool,
     /// Bytes of data each frame holds.
     pub(crate) frame_mtu: usize,
     pub(crate) counters: RingCounters,
@@ -112,7 +340,9 @@ pub(crate) struct Frames {
 impl std::fmt::Debug for Frames {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Frames")
-            .field("free", &self.free.len())
+            .field("layout", &self.layout)
+            .field("mode", &self.xsk.mode)
+            .field("tx_free", &self.tx_free.len())
             .field("in_fill", &self.in_fill)
             .field("in_tx", &self.in_tx)
             .field("counters", &self.counters)
@@ -120,62 +350,56 @@ impl std::fmt::Debug for Frames {
     }
 }
 
-fn size(n: u32) -> io::Result<QueueSize> {
-    QueueSize::new(n).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
-}
-
 impl Frames {
-    /// A UMEM of `frames` frames of `frame_size` bytes (a power of two,
-    /// at most 4096), and an AF_XDP socket bound to `ifname` queue
-    /// `queue` in copy or zero-copy mode as the driver allows, without
-    /// libxdp's own XDP program. Half the frames go to the fill ring.
-    pub(crate) fn new(ifname: &str, queue: u32, frames: u32, frame_size: u32) -> io::Result<Self> {
-        let ring = (frames / 2).next_power_of_two().max(64);
-        let frames = NonZeroU32::new(frames.max(2 * ring))
-            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let umem_config = UmemConfig::builder()
-            .frame_size(
-                FrameSize::new(frame_size)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?,
-            )
-            .fill_queue_size(size(ring)?)
-            .comp_queue_size(size(ring)?)
-            .build()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let frame_mtu = umem_config.mtu() as usize;
-        let (umem, descs) =
-            Umem::new(umem_config, frames, false).map_err(|e| io::Error::other(e.to_string()))?;
-        let config = SocketConfig::builder()
-            .rx_queue_size(size(ring)?)
-            .tx_queue_size(size(ring)?)
-            .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
-            .bind_flags(BindFlags::XDP_USE_NEED_WAKEUP)
-            .build();
-        let name = Interface::new(
-            CString::new(ifname).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-        );
-        // SAFETY: the UMEM was just created and is used by this socket only.
-        let (tx, rx, fq_cq) = unsafe { Socket::new(config, &umem, &name, queue) }
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        let (fq, cq) = fq_cq.ok_or_else(|| io::Error::other("no fill/completion rings"))?;
+    /// A UMEM for `frames` frames of up to `frame_len` bytes in chunks
+    /// of `chunk` bytes (2048 or 4096), and an AF_XDP socket bound to
+    /// `ifname` queue `queue`, zero-copy where the driver can, else in
+    /// copy mode, multi-buffer when a frame takes more than one chunk.
+    pub(crate) fn new(
+        ifname: &str,
+        queue: u32,
+        frames: u32,
+        chunk: u32,
+        frame_len: usize,
+    ) -> io::Result<Self> {
+        let mut layout = Layout::new(frames, chunk, frame_len)?;
+        let xsk = Xsk::new(
+            ifname,
+            queue,
+            XskLayout {
+                area: layout.area(),
+                chunk,
+                rx_ring: layout.rx_ring,
+                tx_ring: layout.tx_ring,
+                multi_buffer: layout.multi_buffer(),
+            },
+        )?;
+        if xsk.mode == BindMode::ZeroCopy {
+            // Page-aligned chunks: a driver maps each one for DMA.
+            layout.stride = u64::from(chunk);
+        }
+        let gathers = if layout.rx_parts > 1 { RX_BURST } else { 0 };
         let mut me = Self {
-            rx,
-            tx,
-            fq,
-            cq,
-            umem,
-            free: descs,
-            recycle: Vec::with_capacity(RX_BURST),
-            tx_pending: VecDeque::with_capacity(ring as usize),
+            xsk,
+            rx_free: vec![true; layout.rx_slots as usize],
+            fill_next: 0,
+            recycle: Vec::with_capacity(2 * RX_BURST),
+            gather: (0..gathers)
+                .map(|_| vec![0u8; frame_len].into_boxed_slice())
+                .collect(),
+            gather_free: (0..gathers as u16).rev().collect(),
+            tx_free: (0..layout.tx_slots).rev().collect(),
+            tx_out: vec![0; layout.tx_slots as usize],
+            tx_pending: VecDeque::with_capacity(layout.tx_slots as usize),
             flush_at: TX_FLUSH_FRAMES,
             in_fill: 0,
-            fill_size: ring as usize,
             in_tx: 0,
-            tx_size: ring,
             starved: false,
-            scratch: vec![FrameDesc::default(); ring as usize],
-            frame_mtu,
+            descs: Vec::with_capacity(layout.rx_parts + 1),
+            skipping: false,
+            frame_mtu: frame_len,
             counters: RingCounters::default(),
+            layout,
         };
         me.refill();
         Ok(me)
@@ -183,91 +407,241 @@ impl Frames {
 
     /// The socket's file descriptor (for the XSKMAP and for epoll).
     pub(crate) fn fd(&self) -> RawFd {
-        self.rx.fd().as_raw_fd()
+        self.xsk.fd()
+    }
+
+    /// How the socket was bound.
+    pub(crate) fn mode(&self) -> &BindMode {
+        &self.xsk.mode
+    }
+
+    /// Frames the fill ring holds when full (chunks over chunks per
+    /// frame).
+    pub(crate) fn fill_frames(&self) -> usize {
+        self.layout.rx_ring as usize / self.layout.rx_parts
     }
 
     /// The kernel's socket statistics.
-    pub(crate) fn xdp_statistics(&self) -> Option<xsk_rs::socket::XdpStatistics> {
-        self.rx.fd().xdp_statistics().ok()
+    pub(crate) fn xdp_statistics(&self) -> Option<XskStats> {
+        self.xsk.statistics().ok()
     }
 
-    /// Take up to [`RX_BURST`] received frames into `out`.
-    pub(crate) fn rx_burst(&mut self, out: &mut VecDeque<FrameDesc>) -> usize {
-        let want = RX_BURST.min(self.scratch.len());
-        // SAFETY: the rx ring hands out frames of this UMEM only; they are
-        // user space's until put into the fill or tx ring again.
-        let n = unsafe { self.rx.consume(&mut self.scratch[..want]) };
-        for desc in &mut self.scratch[..n] {
-            // SAFETY: as above: the frame was just consumed from the rx
-            // ring, belongs to this UMEM, and nothing else references it
-            // until it is queued for smoltcp or recycled below.
-            let mut data = unsafe { self.umem.data_mut(desc) };
-            match iwarp_tcp::csum::check(data.contents_mut()) {
-                Checked::Completed => self.counters.rx_csum_completed += 1,
-                Checked::Corrupt => {
-                    self.counters.rx_csum_bad += 1;
-                    self.recycle.push(*desc);
-                    continue;
-                }
-                Checked::Valid | Checked::NotTcp => {}
+    /// The bytes of received frame `f`.
+    pub(crate) fn bytes(&self, f: &RxFrame) -> &[u8] {
+        rx_bytes(&self.xsk.area, &self.gather, f)
+    }
+
+    /// The parts the device's tokens borrow at once.
+    pub(crate) fn split(&mut self) -> Split<'_> {
+        Split {
+            area: &self.xsk.area,
+            gather: &self.gather,
+            recycle: &mut self.recycle,
+            tx_free: &mut self.tx_free,
+            tx_pending: &mut self.tx_pending,
+            counters: &mut self.counters,
+            layout: self.layout,
+        }
+    }
+
+    /// Take up to [`RX_BURST`] received frames into `out`, whole: the
+    /// descriptors of a frame whose last part has not arrived stay in the
+    /// ring.
+    pub(crate) fn rx_burst(&mut self, out: &mut VecDeque<RxFrame>) -> usize {
+        let want = RX_BURST * self.layout.rx_parts;
+        let avail = self.xsk.rx_available(want);
+        let mut used = 0;
+        let mut frames = 0;
+        let mut i = 0;
+        while i < avail && frames < RX_BURST {
+            let d = self.xsk.rx_get(i);
+            i += 1;
+            let more = d.options & libc::XDP_PKT_CONTD != 0;
+            if self.skipping {
+                // The rest of a frame with too many parts.
+                self.descs.push(d);
+                self.free_descs();
+                self.descs.clear();
+                self.in_fill = self.in_fill.saturating_sub(1);
+                self.skipping = more;
+                used = i;
+                continue;
             }
-            out.push_back(*desc);
+            self.descs.push(d);
+            if more && self.descs.len() <= self.layout.rx_parts {
+                continue;
+            }
+            // A frame's last part, or one part too many (dropped with the
+            // parts that follow up to its last).
+            self.skipping = more;
+            used = i;
+            frames += 1;
+            self.take_frame(out);
+            self.descs.clear();
         }
+        // An unfinished frame's parts are read again next time.
+        self.descs.clear();
+        self.xsk.rx_release(used);
+        self.counters.rx_frames += frames as u64;
+        frames
+    }
+
+    /// Turn the descriptors in `self.descs` (one frame) into a frame in
+    /// `out`, or drop them.
+    fn take_frame(&mut self, out: &mut VecDeque<RxFrame>) {
+        let n = self.descs.len();
         self.in_fill = self.in_fill.saturating_sub(n);
-        self.counters.rx_frames += n as u64;
-        n
+        if n > 1 {
+            self.counters.rx_multi_buffer += 1;
+        }
+        let frame = match parse(&self.layout, &self.descs) {
+            Parsed::Whole { slot, slots, len } => {
+                let addr = self.layout.rx_addr(slot) + u64::from(XDP_HEADROOM);
+                RxFrame {
+                    len,
+                    at: RxAt::Umem { addr, slot, slots },
+                }
+            }
+            Parsed::Scattered { len } => match self.gather_frame(len) {
+                Some(g) => {
+                    self.counters.rx_gathered += 1;
+                    RxFrame {
+                        len,
+                        at: RxAt::Gathered(g),
+                    }
+                }
+                None => {
+                    self.counters.rx_gather_full += 1;
+                    self.free_descs();
+                    return;
+                }
+            },
+            Parsed::Bad => {
+                self.counters.rx_bad_frames += 1;
+                self.free_descs();
+                return;
+            }
+        };
+        let area = &self.xsk.area;
+        let data = rx_bytes_mut(area, &mut self.gather, &frame);
+        if n > 1 && !length_matches(data) {
+            self.counters.rx_bad_frames += 1;
+            self.recycle.push(frame);
+            return;
+        }
+        match iwarp_tcp::csum::check(data) {
+            Checked::Completed => self.counters.rx_csum_completed += 1,
+            Checked::Corrupt => {
+                self.counters.rx_csum_bad += 1;
+                self.recycle.push(frame);
+                return;
+            }
+            Checked::Valid | Checked::NotTcp => {}
+        }
+        out.push_back(frame);
     }
 
-    /// Give consumed frames back and top the fill ring up.
+    /// Copy the scattered parts in `self.descs` into a free gather buffer
+    /// and free their chunks.
+    fn gather_frame(&mut self, len: u32) -> Option<u16> {
+        let g = self.gather_free.pop()?;
+        let buf = &mut self.gather[usize::from(g)];
+        let mut at = 0;
+        for d in &self.descs {
+            let n = d.len as usize;
+            // SAFETY: `parse` checked the descriptor lies in a receive
+            // chunk's data part; the chunk is user space's (the rx ring
+            // handed it over) until freed below.
+            let src = unsafe { self.xsk.area.bytes(d.addr, n) };
+            buf[at..at + n].copy_from_slice(src);
+            at += n;
+        }
+        debug_assert_eq!(at, len as usize);
+        self.free_descs();
+        Some(g)
+    }
+
+    /// Free the chunks of the descriptors in `self.descs` that lie in
+    /// the receive part.
+    fn free_descs(&mut self) {
+        for d in &self.descs {
+            if let Some(slot) = self.layout.rx_slot(d.addr) {
+                if let Some(f) = self.rx_free.get_mut(slot as usize) {
+                    *f = true;
+                }
+            }
+        }
+    }
+
+    /// Give consumed frames back and top the fill ring up, in slot
+    /// order.
     pub(crate) fn refill(&mut self) {
-        self.free.append(&mut self.recycle);
-        let room = self.fill_size.saturating_sub(self.in_fill);
-        if room == 0 {
-            return;
+        for f in self.recycle.drain(..) {
+            match f.at {
+                RxAt::Umem { slot, slots, .. } => {
+                    for k in 0..u32::from(slots) {
+                        let s = (slot + k) % self.layout.rx_slots;
+                        self.rx_free[s as usize] = true;
+                    }
+                }
+                RxAt::Gathered(g) => self.gather_free.push(g),
+            }
         }
-        if self.free.len() < room {
-            // Transmitted frames the completion ring returned since.
-            self.reclaim();
+        let room = (self.layout.rx_ring as usize).saturating_sub(self.in_fill);
+        let room = self.xsk.fill_room(room);
+        let slots = self.layout.rx_slots;
+        let mut n = 0;
+        let mut s = self.fill_next;
+        while n < room && self.rx_free[s as usize] {
+            self.rx_free[s as usize] = false;
+            n += 1;
+            s = (s + 1) % slots;
         }
-        let n = room.min(self.free.len());
         if n == 0 {
-            self.counters.fill_starved += 1;
+            if room > 0 {
+                self.counters.fill_starved += 1;
+            }
             return;
         }
-        let n = (self.fq.nb_free(n as u32) as usize).min(n);
-        let from = self.free.len() - n;
-        // SAFETY: these frames are user space's (in `free`), belong to this
-        // UMEM, and leave `free` right after.
-        let done = unsafe { self.fq.produce(&self.free[from..]) };
-        if done > 0 {
-            self.free.truncate(self.free.len() - done);
-            self.in_fill += done;
-        }
-        if self.fq.needs_wakeup() {
+        let first = self.fill_next;
+        let layout = self.layout;
+        let addrs = (0..n as u32).map(|k| layout.rx_addr((first + k) % slots));
+        // SAFETY: the `n` slots from `fill_next` were free (user space's,
+        // unused) and are marked taken above; they are not touched until
+        // the rx ring hands them back.
+        let done = unsafe { self.xsk.fill(addrs) };
+        debug_assert_eq!(done, n);
+        self.fill_next = s;
+        self.in_fill += done;
+        if self.xsk.fill_needs_wakeup() {
             self.counters.fill_wakeups += 1;
-            let _ = self.rx.poll(0);
+            self.xsk.rx_wakeup();
         }
     }
 
-    /// Reclaim transmitted frames from the completion ring.
+    /// Reclaim transmitted slots from the completion ring.
     fn reclaim(&mut self) {
         if self.in_tx == 0 {
             return;
         }
-        let want = self.in_tx.min(self.scratch.len());
-        // SAFETY: the completion ring returns frames of this UMEM that the
-        // kernel is done with.
-        let n = unsafe { self.cq.consume(&mut self.scratch[..want]) };
-        self.free.extend(self.scratch[..n].iter().copied());
-        self.starved &= n == 0;
-        self.in_tx -= n;
-        self.counters.tx_completed += n as u64;
-    }
-
-    /// Whether the tx ring holds descriptors the kernel has not taken
-    /// (read from its consumer position, not the cached one).
-    fn tx_ring_holds(&mut self) -> bool {
-        self.tx.nb_free_exact() < self.tx_size
+        let n = self.xsk.comp_available(self.layout.tx_ring as usize);
+        let mut slots = 0;
+        for i in 0..n {
+            let addr = self.xsk.comp_get(i);
+            let Some(slot) = self.layout.tx_slot_of(addr) else {
+                continue;
+            };
+            let left = &mut self.tx_out[slot as usize];
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                self.tx_free.push(slot);
+                slots += 1;
+            }
+        }
+        self.xsk.comp_release(n);
+        self.starved &= slots == 0;
+        self.in_tx -= slots.min(self.in_tx);
+        self.counters.tx_completed += slots as u64;
     }
 
     /// Submit written frames to the tx ring and kick the kernel while the
@@ -282,24 +656,14 @@ impl Frames {
         let mut sent = 0;
         for _ in 0..MAX_KICKS {
             self.reclaim();
-            if !self.tx_pending.is_empty() {
-                let (a, _) = self.tx_pending.as_slices();
-                let n = (self.tx.nb_free(a.len() as u32) as usize).min(a.len());
-                // SAFETY: frames written by this device's transmit tokens,
-                // of this UMEM, user space's until the completion ring
-                // returns them.
-                let done = unsafe { self.tx.produce(&a[..n]) };
-                self.tx_pending.drain(..done);
-                self.in_tx += done;
-                sent += done;
-                self.counters.tx_frames += done as u64;
-            }
-            if self.in_tx == 0 || !self.tx.needs_wakeup() || !self.tx_ring_holds() {
+            let done = self.submit();
+            sent += done;
+            if self.in_tx == 0 || !self.xsk.tx_needs_wakeup() || !self.xsk.tx_ring_holds() {
                 break;
             }
             let before = self.counters.tx_completed;
             self.counters.tx_kicks += 1;
-            if self.tx.wakeup().is_err() {
+            if self.xsk.tx_wakeup().is_err() {
                 break;
             }
             self.reclaim();
@@ -310,6 +674,48 @@ impl Frames {
         }
         self.flush_at = self.tx_pending.len() + TX_FLUSH_FRAMES;
         sent
+    }
+
+    /// Put as many pending frames into the tx ring as it has room for,
+    /// one descriptor per chunk.
+    fn submit(&mut self) -> usize {
+        let chunk = u64::from(self.layout.chunk);
+        let room = self.xsk.tx_room(self.layout.tx_ring as usize);
+        let mut used = 0;
+        let mut frames = 0;
+        while let Some(&(slot, len)) = self.tx_pending.get(frames) {
+            let parts = u64::from(len).div_ceil(chunk).max(1) as usize;
+            if used + parts > room {
+                break;
+            }
+            let base = self.layout.tx_base + u64::from(slot) * self.layout.tx_slot;
+            let mut left = u64::from(len);
+            for k in 0..parts {
+                let n = left.min(chunk);
+                left -= n;
+                let d = Desc {
+                    addr: base + k as u64 * chunk,
+                    len: n as u32,
+                    options: if k + 1 < parts {
+                        libc::XDP_PKT_CONTD
+                    } else {
+                        0
+                    },
+                };
+                // SAFETY: the slot was written by a transmit token and is
+                // user space's until the completion ring returns each of
+                // its chunks (`tx_out`).
+                unsafe { self.xsk.tx_put(used + k, d) };
+            }
+            self.tx_out[slot as usize] = parts as u8;
+            used += parts;
+            frames += 1;
+        }
+        self.xsk.tx_submit(used);
+        self.tx_pending.drain(..frames);
+        self.in_tx += frames;
+        self.counters.tx_frames += frames as u64;
+        frames
     }
 
     /// Submit the frames written so far before the pass ends, once
@@ -328,16 +734,184 @@ impl Frames {
     /// frames the kernel took come back through the completion ring on
     /// their own, reclaimed by the next tx burst, refill or frame taken.
     pub(crate) fn tx_busy(&mut self) -> bool {
-        !self.tx_pending.is_empty() || (self.in_tx > 0 && (self.starved || self.tx_ring_holds()))
+        !self.tx_pending.is_empty()
+            || (self.in_tx > 0 && (self.starved || self.xsk.tx_ring_holds()))
     }
 
-    /// Take a free frame for transmit, reclaiming completions if needed.
-    pub(crate) fn take_free(&mut self) -> Option<FrameDesc> {
-        if self.free.is_empty() {
+    /// Whether a transmit slot is free, reclaiming completions if none
+    /// is.
+    pub(crate) fn has_free(&mut self) -> bool {
+        if self.tx_free.is_empty() {
             self.reclaim();
         }
-        let frame = self.free.pop();
-        self.starved |= frame.is_none();
-        frame
+        let free = !self.tx_free.is_empty();
+        self.starved |= !free;
+        free
+    }
+}
+
+/// Borrows of a [`Frames`]' parts, for one receive and one transmit
+/// token.
+pub(crate) struct Split<'a> {
+    pub(crate) area: &'a Area,
+    pub(crate) gather: &'a [Box<[u8]>],
+    pub(crate) recycle: &'a mut Vec<RxFrame>,
+    pub(crate) tx_free: &'a mut Vec<u32>,
+    pub(crate) tx_pending: &'a mut VecDeque<(u32, u32)>,
+    pub(crate) counters: &'a mut RingCounters,
+    pub(crate) layout: Layout,
+}
+
+/// The bytes of received frame `f`, in the area or a gather buffer.
+pub(crate) fn rx_bytes<'a>(area: &'a Area, gather: &'a [Box<[u8]>], f: &RxFrame) -> &'a [u8] {
+    match f.at {
+        // SAFETY: a received frame's chunks are user space's until it is
+        // recycled, and nothing writes them meanwhile; `parse` checked
+        // that they lie in the area.
+        RxAt::Umem { addr, .. } => unsafe { area.bytes(addr, f.len as usize) },
+        RxAt::Gathered(g) => &gather[usize::from(g)][..f.len as usize],
+    }
+}
+
+fn rx_bytes_mut<'a>(area: &'a Area, gather: &'a mut [Box<[u8]>], f: &RxFrame) -> &'a mut [u8] {
+    match f.at {
+        // SAFETY: as `rx_bytes`; the frame has just been taken from the
+        // rx ring and nothing else refers to it yet.
+        RxAt::Umem { addr, .. } => unsafe { area.bytes_mut(addr, f.len as usize) },
+        RxAt::Gathered(g) => &mut gather[usize::from(g)][..f.len as usize],
+    }
+}
+
+/// The bytes of transmit slot `slot`, to write a frame into.
+///
+/// # Safety
+///
+/// The slot is user space's (taken from `tx_free`) and nothing else
+/// refers to it while the slice lives.
+#[allow(clippy::mut_from_ref)]
+pub(crate) unsafe fn tx_bytes<'a>(area: &'a Area, layout: &Layout, slot: u32) -> &'a mut [u8] {
+    let at = layout.tx_base + u64::from(slot) * layout.tx_slot;
+    // SAFETY: inside the area (`Layout::area` counts every slot) and the
+    // caller's alone.
+    unsafe { area.bytes_mut(at, layout.tx_slot as usize) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(addr: u64, len: u32, more: bool) -> Desc {
+        Desc {
+            addr,
+            len,
+            options: if more { libc::XDP_PKT_CONTD } else { 0 },
+        }
+    }
+
+    #[test]
+    fn layout_for_jumbo_frames() {
+        let l = Layout::new(4096, 4096, 9014).unwrap();
+        assert_eq!(l.rx_parts, 3);
+        assert_eq!(l.tx_slot, 3 * 4096);
+        assert!(l.multi_buffer());
+        assert_eq!(l.stride, 3840);
+        assert_eq!(l.rx_ring, 8192);
+        assert_eq!(l.tx_base % 4096, 0);
+        assert!(l.tx_base >= u64::from(l.rx_slots) * 4096);
+        let l = Layout::new(4096, 2048, 1514).unwrap();
+        assert_eq!((l.rx_parts, l.tx_slot, l.multi_buffer()), (1, 2048, false));
+        assert_eq!(l.rx_ring, 2048);
+        assert!(Layout::new(4096, 2048, 70_000).is_err());
+        assert!(Layout::new(4096, 1024, 1514).is_err());
+    }
+
+    #[test]
+    fn consecutive_chunks_make_one_piece() {
+        let l = Layout::new(4096, 4096, 9014).unwrap();
+        let a = |s: u32| l.rx_addr(s) + 256;
+        // Three consecutive slots, full but the last.
+        let d = [
+            desc(a(5), 3840, true),
+            desc(a(6), 3840, true),
+            desc(a(7), 1334, false),
+        ];
+        assert_eq!(
+            parse(&l, &d),
+            Parsed::Whole {
+                slot: 5,
+                slots: 3,
+                len: 9014
+            }
+        );
+        // Data parts touch: the second starts where the first ends.
+        assert_eq!(a(5) + 3840, a(6));
+        // At the wrap the chunks do not follow: gathered.
+        let last = l.rx_slots - 1;
+        let d = [desc(a(last), 3840, true), desc(a(0), 100, false)];
+        assert_eq!(parse(&l, &d), Parsed::Scattered { len: 3940 });
+        // One chunk: whole.
+        assert_eq!(
+            parse(&l, &[desc(a(9), 60, false)]),
+            Parsed::Whole {
+                slot: 9,
+                slots: 1,
+                len: 60
+            }
+        );
+    }
+
+    #[test]
+    fn inconsistent_descriptors_are_bad() {
+        let l = Layout::new(4096, 4096, 9014).unwrap();
+        let a = |s: u32| l.rx_addr(s) + 256;
+        // A part past the receive chunks (into the tx part, past the area).
+        let past = l.rx_addr(l.rx_slots) + 256;
+        assert_eq!(parse(&l, &[desc(past, 100, false)]), Parsed::Bad);
+        assert_eq!(parse(&l, &[desc(u64::MAX - 10, 100, false)]), Parsed::Bad);
+        assert_eq!(
+            parse(&l, &[desc(a(3), 3840, true), desc(past, 10, false)]),
+            Parsed::Bad
+        );
+        // Not at a data part's start.
+        assert_eq!(parse(&l, &[desc(a(3) + 1, 100, false)]), Parsed::Bad);
+        assert_eq!(parse(&l, &[desc(10, 100, false)]), Parsed::Bad);
+        // A short part before the last.
+        assert_eq!(
+            parse(&l, &[desc(a(3), 1000, true), desc(a(4), 10, false)]),
+            Parsed::Bad
+        );
+        // Longer than a chunk's data, or empty.
+        assert_eq!(parse(&l, &[desc(a(3), 3841, false)]), Parsed::Bad);
+        assert_eq!(parse(&l, &[desc(a(3), 0, false)]), Parsed::Bad);
+        // More parts than the largest frame takes (a continuation flag
+        // on a frame's last descriptor joins it to the next frame).
+        let d: Vec<Desc> = (0..4).map(|k| desc(a(k), 3840, k < 3)).collect();
+        assert_eq!(parse(&l, &d), Parsed::Bad);
+        // Longer than the largest frame.
+        let d = [
+            desc(a(0), 3840, true),
+            desc(a(1), 3840, true),
+            desc(a(2), 1335, false),
+        ];
+        assert_eq!(parse(&l, &d), Parsed::Bad);
+    }
+
+    #[test]
+    fn ipv4_length_must_match_a_multi_buffer_frame() {
+        let mut f = vec![0u8; 9014];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[16..18].copy_from_slice(&9000u16.to_be_bytes());
+        assert!(length_matches(&f));
+        f[16..18].copy_from_slice(&8999u16.to_be_bytes());
+        assert!(!length_matches(&f));
+        f[16..18].copy_from_slice(&9001u16.to_be_bytes());
+        assert!(!length_matches(&f));
+        // Not IPv4: not judged here.
+        f[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert!(length_matches(&f));
+        // An IPv4 frame too short for the length field: bad.
+        assert!(!length_matches(&[
+            0x08, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00, 0x45
+        ]));
     }
 }

@@ -20,6 +20,7 @@ use iwarp_tcp::{ConnId, Error as TcpError, Stack};
 
 use super::device::{FlowKey, Flows, Inbox, Pcap, XskDevice};
 use super::umem::Frames;
+use super::xsk::BindMode;
 use super::{XdpConfig, XdpStats};
 use crate::cm::CmError;
 use crate::runtime::established::{Driven, Ending, Stream, Transmitted};
@@ -353,7 +354,16 @@ impl XdpIo {
         let flows = Arc::new(Flows::default());
         let mut engines = Vec::with_capacity(n);
         for (index, (&queue, part)) in queues.iter().zip(&parts).enumerate() {
-            let frames = Frames::new(&cfg.ifname, queue, cfg.frames, cfg.frame_size())?;
+            let frames = Frames::new(&cfg.ifname, queue, cfg.frames, cfg.frame_size(), frame_len)?;
+            if let BindMode::Copy { zero_copy_refused } = frames.mode() {
+                tracing::info!(
+                    ifname = %cfg.ifname,
+                    queue,
+                    reason = %zero_copy_refused,
+                    "zero-copy AF_XDP refused by the driver: copy mode"
+                );
+            }
+            let fill_frames = frames.fill_frames();
             // Only the first engine captures.
             let pcap = match (index, cfg.pcap.as_deref()) {
                 (0, Some(p)) => Some(Pcap::create(p)?),
@@ -378,7 +388,7 @@ impl XdpIo {
             // acknowledgements and window updates, zero-window probes and
             // retransmissions.
             if tcp.window_frames.is_none() {
-                tcp.window_frames = Some(cfg.frames as usize / 4);
+                tcp.window_frames = Some(fill_frames / 2);
             }
             let stack = Stack::new(
                 dev,
@@ -475,13 +485,15 @@ impl XdpIo {
             steering: self.steer.counters(),
             ..XdpStats::default()
         };
+        x.zero_copy = *dev.frames.mode() == BindMode::ZeroCopy;
+        x.multi_buffer = dev.frames.layout.multi_buffer();
         if let Some(s) = dev.frames.xdp_statistics() {
-            x.rx_dropped = s.rx_dropped();
-            x.rx_ring_full = s.rx_ring_full();
-            x.rx_fill_ring_empty = s.rx_fill_ring_empty_descs();
-            x.rx_invalid_descs = s.rx_invalid_descs();
-            x.tx_invalid_descs = s.tx_invalid_descs();
-            x.tx_ring_empty = s.tx_ring_empty_descs();
+            x.rx_dropped = s.rx_dropped;
+            x.rx_ring_full = s.rx_ring_full;
+            x.rx_fill_ring_empty = s.rx_fill_ring_empty;
+            x.rx_invalid_descs = s.rx_invalid_descs;
+            x.tx_invalid_descs = s.tx_invalid_descs;
+            x.tx_ring_empty = s.tx_ring_empty;
         }
         (self.stack.counters(), x)
     }
