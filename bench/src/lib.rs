@@ -9,8 +9,8 @@
 //! # Binaries: the whole stack in two network namespaces
 //!
 //! `iwarp-lat`, `iwarp-bw` and `iwarp-compare` (in `src/bin/`) run, as
-//! root, in two namespaces they create ([`topo`]): veth, MTU 1500 or up to
-//! 3506, kernel addresses 198.18.0.1/.2 and AF_XDP engine addresses
+//! root, in two namespaces they create ([`topo`]): veth, MTU 1500 up to
+//! 65535 (frames above a UMEM chunk are multi-buffer), kernel addresses 198.18.0.1/.2 and AF_XDP engine addresses
 //! 198.18.0.11/.12. Each side runs on its own thread in its own namespace,
 //! pinned to its own core; each side's application thread drives its own
 //! engine (manual progress, spinning), so a run has one busy thread per
@@ -144,8 +144,9 @@ pub struct Common {
     /// Write every raw sample and the summaries to FILE as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// MTU of the veth pair (1500, or up to 3506: the native-XDP limit on veth).
-    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=3506))]
+    /// MTU of the veth pair, 576 up to 65535 (the veth and IPv4 limit;
+    /// the engines take frames above a UMEM chunk in several chunks).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..))]
     pub mtu: u16,
     /// Samples per series (iterations, or bandwidth rounds).
     #[arg(short = 'n', long)]

@@ -130,7 +130,11 @@ fn native() -> String {
     "native".into()
 }
 
-/// A ratio of two medians against a target.
+/// A ratio of two configurations against a target: within one run, the
+/// median of the ratios of the pairs measured in the same pass (the
+/// pairing cancels the machine's drift between passes), with their
+/// spread in `per_pass`; a ratio read from one series each is
+/// [`Ratio::new`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ratio {
     /// What is compared, e.g. `4 B half RTT afxdp-crc-off / tcp-busypoll
@@ -145,9 +149,10 @@ pub struct Ratio {
     pub target: f64,
     /// Whether `value op target` holds (`None` without a value).
     pub met: Option<bool>,
-    /// The same ratio within each pass of a run that interleaves its
-    /// configurations (empty otherwise): how far it moves with the
-    /// machine's load.
+    /// The ratio within each pass of a run that interleaves its
+    /// configurations (empty for a ratio of two series): `value` is
+    /// their median, and how far they spread is how far the ratio moves
+    /// with the machine's load.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub per_pass: Vec<f64>,
 }
@@ -169,6 +174,103 @@ impl Ratio {
             per_pass: Vec::new(),
         }
     }
+}
+
+impl Ratio {
+    /// The median of `per_pass` (each `num / den` of one pass) against
+    /// `op target`.
+    pub fn paired(name: &str, per_pass: Vec<f64>, op: &str, target: f64) -> Self {
+        let value = median(&per_pass);
+        let mut r = Self::new(name, value, value.map(|_| 1.0), op, target);
+        r.per_pass = per_pass;
+        r
+    }
+
+    /// The smallest and largest per-pass ratio.
+    pub fn spread(&self) -> Option<(f64, f64)> {
+        let lo = self.per_pass.iter().copied().reduce(f64::min)?;
+        let hi = self.per_pass.iter().copied().reduce(f64::max)?;
+        Some((lo, hi))
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return None;
+    }
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    Some(if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    })
+}
+
+/// The median of one series of a pass: `config`'s `metric` at `size`
+/// (`None`: any size, for the stream ceilings, whose size is their write
+/// size).
+pub fn pass_p50(recs: &[Record], config: &str, metric: &str, size: Option<usize>) -> Option<f64> {
+    recs.iter()
+        .filter(|r| r.error.is_none())
+        .find(|r| r.config == config && r.metric == metric && size.is_none_or(|s| r.size == s))
+        .and_then(Record::p50)
+}
+
+/// Each pass's `num / den` where both were measured.
+pub fn per_pass(
+    passes: &[Vec<Record>],
+    num: impl Fn(&[Record]) -> Option<f64>,
+    den: impl Fn(&[Record]) -> Option<f64>,
+) -> Vec<f64> {
+    passes
+        .iter()
+        .filter_map(|p| match (num(p), den(p)) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The rows of a ratio table: name, median of the per-pass ratios, their
+/// spread, the target (`judged`) or `(info)`, met or missed, and every
+/// pass's value.
+pub fn ratio_table(ratios: &[(Ratio, bool)]) -> String {
+    let mut rows = vec![vec![
+        "ratio (median of per-pass pairs)".to_string(),
+        "value".into(),
+        "spread".into(),
+        "target".into(),
+        "".into(),
+        "per pass".into(),
+    ]];
+    for (r, judged) in ratios {
+        rows.push(vec![
+            r.name.clone(),
+            r.value.map_or("-".into(), |v| format!("{v:.3}")),
+            r.spread()
+                .map_or("-".into(), |(lo, hi)| format!("{lo:.2}-{hi:.2}")),
+            if *judged {
+                format!("{} {}", r.op, r.target)
+            } else {
+                "(info)".into()
+            },
+            match (judged, r.met) {
+                (false, _) => String::new(),
+                (true, Some(true)) => "met".into(),
+                (true, Some(false)) => "MISSED".into(),
+                (true, None) => "n/a".into(),
+            },
+            r.per_pass
+                .iter()
+                .map(|v| format!("{v:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        ]);
+    }
+    render(&rows)
 }
 
 /// The command line as one string.
@@ -284,6 +386,33 @@ pub fn render(rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_paired_ratio_is_the_median_of_its_passes() {
+        let r = Ratio::paired("x", vec![1.4, 0.9, 1.1], ">=", 1.0);
+        assert_eq!(r.value, Some(1.1));
+        assert_eq!(r.spread(), Some((0.9, 1.4)));
+        assert_eq!(r.met, Some(true));
+        let r = Ratio::paired("x", vec![0.5, 0.7], ">=", 1.0);
+        assert_eq!(r.value, Some(0.6));
+        assert_eq!(r.met, Some(false));
+        let r = Ratio::paired("x", Vec::new(), "<=", 1.0);
+        assert_eq!((r.value, r.met, r.spread()), (None, None, None));
+        let pass = |a: f64, b: f64| {
+            vec![
+                Record::new("n", 4, "m", "u", vec![a]),
+                Record::new("d", 8, "m", "u", vec![b]),
+            ]
+        };
+        let passes = [pass(2.0, 1.0), pass(3.0, 2.0), vec![]];
+        let v = per_pass(
+            &passes,
+            |r| pass_p50(r, "n", "m", Some(4)),
+            |r| pass_p50(r, "d", "m", None),
+        );
+        assert_eq!(v, vec![2.0, 1.5]);
+        assert_eq!(pass_p50(&passes[0], "d", "m", Some(4)), None);
+    }
 
     #[test]
     fn merge_appends_samples_of_a_series() {

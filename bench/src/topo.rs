@@ -108,7 +108,7 @@ impl Veth {
 
 impl Topology {
     /// Create the namespaces with kernel addresses [`KERNEL_A`] and
-    /// [`KERNEL_B`] at `veth.mtu` (68..=3506).
+    /// [`KERNEL_B`] at `veth.mtu` (68..=65535).
     pub fn up(veth: Veth) -> io::Result<Self> {
         let mtu = veth.mtu;
         static SEQ: AtomicU32 = AtomicU32::new(0);

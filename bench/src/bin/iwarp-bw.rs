@@ -3,11 +3,13 @@
 //! byte of the round's last write and answers with a 4-byte RDMA Write,
 //! which stops the sender's clock. Per configuration and size, plus the
 //! ceilings: a kernel TCP stream (large writes) and a bare smoltcp stream
-//! over the same AF_XDP path. Needs root.
+//! over the same AF_XDP path. The configurations take turns in passes;
+//! each AF_XDP configuration's ratio to each baseline (`--against`) is the
+//! median of its per-pass ratios, printed with their spread. Needs root.
 
 use clap::Parser;
 use iwarp_bench::progress::Progress;
-use iwarp_bench::report::{self, Record, Report};
+use iwarp_bench::report::{self, Ratio, Record, Report};
 use iwarp_bench::{bandwidth, parse_size, parse_sweep, BwParams, Common, Config};
 
 #[derive(Parser, Debug)]
@@ -39,6 +41,44 @@ struct Cli {
     /// Write size of the kernel TCP stream ceiling.
     #[arg(long, value_parser = parse_size, default_value = "128K")]
     stream_chunk: usize,
+    /// Passes over all configurations (default 3, 1 with --quick); -n
+    /// rounds each per pass.
+    #[arg(long)]
+    passes: Option<usize>,
+    /// Baselines the AF_XDP configurations' ratios are taken against
+    /// (those of them that run).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "kernel-crc-on,tcp-stream-offload"
+    )]
+    against: Vec<Config>,
+}
+
+/// The target of `num / den` at message size `size` and `mtu`, if it is
+/// one: the AF_XDP engine at least 1.2 × the kernel-socket engine (CRC on
+/// both), and at least 0.5 × kernel TCP with its offloads from MTU 9000
+/// (0.8 × at the largest MTU), 64 KiB writes.
+fn target(num: Config, den: Config, size: usize, mtu: usize) -> Option<f64> {
+    if num != Config::AfxdpCrcOn || size != 64 << 10 {
+        return None;
+    }
+    match (den, mtu) {
+        (Config::KernelCrcOn, _) => Some(1.2),
+        (Config::TcpStreamOffload, 65535..) => Some(0.8),
+        (Config::TcpStreamOffload, 9000..) => Some(0.5),
+        _ => None,
+    }
+}
+
+/// Whether a configuration's size in the records is its write size (a
+/// stream) rather than a message size.
+fn is_stream(cfg: Config) -> bool {
+    matches!(
+        cfg,
+        Config::SmoltcpRaw | Config::TcpStream | Config::TcpStreamOffload
+    )
 }
 
 fn main() -> std::process::ExitCode {
@@ -59,7 +99,7 @@ fn main() -> std::process::ExitCode {
     );
     let p = BwParams {
         depth: cli.depth.max(1),
-        rounds: c.n.unwrap_or(if c.quick { 2 } else { 5 }),
+        rounds: c.n.unwrap_or(2),
         bytes: cli
             .bytes
             .unwrap_or(if c.quick { 1 << 20 } else { 64 << 20 }),
@@ -76,25 +116,66 @@ fn main() -> std::process::ExitCode {
         ]);
         v
     });
+    let passes = cli.passes.unwrap_or(if c.quick { 1 } else { 3 }).max(1);
     let cpus = c.cpus();
     println!("command: {}", report::command_line());
     println!(
-        "{}, CPUs {cpus:?}, {} rounds per size of {} B (at most {} messages), depth {}; payload Gb/s",
+        "{}, CPUs {cpus:?}, {passes} passes of {} rounds per size of {} B (at most {} messages), depth {}; payload Gb/s",
         topo.veth, p.rounds, p.bytes, p.max_msgs, p.depth
     );
     let mut recs: Vec<Record> = Vec::new();
-    let bar = Progress::new(configs.len() * sizes.len(), cli.quiet);
-    for cfg in configs {
-        bar.start(&format!("bandwidth: {}", cfg.name()));
-        recs.extend(bandwidth(&topo, cpus, cfg, &sizes, p));
-        bar.done(sizes.len());
+    let mut pass_recs: Vec<Vec<Record>> = Vec::new();
+    let bar = Progress::new(passes * configs.len() * sizes.len(), cli.quiet);
+    for pass in 1..=passes {
+        let mut this = Vec::new();
+        for &cfg in &configs {
+            bar.start(&format!("pass {pass}/{passes}: bandwidth: {}", cfg.name()));
+            this.extend(bandwidth(&topo, cpus, cfg, &sizes, p));
+            bar.done(sizes.len());
+        }
+        report::merge(&mut recs, this.clone());
+        pass_recs.push(this);
     }
     bar.finish();
     drop(topo);
+    let mtu = usize::from(c.mtu);
+    let mut ratios: Vec<(Ratio, bool)> = Vec::new();
+    for &num in configs.iter().filter(|c| c.name().starts_with("afxdp")) {
+        for &den in cli.against.iter().filter(|d| configs.contains(d)) {
+            for &size in &sizes {
+                let den_size = (!is_stream(den)).then_some(size);
+                let values = report::per_pass(
+                    &pass_recs,
+                    |r| report::pass_p50(r, &num.name(), "bandwidth", Some(size)),
+                    |r| report::pass_p50(r, &den.name(), "bandwidth", den_size),
+                );
+                let name = format!(
+                    "{} write bw {} / {}",
+                    report::size_str(size),
+                    num.name(),
+                    den.name()
+                );
+                let t = target(num, den, size, mtu);
+                ratios.push((
+                    Ratio::paired(&name, values, ">=", t.unwrap_or(0.0)),
+                    t.is_some(),
+                ));
+            }
+        }
+    }
+    // Targets first.
+    ratios.sort_by_key(|(_, judged)| !judged);
     println!();
     print!("{}", report::table(&recs));
     println!("(smoltcp-raw: a byte stream without messages; tcp-stream: size = write size)");
-    let rep = Report::new("iwarp-bw", c.veth(), cpus, recs);
+    if !ratios.is_empty() {
+        println!();
+        print!("{}", report::ratio_table(&ratios));
+    }
+    let rep = Report {
+        ratios: ratios.into_iter().map(|(r, _)| r).collect(),
+        ..Report::new("iwarp-bw", c.veth(), cpus, recs)
+    };
     report::finish(c.json.as_deref(), &rep)
 }
 
@@ -122,7 +203,28 @@ mod tests {
         .unwrap();
         assert_eq!(iwarp_bench::sizes(&c.sizes, &c.sweep, &[]), vec![4, 65536]);
         assert_eq!(c.config.unwrap().len(), 2);
-        assert!(Cli::try_parse_from(["x", "--mtu", "9000"]).is_err());
+        let c = Cli::try_parse_from(["x", "--mtu", "65535", "--passes", "5"]).unwrap();
+        assert_eq!((c.common.mtu, c.passes), (65535, Some(5)));
+        assert_eq!(
+            c.against,
+            vec![Config::KernelCrcOn, Config::TcpStreamOffload]
+        );
+        assert!(Cli::try_parse_from(["x", "--mtu", "575"]).is_err());
         assert!(Cli::try_parse_from(["x", "--sizes", "4", "--sweep", "1..4"]).is_err());
+    }
+
+    #[test]
+    fn targets_follow_the_mtu() {
+        let (on, k64) = (Config::AfxdpCrcOn, 64 << 10);
+        assert_eq!(target(on, Config::KernelCrcOn, k64, 1500), Some(1.2));
+        assert_eq!(target(on, Config::TcpStreamOffload, k64, 1500), None);
+        assert_eq!(target(on, Config::TcpStreamOffload, k64, 9000), Some(0.5));
+        assert_eq!(target(on, Config::TcpStreamOffload, k64, 65535), Some(0.8));
+        assert_eq!(target(on, Config::KernelCrcOn, 4096, 1500), None);
+        assert_eq!(
+            target(Config::AfxdpCrcOff, Config::KernelCrcOn, k64, 1500),
+            None
+        );
+        assert!(is_stream(Config::TcpStreamOffload) && !is_stream(Config::KernelCrcOn));
     }
 }
