@@ -134,11 +134,12 @@ enum Kind {
     Kernel,
 }
 
-fn open(kind: Kind, dev: &str, ip: Ipv4Addr) -> Device {
+fn open(kind: Kind, dev: &str, ip: Ipv4Addr, mtu: usize) -> Device {
     let backend = match kind {
         Kind::Kernel => Backend::Kernel,
         Kind::Xdp => {
             let mut c = XdpConfig::new(dev, ip, 24);
+            c.mtu = mtu;
             c.attach = AttachMode::Native;
             // Two engines and the injectors share 2 cores: sleep in epoll.
             c.busy_poll = false;
@@ -278,7 +279,8 @@ fn serve_one(
         IP_B
     };
     let cq = dev.create_cq(64);
-    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let rw =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let rdma = dev.reg_mr(pd, MR_LEN, rw).unwrap();
     let recv = dev.reg_mr(pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
     let l = dev
@@ -364,8 +366,43 @@ impl Client {
         self.post(3, op, &self.src, len);
     }
 
+    /// An atomic on the first 8 bytes of the server's region; the
+    /// original value it returns.
+    fn atomic(&self, op: SendOp, opcode: WcOpcode) -> u64 {
+        self.post(4, op, &self.dst, 8);
+        let wc = wait_ok(&self.cq);
+        assert_eq!((wc.opcode, wc.byte_len), (opcode, 8));
+        let mut b = [0u8; 8];
+        self.dst.read(0, &mut b);
+        u64::from_ne_bytes(b)
+    }
+
+    /// Fetch-and-add and compare-and-swap, each result checked against
+    /// the one before.
+    fn atomics(&self, add: u64) {
+        let fetch_add = |add| SendOp::FetchAdd {
+            remote_addr: self.offer.remote_addr,
+            rkey: self.offer.rkey,
+            add,
+            add_mask: 0,
+        };
+        let first = self.atomic(fetch_add(0), WcOpcode::AtomicFetchAdd);
+        let added = first.wrapping_add(add);
+        assert_eq!(self.atomic(fetch_add(add), WcOpcode::AtomicFetchAdd), first);
+        let cas = SendOp::CompareSwap {
+            remote_addr: self.offer.remote_addr,
+            rkey: self.offer.rkey,
+            compare: added,
+            compare_mask: u64::MAX,
+            swap: !added,
+            swap_mask: u64::MAX,
+        };
+        assert_eq!(self.atomic(cas, WcOpcode::AtomicCompareSwap), added);
+        assert_eq!(self.atomic(fetch_add(0), WcOpcode::AtomicFetchAdd), !added);
+    }
+
     /// Write, Read back (verified), server checks the Write, Send
-    /// (server verifies), for every size.
+    /// (server verifies), atomics, for every size.
     fn write_read_send(&self, sizes: &[usize], ask: &dyn Fn(Cmd) -> Answer) {
         for (i, &len) in sizes.iter().enumerate() {
             let seed = i as u8 * 3 + 1;
@@ -390,6 +427,7 @@ impl Client {
                 Answer::Ok,
                 "Send of {len} B"
             );
+            self.atomics(i as u64 + 1);
         }
     }
 }
@@ -398,11 +436,16 @@ impl Client {
 type Asks = mpsc::Sender<(Cmd, mpsc::Sender<Answer>)>;
 
 /// A server thread answering [`Cmd`]s on one connection.
-fn server_thread(ns: &str, kind: Kind, crc: bool) -> (Offer, Asks, std::thread::JoinHandle<()>) {
+fn server_thread(
+    ns: &str,
+    kind: Kind,
+    crc: bool,
+    mtu: usize,
+) -> (Offer, Asks, std::thread::JoinHandle<()>) {
     let (offer_tx, offer_rx) = mpsc::channel();
     let (cmd_tx, cmd_rx) = mpsc::channel::<(Cmd, mpsc::Sender<Answer>)>();
     let t = spawn_in(ns, move || {
-        let dev = open(kind, "xb", IP_B);
+        let dev = open(kind, "xb", IP_B, mtu);
         let pd = dev.alloc_pd();
         let (offer, accept) = serve_one(&dev, &pd, kind, PORT, crc);
         offer_tx.send(offer).unwrap();
@@ -424,21 +467,27 @@ fn asker(tx: Asks) -> impl Fn(Cmd) -> Answer {
     }
 }
 
-/// Write/Read/Send of `sizes` between a client in a and a server in b with
-/// `faults` on both middle ends from the start (connection setup included).
+/// Write/Read/Send/atomics of `sizes` between a client in a and a server
+/// in b with `faults` on both middle ends from the start (connection
+/// setup included), at MTU 1500.
 fn transfer_under(faults: FaultConfig, client: Kind, server: Kind, sizes: &[usize]) {
+    transfer_under_at(1500, faults, client, server, sizes)
+}
+
+/// [`transfer_under`] at `mtu`.
+fn transfer_under_at(mtu: usize, faults: FaultConfig, client: Kind, server: Kind, sizes: &[usize]) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let topo = Topo::up3(
-        1500,
+        mtu,
         (client == Kind::Kernel).then_some(IP_A),
         (server == Kind::Kernel).then_some(IP_B),
     );
     let middle = Middle::new(&topo.ns('m'), &faults);
     let start = Instant::now();
-    let (offer, cmds, srv) = server_thread(&topo.ns('b'), server, true);
+    let (offer, cmds, srv) = server_thread(&topo.ns('b'), server, true, mtu);
     let sizes = sizes.to_vec();
     let cli = spawn_in(&topo.ns('a'), move || {
-        let dev = open(client, "xa", IP_A);
+        let dev = open(client, "xa", IP_A, mtu);
         let pd = dev.alloc_pd();
         let c = Client::connect(&dev, &pd, offer, true);
         c.write_read_send(&sizes, &asker(cmds));
@@ -560,6 +609,41 @@ fn mixed_xdp_to_xdp() {
     transfer_under(f, Kind::Xdp, Kind::Xdp, &SIZES);
 }
 
+/// Jumbo frames (MTU 9000, three UMEM chunks a frame) under loss,
+/// duplication and reordering: AF_XDP to AF_XDP, and a kernel client to
+/// an AF_XDP server.
+#[test]
+fn mixed_mtu_9000() {
+    if !is_root() {
+        return;
+    }
+    let f = FaultConfig {
+        drop_ppm: 10_000,
+        duplicate_ppm: 10_000,
+        delay_ppm: 10_000,
+        delay_passes: 2,
+        ..faults(9)
+    };
+    transfer_under_at(9000, f.clone(), Kind::Xdp, Kind::Xdp, &SIZES);
+    transfer_under_at(9000, f, Kind::Kernel, Kind::Xdp, &SIZES);
+}
+
+/// The largest MTU (65535: 18 receive chunks a frame) under loss and
+/// reordering, AF_XDP to AF_XDP.
+#[test]
+fn mixed_largest_mtu() {
+    if !is_root() {
+        return;
+    }
+    let f = FaultConfig {
+        drop_ppm: 10_000,
+        delay_ppm: 10_000,
+        delay_passes: 2,
+        ..faults(10)
+    };
+    transfer_under_at(65535, f, Kind::Xdp, Kind::Xdp, &SIZES);
+}
+
 /// Commands to the corruption test's server.
 enum SCmd {
     /// Register fresh regions, offer them, accept the next connection on
@@ -630,7 +714,7 @@ fn corruption(crc: bool, sessions: usize, stop_at_mismatch: bool) -> Vec<Session
     let (offer_tx, offer_rx) = mpsc::channel();
     let (cmd_tx, cmd_rx) = mpsc::channel::<SCmd>();
     let srv = spawn_in(&topo.ns('b'), move || {
-        let dev = open(Kind::Kernel, "xb", IP_B);
+        let dev = open(Kind::Kernel, "xb", IP_B, 1500);
         let pd = dev.alloc_pd();
         // The targeted port: one listener, a new connection per session.
         let l1 = dev
@@ -645,7 +729,10 @@ fn corruption(crc: bool, sessions: usize, stop_at_mismatch: bool) -> Vec<Session
                 SCmd::Accept1(offer) => {
                     drop(qp1.take());
                     let cq = dev.create_cq(64);
-                    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+                    let rw = Access::LOCAL_WRITE
+                        | Access::REMOTE_WRITE
+                        | Access::REMOTE_READ
+                        | Access::REMOTE_ATOMIC;
                     let rdma = dev.reg_mr(&pd, MR_LEN, rw).unwrap();
                     let recv = dev.reg_mr(&pd, MR_LEN, Access::LOCAL_WRITE).unwrap();
                     let _ = offer.send(Offer {
@@ -688,7 +775,7 @@ fn corruption(crc: bool, sessions: usize, stop_at_mismatch: bool) -> Vec<Session
     let offer2 = offer_rx.recv_timeout(WAIT).expect("server up");
     let mid = middle.handle();
     let cli = spawn_in(&topo.ns('a'), move || {
-        let dev = open(Kind::Xdp, "xa", IP_A);
+        let dev = open(Kind::Xdp, "xa", IP_A, 1500);
         let pd = dev.alloc_pd();
         let qp2 = Client::connect(&dev, &pd, offer2, crc);
         let to_srv = cmd_tx.clone();

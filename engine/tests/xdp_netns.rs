@@ -30,6 +30,8 @@ const WAIT: Duration = Duration::from_secs(20);
 const SIZES: [usize; 6] = [1, 7, 1000, 16 * 1024 + 3, 65537, 1 << 20];
 /// Messages of one FPDU each (MTU 1500, markers and CRC on).
 const SMALL: [usize; 4] = [1, 7, 1000, 1400];
+/// Messages of one FPDU each at MTU 9000.
+const SMALL_9000: [usize; 4] = [1, 7, 3000, 8000];
 const MR_LEN: usize = 1 << 20;
 const PORT: u16 = 7174;
 /// The largest IP MTU of a veth link.
@@ -644,15 +646,26 @@ fn drop_capture(pcap: &std::path::Path) {
 /// an FPDU and loses the stream after the first cut.
 #[test]
 fn xdp_to_xdp_markers_crc_capture_decodes_in_tshark() {
+    markers_crc_capture(1500, &SMALL);
+}
+
+/// The same at MTU 9000, with messages of one FPDU of up to 8000 bytes:
+/// frames of three UMEM chunks each way, markers inside and across them.
+#[test]
+fn xdp_to_xdp_markers_crc_capture_decodes_in_tshark_mtu_9000() {
+    markers_crc_capture(9000, &SMALL_9000);
+}
+
+fn markers_crc_capture(mtu: usize, sizes: &'static [usize]) {
     if !is_root() {
         return;
     }
-    let pcap = std::env::temp_dir().join(format!("iwarp-xdp-mk-{}.pcap", std::process::id()));
+    let pcap = std::env::temp_dir().join(format!("iwarp-xdp-mk-{mtu}-{}.pcap", std::process::id()));
     let o = Opts {
         pcap: Some(pcap.clone()),
         markers: true,
-        sizes: &SMALL,
-        ..Opts::new(1500)
+        sizes,
+        ..Opts::new(mtu)
     };
     pair(Kind::Xdp, Kind::Xdp, o);
     if !tshark_ready(&pcap) {
@@ -662,7 +675,7 @@ fn xdp_to_xdp_markers_crc_capture_decodes_in_tshark() {
     drop_capture(&pcap);
     println!("tshark: {r:?}");
     // Every size is written, read (request and response) and sent.
-    assert!(r.fpdus >= 4 * SMALL.len(), "{} FPDUs", r.fpdus);
+    assert!(r.fpdus >= 4 * sizes.len(), "{} FPDUs", r.fpdus);
     assert_eq!(
         (r.good_crc, r.bad_crc, r.crc_absent),
         (r.fpdus, 0, 0),

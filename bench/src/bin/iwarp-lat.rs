@@ -94,7 +94,13 @@ mod tests {
         .unwrap();
         assert_eq!(iwarp_bench::sizes(&c.sizes, &c.sweep, &[]), vec![4, 65536]);
         assert_eq!(c.config.unwrap().len(), 2);
-        assert_eq!(Cli::try_parse_from(["x", "--mtu", "9000"]).unwrap().common.mtu, 9000);
+        assert_eq!(
+            Cli::try_parse_from(["x", "--mtu", "9000"])
+                .unwrap()
+                .common
+                .mtu,
+            9000
+        );
         assert!(Cli::try_parse_from(["x", "--mtu", "575"]).is_err());
         assert!(Cli::try_parse_from(["x", "--sizes", "4", "--sweep", "1..4"]).is_err());
     }

@@ -282,6 +282,36 @@ fn parse(layout: &Layout, descs: &[Desc]) -> Parsed {
     }
 }
 
+/// What one more received descriptor makes of the frame being read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// More parts follow (`XDP_PKT_CONTD`).
+    More,
+    /// `parts` holds a whole frame: its last part, or one part more than
+    /// the largest frame takes (then judged bad, and the parts after it
+    /// up to its last are skipped).
+    Frame,
+    /// `parts` holds a part of a frame that had too many: drop it.
+    Skipped,
+}
+
+/// Add received descriptor `d` to `parts`, the frame being read; `max`
+/// is the most parts a frame takes, `skipping` whether the parts read are
+/// the rest of a frame that had more.
+fn cut(parts: &mut Vec<Desc>, skipping: &mut bool, max: usize, d: Desc) -> Cut {
+    let more = d.options & libc::XDP_PKT_CONTD != 0;
+    parts.push(d);
+    if *skipping {
+        *skipping = more;
+        return Cut::Skipped;
+    }
+    if more && parts.len() <= max {
+        return Cut::More;
+    }
+    *skipping = more;
+    Cut::Frame
+}
+
 /// Whether a multi-buffer frame's length is what its IPv4 header says
 /// (other frames: nothing to check here).
 fn length_matches(frame: &[u8]) -> bool {
@@ -329,8 +359,8 @@ pub(crate) struct Frames {
     starved: bool,
     /// Received descriptors of the frame being read.
     descs: Vec<Desc>,
-    /// The parts read so far belong to a frame with more parts than the
-    /// largest frame takes: skip them up to its last.
+    /// The parts read belong to a frame with more parts than the largest
+    /// frame takes: skip them up to its last (see [`cut`]).
     skipping: bool,
     /// Bytes of data each frame holds.
     pub(crate) frame_mtu: usize,
@@ -456,28 +486,21 @@ impl Frames {
         while i < avail && frames < RX_BURST {
             let d = self.xsk.rx_get(i);
             i += 1;
-            let more = d.options & libc::XDP_PKT_CONTD != 0;
-            if self.skipping {
-                // The rest of a frame with too many parts.
-                self.descs.push(d);
-                self.free_descs();
-                self.descs.clear();
-                self.in_fill = self.in_fill.saturating_sub(1);
-                self.skipping = more;
-                used = i;
-                continue;
+            match cut(&mut self.descs, &mut self.skipping, self.layout.rx_parts, d) {
+                Cut::More => {}
+                Cut::Skipped => {
+                    self.free_descs();
+                    self.in_fill = self.in_fill.saturating_sub(self.descs.len());
+                    self.descs.clear();
+                    used = i;
+                }
+                Cut::Frame => {
+                    used = i;
+                    frames += 1;
+                    self.take_frame(out);
+                    self.descs.clear();
+                }
             }
-            self.descs.push(d);
-            if more && self.descs.len() <= self.layout.rx_parts {
-                continue;
-            }
-            // A frame's last part, or one part too many (dropped with the
-            // parts that follow up to its last).
-            self.skipping = more;
-            used = i;
-            frames += 1;
-            self.take_frame(out);
-            self.descs.clear();
         }
         // An unfinished frame's parts are read again next time.
         self.descs.clear();
@@ -894,6 +917,41 @@ mod tests {
             desc(a(2), 1335, false),
         ];
         assert_eq!(parse(&l, &d), Parsed::Bad);
+    }
+
+    #[test]
+    fn a_frame_with_too_many_parts_is_cut_and_its_rest_skipped() {
+        let (mut parts, mut skipping) = (Vec::new(), false);
+        let mut feed = |more: bool| {
+            let c = cut(&mut parts, &mut skipping, 3, desc(256, 3840, more));
+            let n = parts.len();
+            if c != Cut::More {
+                parts.clear();
+            }
+            (c, n)
+        };
+        // A frame of three parts.
+        assert_eq!(feed(true), (Cut::More, 1));
+        assert_eq!(feed(true), (Cut::More, 2));
+        assert_eq!(feed(false), (Cut::Frame, 3));
+        // One of six: the fourth part ends it (judged bad by `parse`:
+        // more parts than the largest frame), the rest is skipped up to
+        // and with its last part.
+        for _ in 0..3 {
+            assert_eq!(feed(true).0, Cut::More);
+        }
+        assert_eq!(feed(true), (Cut::Frame, 4));
+        assert_eq!(feed(true), (Cut::Skipped, 1));
+        assert_eq!(feed(false), (Cut::Skipped, 1));
+        // The next frame is read as usual.
+        assert_eq!(feed(false), (Cut::Frame, 1));
+    }
+
+    #[test]
+    fn unaligned_addresses_carry_the_data_offset_on_top() {
+        use super::super::xsk::unaligned_addr;
+        assert_eq!(unaligned_addr((256 << 48) | (3840 * 7)), 3840 * 7 + 256);
+        assert_eq!(unaligned_addr(4096), 4096);
     }
 
     #[test]
