@@ -501,12 +501,18 @@ mod tests {
     #[test]
     fn new_records_the_veth() {
         use iwarp_engine::xdp::AttachMode;
-        let veth = Veth {
+        let mut veth = Veth {
             mtu: 3506,
             attach: AttachMode::Native,
+            socket_busy_poll: false,
         };
         let rep = Report::new("t", veth, (None, None), vec![]);
         assert_eq!((rep.mtu, rep.xdp_mode.as_str()), (3506, "native"));
         assert_eq!(veth.to_string(), "MTU 3506, XDP native mode");
+        veth.socket_busy_poll = true;
+        assert_eq!(
+            veth.to_string(),
+            "MTU 3506, XDP native mode, AF_XDP sockets busy-polled"
+        );
     }
 }

@@ -78,12 +78,19 @@ pub struct Veth {
     pub mtu: usize,
     /// How the steering programs attach (`--xdp-mode`).
     pub attach: AttachMode,
+    /// The engines' AF_XDP sockets busy-poll the driver
+    /// (`--xsk-busy-poll`: `XdpConfig::socket_busy_poll`).
+    pub socket_busy_poll: bool,
 }
 
 impl std::fmt::Display for Veth {
     /// `MTU 1500, XDP generic mode`: how run headers describe the pair.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MTU {}, XDP {} mode", self.mtu, self.mode())
+        write!(f, "MTU {}, XDP {} mode", self.mtu, self.mode())?;
+        if self.socket_busy_poll {
+            write!(f, ", AF_XDP sockets busy-polled")?;
+        }
+        Ok(())
     }
 }
 
@@ -102,6 +109,7 @@ impl Veth {
         c.attach = self.attach;
         c.busy_poll = false;
         c.mtu = self.mtu;
+        c.socket_busy_poll = self.socket_busy_poll.then(Default::default);
         c
     }
 }

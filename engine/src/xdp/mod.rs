@@ -82,6 +82,19 @@ pub struct XdpConfig {
     /// default; [`DeviceConfig::busy_poll`](crate::DeviceConfig) also
     /// turns it on).
     pub busy_poll: bool,
+    /// Preferred busy polling on the AF_XDP socket (`SO_PREFER_BUSY_POLL`,
+    /// `SO_BUSY_POLL`, `SO_BUSY_POLL_BUDGET`): a pass that finds the rx
+    /// ring empty runs the driver's receive processing (NAPI) on the
+    /// engine's core through a `recvfrom`, instead of waiting for the
+    /// interrupt and softirq to do it elsewhere. `None` (the default): off;
+    /// see `docs/nic.md` for when it pays.
+    pub socket_busy_poll: Option<SocketBusyPoll>,
+    /// Entries of the fill and rx rings (a power of two; `None`: as many
+    /// as half the frames take in chunks).
+    pub rx_ring: Option<u32>,
+    /// Entries of the tx and completion rings (a power of two; `None`: as
+    /// many as half the frames take in chunks).
+    pub tx_ring: Option<u32>,
     /// Write every frame the engine receives or sends to this pcap file.
     pub pcap: Option<PathBuf>,
     /// The settings of each engine's user-space TCP stack.
@@ -116,6 +129,9 @@ impl XdpConfig {
             ephemeral_ports: 49152..=65535,
             attach: AttachMode::Auto,
             busy_poll: true,
+            socket_busy_poll: None,
+            rx_ring: None,
+            tx_ring: None,
             pcap: None,
             tcp: iwarp_tcp::Config::default(),
             align_fpdus: true,
@@ -158,6 +174,25 @@ impl XdpConfig {
             2048
         } else {
             4096
+        }
+    }
+}
+
+/// Preferred busy polling of an AF_XDP socket ([`XdpConfig::socket_busy_poll`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketBusyPoll {
+    /// `SO_BUSY_POLL`: microseconds one busy poll may spin in the driver.
+    pub usecs: u32,
+    /// `SO_BUSY_POLL_BUDGET`: most frames one busy poll processes.
+    pub budget: u16,
+}
+
+impl Default for SocketBusyPoll {
+    /// 20 µs, 64 frames (a NAPI poll's usual budget).
+    fn default() -> Self {
+        Self {
+            usecs: 20,
+            budget: 64,
         }
     }
 }

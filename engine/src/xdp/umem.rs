@@ -100,6 +100,9 @@ pub struct RingCounters {
     /// Transmit bursts submitted during a pass because
     /// [`TX_FLUSH_FRAMES`] frames were waiting.
     pub tx_early_bursts: u64,
+    /// Busy polls (`recvfrom`) of passes that found the rx ring empty
+    /// ([`XdpConfig::socket_busy_poll`](super::XdpConfig::socket_busy_poll)).
+    pub rx_busy_polls: u64,
 }
 
 /// Where the UMEM's parts lie and how large they are.
@@ -171,6 +174,31 @@ impl Layout {
             rx_ring,
             tx_ring,
         })
+    }
+
+    /// Ring sizes other than the derived ones (powers of two); the
+    /// receive chunks follow the fill ring's, the transmit slots the tx
+    /// ring's.
+    pub(crate) fn set_rings(&mut self, rx: Option<u32>, tx: Option<u32>) -> io::Result<()> {
+        let bad = |n: u32| !n.is_power_of_two() || n < 64 || n as usize > MAX_RING;
+        if rx.is_some_and(bad) || tx.is_some_and(bad) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("ring sizes {rx:?}/{tx:?}: powers of two from 64 to {MAX_RING}"),
+            ));
+        }
+        if let Some(rx) = rx {
+            self.rx_ring = rx;
+            self.rx_slots = rx + (2 * RX_BURST * self.rx_parts) as u32;
+            let tx_base = (u64::from(self.rx_slots) * u64::from(self.chunk)).next_multiple_of(4096);
+            self.tx_base = tx_base;
+        }
+        if let Some(tx) = tx {
+            let tx_parts = (self.tx_slot / u64::from(self.chunk)) as u32;
+            self.tx_ring = tx;
+            self.tx_slots = (tx / tx_parts).max(1);
+        }
+        Ok(())
     }
 
     /// Bytes of the area.
@@ -362,9 +390,38 @@ pub(crate) struct Frames {
     /// The parts read belong to a frame with more parts than the largest
     /// frame takes: skip them up to its last (see [`cut`]).
     skipping: bool,
+    /// Preferred busy polling is on: a burst that finds the rx ring
+    /// empty runs the driver's receive processing.
+    busy_poll: bool,
     /// Bytes of data each frame holds.
     pub(crate) frame_mtu: usize,
     pub(crate) counters: RingCounters,
+}
+
+/// How to make a [`Frames`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Options {
+    pub(crate) frames: u32,
+    pub(crate) chunk: u32,
+    pub(crate) frame_len: usize,
+    /// Fill/rx and tx/completion ring entries, if not the layout's.
+    pub(crate) rx_ring: Option<u32>,
+    pub(crate) tx_ring: Option<u32>,
+    /// Preferred busy polling: microseconds and budget.
+    pub(crate) busy_poll: Option<(u32, u16)>,
+}
+
+impl Options {
+    pub(crate) fn new(frames: u32, chunk: u32, frame_len: usize) -> Self {
+        Self {
+            frames,
+            chunk,
+            frame_len,
+            rx_ring: None,
+            tx_ring: None,
+            busy_poll: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Frames {
@@ -392,7 +449,19 @@ impl Frames {
         chunk: u32,
         frame_len: usize,
     ) -> io::Result<Self> {
+        Self::with(ifname, queue, &Options::new(frames, chunk, frame_len))
+    }
+
+    /// As [`Self::new`], with every option.
+    pub(crate) fn with(ifname: &str, queue: u32, o: &Options) -> io::Result<Self> {
+        let Options {
+            frames,
+            chunk,
+            frame_len,
+            ..
+        } = *o;
         let mut layout = Layout::new(frames, chunk, frame_len)?;
+        layout.set_rings(o.rx_ring, o.tx_ring)?;
         let xsk = Xsk::new(
             ifname,
             queue,
@@ -407,6 +476,9 @@ impl Frames {
         if xsk.mode == BindMode::ZeroCopy {
             // Page-aligned chunks: a driver maps each one for DMA.
             layout.stride = u64::from(chunk);
+        }
+        if let Some((usecs, budget)) = o.busy_poll {
+            xsk.set_busy_poll(usecs, budget)?;
         }
         let gathers = if layout.rx_parts > 1 { RX_BURST } else { 0 };
         let mut me = Self {
@@ -427,6 +499,7 @@ impl Frames {
             starved: false,
             descs: Vec::with_capacity(layout.rx_parts + 1),
             skipping: false,
+            busy_poll: o.busy_poll.is_some(),
             frame_mtu: frame_len,
             counters: RingCounters::default(),
             layout,
@@ -479,7 +552,12 @@ impl Frames {
     /// ring.
     pub(crate) fn rx_burst(&mut self, out: &mut VecDeque<RxFrame>) -> usize {
         let want = RX_BURST * self.layout.rx_parts;
-        let avail = self.xsk.rx_available(want);
+        let mut avail = self.xsk.rx_available(want);
+        if avail == 0 && self.busy_poll {
+            self.counters.rx_busy_polls += 1;
+            self.xsk.rx_busy_poll();
+            avail = self.xsk.rx_available(want);
+        }
         let mut used = 0;
         let mut frames = 0;
         let mut i = 0;
@@ -845,6 +923,13 @@ mod tests {
         assert_eq!((l.rx_parts, l.tx_slot, l.multi_buffer()), (1, 2048, false));
         assert_eq!(l.rx_ring, 2048);
         assert!(Layout::new(4096, 2048, 70_000).is_err());
+        let mut l = Layout::new(4096, 4096, 9014).unwrap();
+        l.set_rings(Some(1024), Some(512)).unwrap();
+        assert_eq!((l.rx_ring, l.tx_ring, l.tx_slots), (1024, 512, 170));
+        assert_eq!(l.rx_slots, 1024 + 2 * 256 * 3);
+        assert!(l.tx_base >= u64::from(l.rx_slots) * 4096);
+        assert!(l.set_rings(Some(1000), None).is_err());
+        assert!(l.set_rings(None, Some(32)).is_err());
         assert!(Layout::new(4096, 1024, 1514).is_err());
     }
 

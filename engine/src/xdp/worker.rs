@@ -19,7 +19,7 @@ use iwarp_tcp::smoltcp::wire::{EthernetAddress, IpAddress, IpEndpoint};
 use iwarp_tcp::{ConnId, Error as TcpError, Stack};
 
 use super::device::{FlowKey, Flows, Inbox, Pcap, XskDevice};
-use super::umem::Frames;
+use super::umem::{Frames, Options};
 use super::xsk::BindMode;
 use super::{XdpConfig, XdpStats};
 use crate::cm::CmError;
@@ -354,7 +354,16 @@ impl XdpIo {
         let flows = Arc::new(Flows::default());
         let mut engines = Vec::with_capacity(n);
         for (index, (&queue, part)) in queues.iter().zip(&parts).enumerate() {
-            let frames = Frames::new(&cfg.ifname, queue, cfg.frames, cfg.frame_size(), frame_len)?;
+            let frames = Frames::with(
+                &cfg.ifname,
+                queue,
+                &Options {
+                    rx_ring: cfg.rx_ring,
+                    tx_ring: cfg.tx_ring,
+                    busy_poll: cfg.socket_busy_poll.map(|b| (b.usecs, b.budget)),
+                    ..Options::new(cfg.frames, cfg.frame_size(), frame_len)
+                },
+            )?;
             if let BindMode::Copy { zero_copy_refused } = frames.mode() {
                 tracing::info!(
                     ifname = %cfg.ifname,
@@ -380,6 +389,8 @@ impl XdpIo {
             dev.forward.flows = flows.clone();
             dev.forward.me = index;
             let fd = dev.frames.fd();
+            let multi_buffer = dev.frames.layout.multi_buffer();
+            let zero_copy = *dev.frames.mode() == BindMode::ZeroCopy;
             let mut tcp = cfg.tcp;
             tcp.seed ^= seed ^ (index as u64).rotate_left(17);
             // Half the frames stock the fill ring; the windows share half
@@ -416,6 +427,8 @@ impl XdpIo {
                 mtu = cfg.mtu,
                 frames = cfg.frames,
                 frame_size = cfg.frame_size(),
+                multi_buffer,
+                zero_copy,
                 ephemeral_ports = ?part,
                 "AF_XDP socket bound"
             );

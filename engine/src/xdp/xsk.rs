@@ -27,6 +27,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// (`XDP_PACKET_HEADROOM`); the UMEM's own headroom is 0.
 pub(crate) const XDP_HEADROOM: u32 = 256;
 
+/// `SO_PREFER_BUSY_POLL` (asm-generic/socket.h, Linux 5.11).
+const SO_PREFER_BUSY_POLL: libc::c_int = 69;
+/// `SO_BUSY_POLL_BUDGET` (asm-generic/socket.h, Linux 5.11).
+const SO_BUSY_POLL_BUDGET: libc::c_int = 70;
+
 /// A receive or transmit descriptor (`struct xdp_desc`).
 pub(crate) type Desc = libc::xdp_desc;
 
@@ -457,6 +462,50 @@ impl Xsk {
 
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Turn on preferred busy polling: `usecs` per poll, `budget` frames.
+    pub(crate) fn set_busy_poll(&self, usecs: u32, budget: u16) -> io::Result<()> {
+        let one: libc::c_int = 1;
+        let usecs = libc::c_int::try_from(usecs).map_err(|_| invalid("busy-poll time"))?;
+        let budget = libc::c_int::from(budget);
+        for (name, v) in [
+            (SO_PREFER_BUSY_POLL, one),
+            (libc::SO_BUSY_POLL, usecs),
+            (SO_BUSY_POLL_BUDGET, budget),
+        ] {
+            // SAFETY: an int option of our own socket.
+            let r = unsafe {
+                libc::setsockopt(
+                    self.fd(),
+                    libc::SOL_SOCKET,
+                    name,
+                    (&v as *const libc::c_int).cast(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Run the driver's receive processing on this core (busy polling:
+    /// `recvfrom` with no buffer, not waiting).
+    pub(crate) fn rx_busy_poll(&self) {
+        // SAFETY: a zero-length receive on our own socket; the kernel
+        // writes nothing to user memory.
+        unsafe {
+            libc::recvfrom(
+                self.fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+        }
     }
 
     /// The kernel's counters of this socket.
