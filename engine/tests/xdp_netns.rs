@@ -64,6 +64,9 @@ struct Opts {
     tcp: iwarp_tcp::Config,
     /// How the AF_XDP engines' steering programs attach.
     attach: AttachMode,
+    /// Both veth ends checksum on transmit (`ethtool -K tx on`): the
+    /// AF_XDP engines offload TCP checksums through Tx metadata.
+    tx_csum: bool,
 }
 
 impl Opts {
@@ -78,6 +81,7 @@ impl Opts {
             sizes: &SIZES,
             tcp: iwarp_tcp::Config::default(),
             attach: AttachMode::Native,
+            tx_csum: false,
         }
     }
 }
@@ -456,11 +460,21 @@ fn pair(server: Kind, client_kind: Kind, o: Opts) {
         (server == Kind::Kernel).then_some(IP_B),
         1,
     );
+    if o.tx_csum {
+        for (ns, dev) in [(&topo.a, "xa"), (&topo.b, "xb")] {
+            let st = std::process::Command::new("ip")
+                .args(["netns", "exec", ns, "ethtool", "-K", dev, "tx", "on"])
+                .output()
+                .expect("ethtool");
+            assert!(st.status.success(), "ethtool -K {dev} tx on: {st:?}");
+        }
+    }
     let (offer_tx, offer_rx) = mpsc::channel();
     let (cmd_tx, cmd_rx) = mpsc::channel();
     let (ok_tx, ok_rx) = mpsc::channel();
     let so = o.clone();
     let attach = o.attach;
+    let tx_csum = o.tx_csum;
     let srv = spawn_in(&topo.b, move || serve(server, so, offer_tx, cmd_rx, ok_tx));
     let offer = offer_rx.recv_timeout(WAIT).expect("server up");
     let cli = spawn_in(&topo.a, move || {
@@ -470,6 +484,12 @@ fn pair(server: Kind, client_kind: Kind, o: Opts) {
     srv.join().expect("server");
     if client_kind == Kind::Xdp {
         assert_kicks_follow_frames(&dev);
+        // The checksum offload where the interface checksums on
+        // transmit, and its fallback (smoltcp) where it does not.
+        let x = dev.stats().xdp.expect("AF_XDP counters");
+        assert_eq!(x.tx_csum_offload, tx_csum, "{x:?}");
+        assert_eq!(x.rings.tx_csum_offloaded > 0, tx_csum, "{x:?}");
+        assert!(!x.zero_copy, "veth binds in copy mode: {x:?}");
         let show = topo.link(&topo.a, "xa");
         assert!(show.contains("xdp"), "attached while open: {show}");
         // `ip link` names a generic-mode program `xdpgeneric`.
@@ -567,6 +587,39 @@ fn xdp_to_xdp_multi_buffer_largest_mtu() {
         ..Opts::new(LARGEST_MTU)
     };
     pair(Kind::Xdp, Kind::Xdp, o);
+}
+
+/// TCP transmit checksums offloaded through AF_XDP Tx metadata (both
+/// veth ends checksum on transmit): the kernel sends each segment with a
+/// partial checksum, the receiving engine finishes it (counted), and
+/// every byte arrives; at MTU 1500 and with multi-buffer frames.
+#[test]
+fn xdp_to_xdp_tx_checksum_offload() {
+    if !is_root() {
+        return;
+    }
+    for mtu in [1500, 9000] {
+        let o = Opts {
+            tx_csum: true,
+            stream: true,
+            ..Opts::new(mtu)
+        };
+        pair(Kind::Xdp, Kind::Xdp, o);
+    }
+}
+
+/// The offload against a kernel TCP peer, which takes the partial
+/// checksums as they come (the kernel's own `CHECKSUM_PARTIAL` path).
+#[test]
+fn xdp_client_kernel_server_tx_checksum_offload() {
+    if !is_root() {
+        return;
+    }
+    let o = Opts {
+        tx_csum: true,
+        ..Opts::new(1500)
+    };
+    pair(Kind::Kernel, Kind::Xdp, o);
 }
 
 /// AF_XDP at MTU 9000 against kernel sockets both ways.

@@ -522,10 +522,15 @@ impl phy::TxToken for XskTx<'_> {
                 // SAFETY: `slot` was in `free`: a transmit slot of this
                 // UMEM that neither the kernel nor any other reference
                 // uses until it is queued below.
-                let data = unsafe { tx_bytes(self.area, &self.layout, slot) };
-                let r = f(&mut data[..len]);
+                let bytes = unsafe { tx_bytes(self.area, &self.layout, slot) };
+                let (meta, data) = bytes.split_at_mut(self.layout.tx_meta as usize);
+                let data = &mut data[..len];
+                let r = f(data);
+                if !meta.is_empty() {
+                    tx_metadata(meta, data, self.counters);
+                }
                 if let Some(p) = self.pcap {
-                    p.borrow_mut().record(self.ts, &data[..len]);
+                    p.borrow_mut().record(self.ts, data);
                 }
                 self.pending.push_back((slot, len as u32));
                 return r;
@@ -534,6 +539,20 @@ impl phy::TxToken for XskTx<'_> {
         self.counters.tx_no_frame += 1;
         self.scratch.resize(len, 0);
         f(&mut self.scratch[..len])
+    }
+}
+
+/// Fill in the Tx metadata in front of transmitted frame `data`: for a
+/// TCP segment a checksum request (the field holds the pseudo-header
+/// sum, the kernel or the interface finishes it), for anything else no
+/// request.
+fn tx_metadata(meta: &mut [u8], data: &mut [u8], counters: &mut RingCounters) {
+    meta.fill(0);
+    if let Some((start, offset)) = iwarp_tcp::csum::offload(data) {
+        meta[..8].copy_from_slice(&u64::from(libc::XDP_TXMD_FLAGS_CHECKSUM).to_ne_bytes());
+        meta[8..10].copy_from_slice(&start.to_ne_bytes());
+        meta[10..12].copy_from_slice(&offset.to_ne_bytes());
+        counters.tx_csum_offloaded += 1;
     }
 }
 
@@ -600,8 +619,13 @@ impl phy::Device for XskDevice {
         caps.max_burst_size = Some(super::umem::RX_BURST);
         // The rx burst verifies every TCP checksum (and finishes partial
         // ones) and drops the segments that fail: smoltcp computes TCP
-        // checksums on transmit only.
-        caps.checksum.tcp = Checksum::Tx;
+        // checksums on transmit only, and not even there when the kernel
+        // or the interface finishes them (Tx metadata).
+        caps.checksum.tcp = if self.frames.layout.tx_meta > 0 {
+            Checksum::None
+        } else {
+            Checksum::Tx
+        };
         caps
     }
 }

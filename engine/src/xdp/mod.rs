@@ -89,6 +89,13 @@ pub struct XdpConfig {
     /// interrupt and softirq to do it elsewhere. `None` (the default): off;
     /// see `docs/nic.md` for when it pays.
     pub socket_busy_poll: Option<SocketBusyPoll>,
+    /// Offload TCP transmit checksums through AF_XDP Tx metadata (Linux
+    /// 6.11 and later) where the interface checksums on transmit: smoltcp
+    /// then leaves the pseudo-header sum in the field and the interface
+    /// (copy mode: the kernel's `CHECKSUM_PARTIAL`) finishes it. Where the
+    /// kernel or the interface cannot, or with `false`, smoltcp computes
+    /// them; [`XdpStats::tx_csum_offload`] tells which, the log why.
+    pub tx_csum_offload: bool,
     /// Entries of the fill and rx rings (a power of two; `None`: as many
     /// as half the frames take in chunks).
     pub rx_ring: Option<u32>,
@@ -130,6 +137,7 @@ impl XdpConfig {
             attach: AttachMode::Auto,
             busy_poll: true,
             socket_busy_poll: None,
+            tx_csum_offload: true,
             rx_ring: None,
             tx_ring: None,
             pcap: None,
@@ -252,6 +260,9 @@ pub struct XdpStats {
     pub zero_copy: bool,
     /// Frames may span several UMEM chunks (bound with `XDP_USE_SG`).
     pub multi_buffer: bool,
+    /// TCP transmit checksums are offloaded through Tx metadata
+    /// ([`XdpConfig::tx_csum_offload`]); false: smoltcp computes them.
+    pub tx_csum_offload: bool,
     /// Counters of the four AF_XDP rings and the UMEM frame pool.
     pub rings: RingCounters,
     /// The steering XDP program's counters, summed over CPUs.

@@ -100,6 +100,9 @@ pub struct RingCounters {
     /// Transmit bursts submitted during a pass because
     /// [`TX_FLUSH_FRAMES`] frames were waiting.
     pub tx_early_bursts: u64,
+    /// TCP segments sent with a checksum request in their Tx metadata
+    /// (the kernel or the interface finishes the checksum).
+    pub tx_csum_offloaded: u64,
     /// Busy polls (`recvfrom`) of passes that found the rx ring empty
     /// ([`XdpConfig::socket_busy_poll`](super::XdpConfig::socket_busy_poll)).
     pub rx_busy_polls: u64,
@@ -129,13 +132,28 @@ pub(crate) struct Layout {
     pub(crate) rx_ring: u32,
     /// Entries of the tx and completion rings.
     pub(crate) tx_ring: u32,
+    /// Bytes of AF_XDP Tx metadata in front of every transmitted frame
+    /// ([`TX_META`] or 0).
+    pub(crate) tx_meta: u32,
+    /// Most descriptors a transmitted frame takes.
+    pub(crate) tx_parts: usize,
 }
+
+/// Bytes the engine registers for AF_XDP Tx metadata in front of a
+/// transmitted frame: `struct xsk_tx_metadata` (flags, then the checksum
+/// request's start and offset; 24 bytes since Linux 6.14 added a launch
+/// time, 16 before), a multiple of 8 as the kernel wants.
+pub(crate) const TX_META: u32 = 24;
 
 impl Layout {
     /// The layout for `frames` frames (half to receive, half to
     /// transmit, as many chunks as a frame of `frame_len` bytes takes
     /// each) in chunks of `chunk` bytes.
-    pub(crate) fn new(frames: u32, chunk: u32, frame_len: usize) -> io::Result<Self> {
+    /// `tx_meta` bytes of Tx metadata go in front of every transmitted
+    /// frame, and in front of each of its descriptors (the kernel checks
+    /// every descriptor with the metadata length), so a descriptor
+    /// carries at most `chunk − tx_meta` bytes of it.
+    pub(crate) fn new(frames: u32, chunk: u32, frame_len: usize, tx_meta: u32) -> io::Result<Self> {
         if !(chunk == 2048 || chunk == 4096) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -144,7 +162,7 @@ impl Layout {
         }
         let data = (chunk - XDP_HEADROOM) as usize;
         let rx_parts = frame_len.div_ceil(data).max(1);
-        let tx_parts = frame_len.div_ceil(chunk as usize).max(1);
+        let tx_parts = frame_len.div_ceil((chunk - tx_meta) as usize).max(1);
         if rx_parts > MAX_PARTS || frame_len > 65_535 + 14 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -158,7 +176,7 @@ impl Layout {
         // device holds: the slot the fill ring takes next is then
         // always back.
         let rx_slots = rx_ring + (2 * RX_BURST * rx_parts) as u32;
-        let tx_slot = (tx_parts as u64) * u64::from(chunk);
+        let tx_slot = (u64::from(tx_meta) + frame_len as u64).next_multiple_of(u64::from(chunk));
         let tx_slots = (tx_ring / tx_parts as u32).max(1);
         // Sized for the zero-copy stride, the larger one.
         let tx_base = (u64::from(rx_slots) * u64::from(chunk)).next_multiple_of(4096);
@@ -173,6 +191,8 @@ impl Layout {
             tx_slots,
             rx_ring,
             tx_ring,
+            tx_meta,
+            tx_parts,
         })
     }
 
@@ -194,9 +214,8 @@ impl Layout {
             self.tx_base = tx_base;
         }
         if let Some(tx) = tx {
-            let tx_parts = (self.tx_slot / u64::from(self.chunk)) as u32;
             self.tx_ring = tx;
-            self.tx_slots = (tx / tx_parts).max(1);
+            self.tx_slots = (tx / self.tx_parts as u32).max(1);
         }
         Ok(())
     }
@@ -208,7 +227,7 @@ impl Layout {
 
     /// Whether a frame takes several chunks.
     pub(crate) fn multi_buffer(&self) -> bool {
-        self.rx_parts > 1 || self.tx_slot > u64::from(self.chunk)
+        self.rx_parts > 1 || self.tx_parts > 1
     }
 
     /// Data bytes of one receive chunk.
@@ -393,6 +412,9 @@ pub(crate) struct Frames {
     /// Preferred busy polling is on: a burst that finds the rx ring
     /// empty runs the driver's receive processing.
     busy_poll: bool,
+    /// `None`: TCP transmit checksums are offloaded through Tx metadata;
+    /// else why not (smoltcp computes them).
+    pub(crate) csum_offload: Option<String>,
     /// Bytes of data each frame holds.
     pub(crate) frame_mtu: usize,
     pub(crate) counters: RingCounters,
@@ -409,6 +431,8 @@ pub(crate) struct Options {
     pub(crate) tx_ring: Option<u32>,
     /// Preferred busy polling: microseconds and budget.
     pub(crate) busy_poll: Option<(u32, u16)>,
+    /// Offload TCP transmit checksums where the kernel and interface can.
+    pub(crate) csum_offload: bool,
 }
 
 impl Options {
@@ -420,6 +444,7 @@ impl Options {
             rx_ring: None,
             tx_ring: None,
             busy_poll: None,
+            csum_offload: true,
         }
     }
 }
@@ -460,19 +485,51 @@ impl Frames {
             frame_len,
             ..
         } = *o;
-        let mut layout = Layout::new(frames, chunk, frame_len)?;
-        layout.set_rings(o.rx_ring, o.tx_ring)?;
-        let xsk = Xsk::new(
-            ifname,
-            queue,
-            XskLayout {
-                area: layout.area(),
-                chunk,
-                rx_ring: layout.rx_ring,
-                tx_ring: layout.tx_ring,
-                multi_buffer: layout.multi_buffer(),
+        let make = |tx_meta: u32| -> io::Result<(Layout, Xsk)> {
+            let mut layout = Layout::new(frames, chunk, frame_len, tx_meta)?;
+            layout.set_rings(o.rx_ring, o.tx_ring)?;
+            let xsk = Xsk::new(
+                ifname,
+                queue,
+                XskLayout {
+                    area: layout.area(),
+                    chunk,
+                    rx_ring: layout.rx_ring,
+                    tx_ring: layout.tx_ring,
+                    multi_buffer: layout.multi_buffer(),
+                    tx_metadata: tx_meta,
+                },
+            )?;
+            Ok((layout, xsk))
+        };
+        // Tx metadata (the checksum offload) where the kernel takes it and
+        // the interface checksums on transmit; the reason where not.
+        let (mut layout, mut xsk, mut csum) = match o.csum_offload.then(|| tx_csum_offload(ifname))
+        {
+            Some(Ok(())) => match make(TX_META) {
+                Ok((l, x)) => (l, x, Ok(())),
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                    let (l, x) = make(0)?;
+                    (l, x, Err(e.to_string()))
+                }
+                Err(e) => return Err(e),
             },
-        )?;
+            Some(Err(why)) => {
+                let (l, x) = make(0)?;
+                (l, x, Err(why))
+            }
+            None => {
+                let (l, x) = make(0)?;
+                (l, x, Err("turned off".into()))
+            }
+        };
+        if csum.is_ok() && xsk.mode == BindMode::ZeroCopy && layout.multi_buffer() {
+            // Every descriptor needs the metadata's room in front of it
+            // within its page, which a zero-copy frame of several chunks
+            // written in one piece does not leave.
+            (layout, xsk) = make(0)?;
+            csum = Err("zero-copy multi-buffer frames carry no metadata".into());
+        }
         if xsk.mode == BindMode::ZeroCopy {
             // Page-aligned chunks: a driver maps each one for DMA.
             layout.stride = u64::from(chunk);
@@ -500,6 +557,7 @@ impl Frames {
             descs: Vec::with_capacity(layout.rx_parts + 1),
             skipping: false,
             busy_poll: o.busy_poll.is_some(),
+            csum_offload: csum.err(),
             frame_mtu: frame_len,
             counters: RingCounters::default(),
             layout,
@@ -778,30 +836,37 @@ impl Frames {
     }
 
     /// Put as many pending frames into the tx ring as it has room for,
-    /// one descriptor per chunk.
+    /// one descriptor per `chunk − tx_meta` bytes.
     fn submit(&mut self) -> usize {
-        let chunk = u64::from(self.layout.chunk);
+        let meta = u64::from(self.layout.tx_meta);
+        let piece = u64::from(self.layout.chunk) - meta;
         let room = self.xsk.tx_room(self.layout.tx_ring as usize);
         let mut used = 0;
         let mut frames = 0;
         while let Some(&(slot, len)) = self.tx_pending.get(frames) {
-            let parts = u64::from(len).div_ceil(chunk).max(1) as usize;
+            let parts = u64::from(len).div_ceil(piece).max(1) as usize;
             if used + parts > room {
                 break;
             }
-            let base = self.layout.tx_base + u64::from(slot) * self.layout.tx_slot;
+            let base = self.layout.tx_base + u64::from(slot) * self.layout.tx_slot + meta;
             let mut left = u64::from(len);
             for k in 0..parts {
-                let n = left.min(chunk);
+                let n = left.min(piece);
                 left -= n;
+                let mut options = if k + 1 < parts {
+                    libc::XDP_PKT_CONTD
+                } else {
+                    0
+                };
+                if k == 0 && meta > 0 {
+                    // The kernel reads the metadata in front of a frame's
+                    // first descriptor (its flags may ask for nothing).
+                    options |= libc::XDP_TX_METADATA;
+                }
                 let d = Desc {
-                    addr: base + k as u64 * chunk,
+                    addr: base + k as u64 * piece,
                     len: n as u32,
-                    options: if k + 1 < parts {
-                        libc::XDP_PKT_CONTD
-                    } else {
-                        0
-                    },
+                    options,
                 };
                 // SAFETY: the slot was written by a transmit token and is
                 // user space's until the completion ring returns each of
@@ -848,6 +913,19 @@ impl Frames {
         let free = !self.tx_free.is_empty();
         self.starved |= !free;
         free
+    }
+}
+
+/// Whether TCP transmit checksums of `ifname` are worth offloading
+/// through Tx metadata: the interface checksums on transmit (else the
+/// kernel would compute each one in software, no cheaper than smoltcp).
+/// Whether the kernel takes the metadata is asked when the UMEM is
+/// registered.
+fn tx_csum_offload(ifname: &str) -> Result<(), String> {
+    match super::xsk::tx_checksumming(ifname) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!("{ifname} has transmit checksumming off")),
+        Err(e) => Err(format!("{ifname}'s transmit checksumming unknown: {e}")),
     }
 }
 
@@ -911,31 +989,37 @@ mod tests {
 
     #[test]
     fn layout_for_jumbo_frames() {
-        let l = Layout::new(4096, 4096, 9014).unwrap();
+        let l = Layout::new(4096, 4096, 9014, 0).unwrap();
         assert_eq!(l.rx_parts, 3);
-        assert_eq!(l.tx_slot, 3 * 4096);
+        assert_eq!((l.tx_slot, l.tx_parts), (3 * 4096, 3));
+        let m = Layout::new(4096, 4096, 9014, TX_META).unwrap();
+        assert_eq!((m.tx_slot, m.tx_parts), (3 * 4096, 3));
+        // 65535: 17 descriptors of 4072 bytes, the most a copy-mode
+        // transmit takes.
+        let m = Layout::new(4096, 4096, 65_549, TX_META).unwrap();
+        assert_eq!((m.tx_slot, m.tx_parts, m.rx_parts), (17 * 4096, 17, 18));
         assert!(l.multi_buffer());
         assert_eq!(l.stride, 3840);
         assert_eq!(l.rx_ring, 8192);
         assert_eq!(l.tx_base % 4096, 0);
         assert!(l.tx_base >= u64::from(l.rx_slots) * 4096);
-        let l = Layout::new(4096, 2048, 1514).unwrap();
+        let l = Layout::new(4096, 2048, 1514, TX_META).unwrap();
         assert_eq!((l.rx_parts, l.tx_slot, l.multi_buffer()), (1, 2048, false));
         assert_eq!(l.rx_ring, 2048);
-        assert!(Layout::new(4096, 2048, 70_000).is_err());
-        let mut l = Layout::new(4096, 4096, 9014).unwrap();
+        assert!(Layout::new(4096, 2048, 70_000, 0).is_err());
+        let mut l = Layout::new(4096, 4096, 9014, 0).unwrap();
         l.set_rings(Some(1024), Some(512)).unwrap();
         assert_eq!((l.rx_ring, l.tx_ring, l.tx_slots), (1024, 512, 170));
         assert_eq!(l.rx_slots, 1024 + 2 * 256 * 3);
         assert!(l.tx_base >= u64::from(l.rx_slots) * 4096);
         assert!(l.set_rings(Some(1000), None).is_err());
         assert!(l.set_rings(None, Some(32)).is_err());
-        assert!(Layout::new(4096, 1024, 1514).is_err());
+        assert!(Layout::new(4096, 1024, 1514, 0).is_err());
     }
 
     #[test]
     fn consecutive_chunks_make_one_piece() {
-        let l = Layout::new(4096, 4096, 9014).unwrap();
+        let l = Layout::new(4096, 4096, 9014, 0).unwrap();
         let a = |s: u32| l.rx_addr(s) + 256;
         // Three consecutive slots, full but the last.
         let d = [
@@ -970,7 +1054,7 @@ mod tests {
 
     #[test]
     fn inconsistent_descriptors_are_bad() {
-        let l = Layout::new(4096, 4096, 9014).unwrap();
+        let l = Layout::new(4096, 4096, 9014, 0).unwrap();
         let a = |s: u32| l.rx_addr(s) + 256;
         // A part past the receive chunks (into the tx part, past the area).
         let past = l.rx_addr(l.rx_slots) + 256;

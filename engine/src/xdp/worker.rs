@@ -361,6 +361,7 @@ impl XdpIo {
                     rx_ring: cfg.rx_ring,
                     tx_ring: cfg.tx_ring,
                     busy_poll: cfg.socket_busy_poll.map(|b| (b.usecs, b.budget)),
+                    csum_offload: cfg.tx_csum_offload,
                     ..Options::new(cfg.frames, cfg.frame_size(), frame_len)
                 },
             )?;
@@ -373,6 +374,14 @@ impl XdpIo {
                 );
             }
             let fill_frames = frames.fill_frames();
+            match &frames.csum_offload {
+                None => {
+                    tracing::info!(ifname = %cfg.ifname, queue, "TCP transmit checksums offloaded (Tx metadata)")
+                }
+                Some(why) => {
+                    tracing::info!(ifname = %cfg.ifname, queue, why = %why, "TCP transmit checksums computed by smoltcp")
+                }
+            }
             // Only the first engine captures.
             let pcap = match (index, cfg.pcap.as_deref()) {
                 (0, Some(p)) => Some(Pcap::create(p)?),
@@ -500,6 +509,7 @@ impl XdpIo {
         };
         x.zero_copy = *dev.frames.mode() == BindMode::ZeroCopy;
         x.multi_buffer = dev.frames.layout.multi_buffer();
+        x.tx_csum_offload = dev.frames.csum_offload.is_none();
         if let Some(s) = dev.frames.xdp_statistics() {
             x.rx_dropped = s.rx_dropped;
             x.rx_ring_full = s.rx_ring_full;

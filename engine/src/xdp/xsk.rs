@@ -287,6 +287,9 @@ pub(crate) struct XskLayout {
     pub(crate) tx_ring: u32,
     /// Bind with `XDP_USE_SG`: frames may span several chunks.
     pub(crate) multi_buffer: bool,
+    /// Bytes of Tx metadata in front of each transmitted descriptor (0:
+    /// none).
+    pub(crate) tx_metadata: u32,
 }
 
 /// How the socket was bound.
@@ -383,6 +386,7 @@ impl Xsk {
             rx_ring,
             tx_ring,
             multi_buffer,
+            tx_metadata,
         } = layout;
         if !chunk.is_power_of_two() || !(2048..=4096).contains(&chunk) {
             return Err(invalid(format!("chunk size {chunk}: 2048 or 4096")));
@@ -404,15 +408,28 @@ impl Xsk {
         // SAFETY: a descriptor just created and owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let area = Area::new(area)?;
+        let meta_flag = if tx_metadata > 0 {
+            libc::XDP_UMEM_TX_METADATA_LEN
+        } else {
+            0
+        };
         let reg = libc::xdp_umem_reg {
             addr: area.map.ptr.as_ptr() as u64,
             len: area.len() as u64,
             chunk_size: chunk,
             headroom: 0,
-            flags: libc::XDP_UMEM_UNALIGNED_CHUNK_FLAG,
-            tx_metadata_len: 0,
+            flags: libc::XDP_UMEM_UNALIGNED_CHUNK_FLAG | meta_flag,
+            tx_metadata_len: tx_metadata,
         };
-        setsockopt(raw, libc::XDP_UMEM_REG, &reg)?;
+        match setsockopt(raw, libc::XDP_UMEM_REG, &reg) {
+            Err(e) if tx_metadata > 0 && e.raw_os_error() == Some(libc::EINVAL) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("the kernel takes no AF_XDP Tx metadata (Linux 6.11 or later): {e}"),
+                ));
+            }
+            r => r?,
+        }
         setsockopt(raw, libc::XDP_UMEM_FILL_RING, &rx_ring)?;
         setsockopt(raw, libc::XDP_UMEM_COMPLETION_RING, &tx_ring)?;
         setsockopt(raw, libc::XDP_RX_RING, &rx_ring)?;
@@ -658,6 +675,55 @@ impl Xsk {
             self.comp.release(n as u32);
         }
     }
+}
+
+/// Whether `ifname` checksums transmitted TCP segments itself
+/// (`ethtool -k`'s tx-checksumming): where it does not, the kernel
+/// computes a partial checksum in software before the frame leaves.
+pub(crate) fn tx_checksumming(ifname: &str) -> io::Result<bool> {
+    /// `struct ifreq` with the `ifr_data` member of its union.
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        data: *mut libc::c_void,
+        _rest: [u8; 16],
+    }
+    /// `struct ethtool_value`.
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_GTXCSUM: u32 = 0x16;
+    let name = ifname.as_bytes();
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(invalid(format!("interface name {ifname:?} too long")));
+    }
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_GTXCSUM,
+        data: 0,
+    };
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        data: (&mut value as *mut EthtoolValue).cast(),
+        _rest: [0; 16],
+    };
+    req.name[..name.len()].copy_from_slice(name);
+    // SAFETY: a datagram socket only to carry the ioctl.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just created and owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: `req` is a valid ifreq whose data points at `value`, both
+    // alive across the call; the kernel writes `value` only.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL, &mut req) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value.data != 0)
 }
 
 /// The area offset an unaligned-mode descriptor address stands for.
