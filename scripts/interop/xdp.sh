@@ -11,7 +11,9 @@
 # rping is judged by the client (-V verifies every ping's data; the VM
 # rping server may exit 255 after a complete exchange, see rping.sh). A
 # perftest run passes when both sides exit 0 and the result row for the
-# size is printed.
+# size is printed. The rping client with CRC runs once more at MTU 9000
+# (the tap and the VM's eth0), 16000-byte pings: multi-buffer frames
+# both ways, FPDUs of up to the MULPDU of a 9000-byte MTU.
 #
 #   XDP_FILTER=REGEX   run only the scenarios whose name matches
 #   XDP_LOGS=DIR       keep every scenario's output in DIR
@@ -32,6 +34,8 @@ trap 'rm -rf "$TMP"' EXIT
 XDP='--xdp $TAP --xdp-ip $XDP_IP/24'
 
 declare -A ARGS=([write_bw]="4096 100" [read_lat]="64 50" [send_bw]="4096 100")
+# siw-interop options of every scenario (the MTU scenario adds --mtu).
+SIW_EXTRA=()
 
 # run NAME ROLE CRC: siw-interop with the arguments in HOST/VMC; judged by
 # JUDGE (a function of the log).
@@ -45,6 +49,7 @@ run() {
     if [[ "$crc" == crc && "$role" == server ]]; then
         siw=(--siw tunable --siw-param mpa_crc_required=1)
     fi
+    siw+=("${SIW_EXTRA[@]}")
     out="$TMP/$name.log"
     if [[ "$role" == client ]]; then
         perftest_run "$name" "$out" scripts/siw-interop -q -T 90 "${siw[@]}" vm-server "$PORT" "$VMC" "$HOST"
@@ -114,4 +119,9 @@ for crc in nocrc crc; do
         done
     done
 done
+# Jumbo frames: our AF_XDP rping client, CRC on, against siw's rping.
+ROLE=client PORT=7174 JUDGE=judge_rping SIW_EXTRA=(--mtu 9000)
+pick "$RPING -c -a @VM@ -C 3 -S 16000 -v -V --timeout 40 --crc $XDP" 'rping -s -a @VM@ -v -C 3 -S 16000' "" ""
+run "rping-client-crc-mtu9000" client crc
+SIW_EXTRA=()
 exit 0

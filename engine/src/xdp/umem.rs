@@ -88,6 +88,9 @@ pub struct RingCounters {
     pub tx_no_frame: u64,
     /// Passes that found the fill ring without a free frame to add.
     pub fill_starved: u64,
+    /// Receive chunks the fill ring's order passed over because they were
+    /// not back while the ring ran low.
+    pub fill_skipped: u64,
     /// Fill-ring wake-ups (`poll`) the kernel asked for.
     pub fill_wakeups: u64,
     /// Received TCP segments whose checksum a virtual peer left partial
@@ -169,13 +172,19 @@ impl Layout {
                 format!("a frame of {frame_len} bytes does not fit {MAX_PARTS} chunks of {chunk}"),
             ));
         }
-        let half = (frames / 2).next_power_of_two().max(64);
+        // Frames a direction holds: half of `frames`, as many as fit
+        // MAX_DIRECTION_BYTES of frames of this size.
+        let fit = (MAX_DIRECTION_BYTES / frame_len.max(1)).max(64) as u32;
+        let half = (frames / 2)
+            .next_power_of_two()
+            .max(64)
+            .min(prev_power_of_two(fit));
         let rx_ring = (half as usize * rx_parts).next_power_of_two().min(MAX_RING) as u32;
         let tx_ring = (half as usize * tx_parts).next_power_of_two().min(MAX_RING) as u32;
         // Beyond what the fill ring holds, the frames of the bursts the
         // device holds: the slot the fill ring takes next is then
         // always back.
-        let rx_slots = rx_ring + (2 * RX_BURST * rx_parts) as u32;
+        let rx_slots = rx_ring + held_slots(half, rx_parts);
         let tx_slot = (u64::from(tx_meta) + frame_len as u64).next_multiple_of(u64::from(chunk));
         let tx_slots = (tx_ring / tx_parts as u32).max(1);
         // Sized for the zero-copy stride, the larger one.
@@ -209,7 +218,7 @@ impl Layout {
         }
         if let Some(rx) = rx {
             self.rx_ring = rx;
-            self.rx_slots = rx + (2 * RX_BURST * self.rx_parts) as u32;
+            self.rx_slots = rx + held_slots(rx / self.rx_parts as u32, self.rx_parts);
             let tx_base = (u64::from(self.rx_slots) * u64::from(self.chunk)).next_multiple_of(4096);
             self.tx_base = tx_base;
         }
@@ -254,6 +263,22 @@ impl Layout {
         let slot = off / self.tx_slot;
         (slot < u64::from(self.tx_slots)).then_some(slot as u32)
     }
+}
+
+/// Bytes of frames one direction of the UMEM holds at most by default
+/// (at MTU 65535 that is 512 frames, not 2048).
+const MAX_DIRECTION_BYTES: usize = 32 << 20;
+
+/// The largest power of two at most `n` (`n` ≥ 1).
+fn prev_power_of_two(n: u32) -> u32 {
+    1 << (31 - n.max(1).leading_zeros())
+}
+
+/// Receive chunks beyond the fill ring's: those of the frames the device
+/// holds between bursts (at most two bursts, at most a direction's
+/// frames), so the chunk the fill ring takes next is always back.
+fn held_slots(frames: u32, parts: usize) -> u32 {
+    ((2 * RX_BURST).min(frames as usize) * parts) as u32
 }
 
 /// Most chunks a frame may take: one Ethernet frame of 64 KiB in data
@@ -381,6 +406,8 @@ pub(crate) struct Frames {
     /// The slot the fill ring takes next (slot order keeps multi-buffer
     /// frames in one piece).
     fill_next: u32,
+    /// The addresses one refill puts into the fill ring.
+    fill_addrs: Vec<u64>,
     /// Received frames smoltcp is done with.
     pub(crate) recycle: Vec<RxFrame>,
     /// Gather buffers (multi-buffer frames in scattered chunks) and the
@@ -542,6 +569,7 @@ impl Frames {
             xsk,
             rx_free: vec![true; layout.rx_slots as usize],
             fill_next: 0,
+            fill_addrs: Vec::with_capacity(layout.rx_ring as usize),
             recycle: Vec::with_capacity(2 * RX_BURST),
             gather: (0..gathers)
                 .map(|_| vec![0u8; frame_len].into_boxed_slice())
@@ -749,27 +777,50 @@ impl Frames {
         let room = (self.layout.rx_ring as usize).saturating_sub(self.in_fill);
         let room = self.xsk.fill_room(room);
         let slots = self.layout.rx_slots;
-        let mut n = 0;
+        // A slot that is not back stops the fill ring's order, unless the
+        // ring runs low: then the slots after it go in (a driver that
+        // keeps chunks to itself, or a chunk the kernel never returned,
+        // must not starve the ring; frames across the gap are gathered).
+        let low = self.in_fill < self.layout.rx_ring as usize / 4;
         let mut s = self.fill_next;
-        while n < room && self.rx_free[s as usize] {
-            self.rx_free[s as usize] = false;
-            n += 1;
+        let mut looked = 0;
+        while self.fill_addrs.len() < room && looked < slots {
+            looked += 1;
+            if self.rx_free[s as usize] {
+                self.rx_free[s as usize] = false;
+                self.fill_addrs.push(self.layout.rx_addr(s));
+            } else if !low {
+                break;
+            } else {
+                self.counters.fill_skipped += 1;
+            }
             s = (s + 1) % slots;
         }
-        if n == 0 {
+        if self.fill_addrs.is_empty() {
             if room > 0 {
                 self.counters.fill_starved += 1;
             }
             return;
         }
-        let first = self.fill_next;
-        let layout = self.layout;
-        let addrs = (0..n as u32).map(|k| layout.rx_addr((first + k) % slots));
-        // SAFETY: the `n` slots from `fill_next` were free (user space's,
-        // unused) and are marked taken above; they are not touched until
-        // the rx ring hands them back.
-        let done = unsafe { self.xsk.fill(addrs) };
-        debug_assert_eq!(done, n);
+        let n = self.fill_addrs.len();
+        // SAFETY: the slots were free (user space's, unused) and are
+        // marked taken above; they are not touched until the rx ring
+        // hands them back.
+        let done = unsafe { self.xsk.fill(self.fill_addrs.iter().copied()) };
+        if done < n {
+            // The ring had less room than it said: those slots stay free,
+            // and the order resumes at the first of them.
+            for &a in &self.fill_addrs[done..] {
+                if let Some(slot) = self.layout.rx_slot(a + u64::from(XDP_HEADROOM)) {
+                    self.rx_free[slot as usize] = true;
+                }
+            }
+            s = self
+                .layout
+                .rx_slot(self.fill_addrs[done] + u64::from(XDP_HEADROOM))
+                .unwrap_or(s);
+        }
+        self.fill_addrs.clear();
         self.fill_next = s;
         self.in_fill += done;
         if self.xsk.fill_needs_wakeup() {
@@ -998,6 +1049,11 @@ mod tests {
         // transmit takes.
         let m = Layout::new(4096, 4096, 65_549, TX_META).unwrap();
         assert_eq!((m.tx_slot, m.tx_parts, m.rx_parts), (17 * 4096, 17, 18));
+        // The largest frames: 256 frames a direction, under 100 MiB.
+        assert_eq!(m.rx_ring, 8192);
+        assert!(m.area() < 100 << 20, "{} bytes", m.area());
+        assert_eq!(prev_power_of_two(511), 256);
+        assert_eq!(prev_power_of_two(512), 512);
         assert!(l.multi_buffer());
         assert_eq!(l.stride, 3840);
         assert_eq!(l.rx_ring, 8192);
@@ -1010,7 +1066,7 @@ mod tests {
         let mut l = Layout::new(4096, 4096, 9014, 0).unwrap();
         l.set_rings(Some(1024), Some(512)).unwrap();
         assert_eq!((l.rx_ring, l.tx_ring, l.tx_slots), (1024, 512, 170));
-        assert_eq!(l.rx_slots, 1024 + 2 * 256 * 3);
+        assert_eq!(l.rx_slots, 1024 + 341 * 3);
         assert!(l.tx_base >= u64::from(l.rx_slots) * 4096);
         assert!(l.set_rings(Some(1000), None).is_err());
         assert!(l.set_rings(None, Some(32)).is_err());
