@@ -520,6 +520,17 @@ fn faults(seed: u64) -> FaultConfig {
     FaultConfig::new(seed)
 }
 
+/// 1 % loss, 1 % duplication and 1 % reordering together.
+fn mixed(seed: u64) -> FaultConfig {
+    FaultConfig {
+        drop_ppm: 10_000,
+        duplicate_ppm: 10_000,
+        delay_ppm: 10_000,
+        delay_passes: 2,
+        ..faults(seed)
+    }
+}
+
 #[test]
 fn loss_1_percent() {
     if !is_root() {
@@ -579,13 +590,7 @@ fn mixed_kernel_client() {
     if !is_root() {
         return;
     }
-    let f = FaultConfig {
-        drop_ppm: 10_000,
-        duplicate_ppm: 10_000,
-        delay_ppm: 10_000,
-        delay_passes: 2,
-        ..faults(4)
-    };
+    let f = mixed(4);
     transfer_under(f, Kind::Kernel, Kind::Xdp, &SIZES);
 }
 
@@ -599,13 +604,7 @@ fn mixed_xdp_to_xdp() {
     if !is_root() {
         return;
     }
-    let f = FaultConfig {
-        drop_ppm: 10_000,
-        duplicate_ppm: 10_000,
-        delay_ppm: 10_000,
-        delay_passes: 2,
-        ..faults(6)
-    };
+    let f = mixed(6);
     transfer_under(f, Kind::Xdp, Kind::Xdp, &SIZES);
 }
 
@@ -617,13 +616,7 @@ fn mixed_mtu_9000() {
     if !is_root() {
         return;
     }
-    let f = FaultConfig {
-        drop_ppm: 10_000,
-        duplicate_ppm: 10_000,
-        delay_ppm: 10_000,
-        delay_passes: 2,
-        ..faults(9)
-    };
+    let f = mixed(9);
     transfer_under_at(9000, f.clone(), Kind::Xdp, Kind::Xdp, &SIZES);
     transfer_under_at(9000, f, Kind::Kernel, Kind::Xdp, &SIZES);
 }

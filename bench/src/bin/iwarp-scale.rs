@@ -332,10 +332,11 @@ fn main() -> std::process::ExitCode {
         recs.iter()
             .find(|r| r.metric == m && r.qps == Some(n) && r.config == cfg)
     };
-    let metric = |m: &str, n: usize| record(&name, m, n).and_then(Record::p50);
-    let ratio = |label: &str, m: &str, n: usize, op: &str, target: f64| Ratio {
-        per_pass: per_pass(record(&name, m, n), record(&name, m, 1)),
-        ..Ratio::new(label, metric(m, n), metric(m, 1), op, target)
+    // The median of the per-pass ratios: each pass's two counts ran
+    // minutes apart at most, the passes further apart.
+    let ratio = |label: &str, m: &str, n: usize, op: &str, target: f64| {
+        let v = per_pass(record(&name, m, n), record(&name, m, 1));
+        Ratio::paired(label, v, op, target)
     };
     let mut ratios = Vec::new();
     if counts.contains(&1) {
@@ -372,13 +373,10 @@ fn main() -> std::process::ExitCode {
     // the QP count, the other what the platform itself keeps at that
     // count.
     if max > 1 && counts.contains(&1) {
-        let tx = |n: usize| metric("tx_kib_cost", n);
-        match (tx(max), tx(1)) {
-            (Some(a), Some(b)) if b > 0.0 => {
-                println!(
-                    "side a's send cost per KiB {max} QPs / 1 QP: {:.2} (no target)",
-                    a / b
-                )
+        let tx = |n: usize| record(&name, "tx_kib_cost", n);
+        match report::median(&per_pass(tx(max), tx(1))) {
+            Some(v) => {
+                println!("side a's send cost per KiB {max} QPs / 1 QP: {v:.2} (no target)",)
             }
             _ => println!("side a's send cost per KiB {max} QPs / 1 QP: n/a"),
         }
@@ -390,10 +388,9 @@ fn main() -> std::process::ExitCode {
                     record(&name, "received_bw", 1),
                 );
                 let theirs = per_pass(tcp(n), tcp(1));
-                match (tcp(n).and_then(Record::p50), tcp(1).and_then(Record::p50)) {
-                    (Some(a), Some(b)) if b > 0.0 => println!(
-                        "kernel TCP's aggregate {n} connections / 1: {:.2} per pass {} (no target; RDMA received per pass {})",
-                        a / b,
+                match report::median(&theirs) {
+                    Some(v) => println!(
+                        "kernel TCP's aggregate {n} connections / 1: {v:.2} per pass {} (no target; RDMA received per pass {})",
                         fmt_passes(&theirs),
                         fmt_passes(&ours),
                     ),
