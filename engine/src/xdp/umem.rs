@@ -531,32 +531,31 @@ impl Frames {
         };
         // Tx metadata (the checksum offload) where the kernel takes it and
         // the interface checksums on transmit; the reason where not.
-        let (mut layout, mut xsk, mut csum) = match o.csum_offload.then(|| tx_csum_offload(ifname))
-        {
-            Some(Ok(())) => match make(TX_META) {
-                Ok((l, x)) => (l, x, Ok(())),
-                Err(e) if e.kind() == io::ErrorKind::Unsupported => {
-                    let (l, x) = make(0)?;
-                    (l, x, Err(e.to_string()))
-                }
-                Err(e) => return Err(e),
-            },
-            Some(Err(why)) => {
-                let (l, x) = make(0)?;
-                (l, x, Err(why))
-            }
-            None => {
-                let (l, x) = make(0)?;
-                (l, x, Err("turned off".into()))
-            }
+        let mut csum = if o.csum_offload {
+            tx_csum_offload(ifname)
+        } else {
+            Err("turned off".into())
         };
-        if csum.is_ok() && xsk.mode == BindMode::ZeroCopy && layout.multi_buffer() {
-            // Every descriptor needs the metadata's room in front of it
-            // within its page, which a zero-copy frame of several chunks
-            // written in one piece does not leave.
-            (layout, xsk) = make(0)?;
-            csum = Err("zero-copy multi-buffer frames carry no metadata".into());
+        let mut made = None;
+        if csum.is_ok() {
+            match make(TX_META) {
+                Ok((l, x)) if x.mode == BindMode::ZeroCopy && l.multi_buffer() => {
+                    // Every descriptor needs the metadata's room in front
+                    // of it within its page, which a zero-copy frame of
+                    // several chunks written in one piece does not leave.
+                    // The socket is closed (dropped here) before the next
+                    // one binds the same queue.
+                    csum = Err("zero-copy multi-buffer frames carry no metadata".into());
+                }
+                Ok(m) => made = Some(m),
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => csum = Err(e.to_string()),
+                Err(e) => return Err(e),
+            }
         }
+        let (mut layout, xsk) = match made {
+            Some(m) => m,
+            None => make(0)?,
+        };
         if xsk.mode == BindMode::ZeroCopy {
             // Page-aligned chunks: a driver maps each one for DMA.
             layout.stride = u64::from(chunk);
