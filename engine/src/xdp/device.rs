@@ -334,12 +334,12 @@ impl XskDevice {
     /// `mtu` is the IP MTU; a frame of `mtu` + 14 bytes must fit a UMEM
     /// frame.
     pub(crate) fn new(frames: Frames, mtu: usize, pcap: Option<Pcap>) -> io::Result<Self> {
-        if mtu + ETH_HEADER > frames.frame_mtu {
+        if mtu + ETH_HEADER > frames.layout.frame_len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
                     "MTU {mtu} does not fit a UMEM frame of {} data bytes",
-                    frames.frame_mtu
+                    frames.layout.frame_len
                 ),
             ));
         }

@@ -174,11 +174,16 @@ impl XdpConfig {
         Some(u16::try_from(start).ok()?..=u16::try_from(end).ok()?)
     }
 
+    /// The largest Ethernet frame: the MTU and the Ethernet header.
+    pub(crate) fn frame_len(&self) -> usize {
+        self.mtu + device::ETH_HEADER
+    }
+
     /// UMEM chunk size: the smallest power of two holding an MTU-sized
     /// Ethernet frame after the 256 bytes of XDP headroom, at most a
     /// page (larger frames take several chunks).
     pub(crate) fn frame_size(&self) -> u32 {
-        if self.mtu + 14 + 256 <= 2048 {
+        if self.frame_len() + xsk::XDP_HEADROOM as usize <= 2048 {
             2048
         } else {
             4096

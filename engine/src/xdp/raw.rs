@@ -46,13 +46,12 @@ impl RawTcp {
             Some(m) => m,
             None => mac_of(&cfg.ifname)?,
         };
-        let frame_len = cfg.mtu + super::device::ETH_HEADER;
         let frames = Frames::new(
             &cfg.ifname,
             cfg.queue,
             cfg.frames,
             cfg.frame_size(),
-            frame_len,
+            cfg.frame_len(),
         )?;
         let dev = XskDevice::new(frames, cfg.mtu, None)?;
         let fd = dev.frames.fd();

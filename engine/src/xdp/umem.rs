@@ -39,7 +39,7 @@ use std::os::fd::RawFd;
 
 use iwarp_tcp::csum::Checked;
 
-use super::xsk::{Area, BindMode, Desc, Xsk, XskLayout, XskStats, XDP_HEADROOM};
+use super::xsk::{invalid, Area, BindMode, Desc, Xsk, XskLayout, XDP_HEADROOM};
 
 /// Most frames taken from the rx ring per burst, as many as smoltcp's
 /// ingress budget takes per poll (`iwarp_tcp::Config::ingress_budget`).
@@ -158,19 +158,15 @@ impl Layout {
     /// carries at most `chunk − tx_meta` bytes of it.
     pub(crate) fn new(frames: u32, chunk: u32, frame_len: usize, tx_meta: u32) -> io::Result<Self> {
         if !(chunk == 2048 || chunk == 4096) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("chunk size {chunk}: 2048 or 4096"),
-            ));
+            return Err(invalid(format!("chunk size {chunk}: 2048 or 4096")));
         }
         let data = (chunk - XDP_HEADROOM) as usize;
         let rx_parts = frame_len.div_ceil(data).max(1);
         let tx_parts = frame_len.div_ceil((chunk - tx_meta) as usize).max(1);
         if rx_parts > MAX_PARTS || frame_len > 65_535 + 14 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a frame of {frame_len} bytes does not fit {MAX_PARTS} chunks of {chunk}"),
-            ));
+            return Err(invalid(format!(
+                "a frame of {frame_len} bytes does not fit {MAX_PARTS} chunks of {chunk}"
+            )));
         }
         // Frames a direction holds: half of `frames`, as many as fit
         // MAX_DIRECTION_BYTES of frames of this size.
@@ -187,8 +183,7 @@ impl Layout {
         let rx_slots = rx_ring + held_slots(half, rx_parts);
         let tx_slot = (u64::from(tx_meta) + frame_len as u64).next_multiple_of(u64::from(chunk));
         let tx_slots = (tx_ring / tx_parts as u32).max(1);
-        // Sized for the zero-copy stride, the larger one.
-        let tx_base = (u64::from(rx_slots) * u64::from(chunk)).next_multiple_of(4096);
+        let tx_base = tx_base(rx_slots, chunk);
         Ok(Self {
             chunk,
             stride: u64::from(chunk - XDP_HEADROOM),
@@ -211,16 +206,14 @@ impl Layout {
     pub(crate) fn set_rings(&mut self, rx: Option<u32>, tx: Option<u32>) -> io::Result<()> {
         let bad = |n: u32| !n.is_power_of_two() || n < 64 || n as usize > MAX_RING;
         if rx.is_some_and(bad) || tx.is_some_and(bad) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("ring sizes {rx:?}/{tx:?}: powers of two from 64 to {MAX_RING}"),
-            ));
+            return Err(invalid(format!(
+                "ring sizes {rx:?}/{tx:?}: powers of two from 64 to {MAX_RING}"
+            )));
         }
         if let Some(rx) = rx {
             self.rx_ring = rx;
             self.rx_slots = rx + held_slots(rx / self.rx_parts as u32, self.rx_parts);
-            let tx_base = (u64::from(self.rx_slots) * u64::from(self.chunk)).next_multiple_of(4096);
-            self.tx_base = tx_base;
+            self.tx_base = tx_base(self.rx_slots, self.chunk);
         }
         if let Some(tx) = tx {
             self.tx_ring = tx;
@@ -257,12 +250,23 @@ impl Layout {
         (off % self.stride == 0 && slot < u64::from(self.rx_slots)).then_some(slot as u32)
     }
 
+    /// Where transmit slot `slot` starts (its metadata, then its frame).
+    fn tx_addr(&self, slot: u32) -> u64 {
+        self.tx_base + u64::from(slot) * self.tx_slot
+    }
+
     /// The tx slot an address of a transmit chunk belongs to.
     fn tx_slot_of(&self, addr: u64) -> Option<u32> {
         let off = addr.checked_sub(self.tx_base)?;
         let slot = off / self.tx_slot;
         (slot < u64::from(self.tx_slots)).then_some(slot as u32)
     }
+}
+
+/// Where the transmit slots start after `rx_slots` receive chunks: sized
+/// for the zero-copy stride (`chunk`), the larger one, page-aligned.
+fn tx_base(rx_slots: u32, chunk: u32) -> u64 {
+    (u64::from(rx_slots) * u64::from(chunk)).next_multiple_of(4096)
 }
 
 /// Bytes of frames one direction of the UMEM holds at most by default
@@ -309,16 +313,16 @@ pub(crate) enum RxAt {
 enum Parsed {
     /// A frame in consecutive chunks from `slot`, its data in one piece.
     Whole { slot: u32, slots: u16, len: u32 },
-    /// A frame whose chunks do not follow each other (`slots` of them,
-    /// read from the descriptors again to gather).
+    /// A frame whose chunks do not follow each other (read from the
+    /// descriptors again to gather).
     Scattered { len: u32 },
     /// Inconsistent descriptors: counted, chunks recycled, never placed.
     Bad,
 }
 
 /// Judge the descriptors of one frame (all but the last with
-/// `XDP_PKT_CONTD`). `slot_of` tells each chunk's slot. Only checks what
-/// can be checked without reading the frame.
+/// `XDP_PKT_CONTD`). Only checks what can be checked without reading the
+/// frame.
 fn parse(layout: &Layout, descs: &[Desc]) -> Parsed {
     let data = layout.data();
     let mut len = 0u64;
@@ -406,8 +410,8 @@ pub(crate) struct Frames {
     /// The slot the fill ring takes next (slot order keeps multi-buffer
     /// frames in one piece).
     fill_next: u32,
-    /// The addresses one refill puts into the fill ring.
-    fill_addrs: Vec<u64>,
+    /// The receive chunks one refill puts into the fill ring.
+    fill_slots: Vec<u32>,
     /// Received frames smoltcp is done with.
     pub(crate) recycle: Vec<RxFrame>,
     /// Gather buffers (multi-buffer frames in scattered chunks) and the
@@ -442,8 +446,6 @@ pub(crate) struct Frames {
     /// `None`: TCP transmit checksums are offloaded through Tx metadata;
     /// else why not (smoltcp computes them).
     pub(crate) csum_offload: Option<String>,
-    /// Bytes of data each frame holds.
-    pub(crate) frame_mtu: usize,
     pub(crate) counters: RingCounters,
 }
 
@@ -568,7 +570,7 @@ impl Frames {
             xsk,
             rx_free: vec![true; layout.rx_slots as usize],
             fill_next: 0,
-            fill_addrs: Vec::with_capacity(layout.rx_ring as usize),
+            fill_slots: Vec::with_capacity(layout.rx_ring as usize),
             recycle: Vec::with_capacity(2 * RX_BURST),
             gather: (0..gathers)
                 .map(|_| vec![0u8; frame_len].into_boxed_slice())
@@ -585,7 +587,6 @@ impl Frames {
             skipping: false,
             busy_poll: o.busy_poll.is_some(),
             csum_offload: csum.err(),
-            frame_mtu: frame_len,
             counters: RingCounters::default(),
             layout,
         };
@@ -603,6 +604,11 @@ impl Frames {
         &self.xsk.mode
     }
 
+    /// Whether the socket is bound in zero-copy mode.
+    pub(crate) fn zero_copy(&self) -> bool {
+        self.xsk.mode == BindMode::ZeroCopy
+    }
+
     /// Frames the fill ring holds when full (chunks over chunks per
     /// frame).
     pub(crate) fn fill_frames(&self) -> usize {
@@ -610,7 +616,7 @@ impl Frames {
     }
 
     /// The kernel's socket statistics.
-    pub(crate) fn xdp_statistics(&self) -> Option<XskStats> {
+    pub(crate) fn xdp_statistics(&self) -> Option<libc::xdp_statistics> {
         self.xsk.statistics().ok()
     }
 
@@ -783,11 +789,11 @@ impl Frames {
         let low = self.in_fill < self.layout.rx_ring as usize / 4;
         let mut s = self.fill_next;
         let mut looked = 0;
-        while self.fill_addrs.len() < room && looked < slots {
+        while self.fill_slots.len() < room && looked < slots {
             looked += 1;
             if self.rx_free[s as usize] {
                 self.rx_free[s as usize] = false;
-                self.fill_addrs.push(self.layout.rx_addr(s));
+                self.fill_slots.push(s);
             } else if !low {
                 break;
             } else {
@@ -795,31 +801,27 @@ impl Frames {
             }
             s = (s + 1) % slots;
         }
-        if self.fill_addrs.is_empty() {
+        if self.fill_slots.is_empty() {
             if room > 0 {
                 self.counters.fill_starved += 1;
             }
             return;
         }
-        let n = self.fill_addrs.len();
+        let layout = self.layout;
+        let addrs = self.fill_slots.iter().map(|&slot| layout.rx_addr(slot));
         // SAFETY: the slots were free (user space's, unused) and are
         // marked taken above; they are not touched until the rx ring
         // hands them back.
-        let done = unsafe { self.xsk.fill(self.fill_addrs.iter().copied()) };
-        if done < n {
+        let done = unsafe { self.xsk.fill(addrs) };
+        if let Some(&first) = self.fill_slots.get(done) {
             // The ring had less room than it said: those slots stay free,
             // and the order resumes at the first of them.
-            for &a in &self.fill_addrs[done..] {
-                if let Some(slot) = self.layout.rx_slot(a + u64::from(XDP_HEADROOM)) {
-                    self.rx_free[slot as usize] = true;
-                }
+            for &slot in &self.fill_slots[done..] {
+                self.rx_free[slot as usize] = true;
             }
-            s = self
-                .layout
-                .rx_slot(self.fill_addrs[done] + u64::from(XDP_HEADROOM))
-                .unwrap_or(s);
+            s = first;
         }
-        self.fill_addrs.clear();
+        self.fill_slots.clear();
         self.fill_next = s;
         self.in_fill += done;
         if self.xsk.fill_needs_wakeup() {
@@ -898,7 +900,7 @@ impl Frames {
             if used + parts > room {
                 break;
             }
-            let base = self.layout.tx_base + u64::from(slot) * self.layout.tx_slot + meta;
+            let base = self.layout.tx_addr(slot) + meta;
             let mut left = u64::from(len);
             for k in 0..parts {
                 let n = left.min(piece);
@@ -1019,7 +1021,7 @@ fn rx_bytes_mut<'a>(area: &'a Area, gather: &'a mut [Box<[u8]>], f: &RxFrame) ->
 /// refers to it while the slice lives.
 #[allow(clippy::mut_from_ref)]
 pub(crate) unsafe fn tx_bytes<'a>(area: &'a Area, layout: &Layout, slot: u32) -> &'a mut [u8] {
-    let at = layout.tx_base + u64::from(slot) * layout.tx_slot;
+    let at = layout.tx_addr(slot);
     // SAFETY: inside the area (`Layout::area` counts every slot) and the
     // caller's alone.
     unsafe { area.bytes_mut(at, layout.tx_slot as usize) }

@@ -349,7 +349,7 @@ impl XdpIo {
                 current: base,
             }),
         });
-        let frame_len = cfg.mtu + super::device::ETH_HEADER;
+        let frame_len = cfg.frame_len();
         let inboxes: Vec<Arc<Inbox>> = (0..n).map(|_| Arc::new(Inbox::new(frame_len))).collect();
         let flows = Arc::new(Flows::default());
         let mut engines = Vec::with_capacity(n);
@@ -399,7 +399,7 @@ impl XdpIo {
             dev.forward.me = index;
             let fd = dev.frames.fd();
             let multi_buffer = dev.frames.layout.multi_buffer();
-            let zero_copy = *dev.frames.mode() == BindMode::ZeroCopy;
+            let zero_copy = dev.frames.zero_copy();
             let mut tcp = cfg.tcp;
             tcp.seed ^= seed ^ (index as u64).rotate_left(17);
             // Half the frames stock the fill ring; the windows share half
@@ -507,16 +507,16 @@ impl XdpIo {
             steering: self.steer.counters(),
             ..XdpStats::default()
         };
-        x.zero_copy = *dev.frames.mode() == BindMode::ZeroCopy;
+        x.zero_copy = dev.frames.zero_copy();
         x.multi_buffer = dev.frames.layout.multi_buffer();
         x.tx_csum_offload = dev.frames.csum_offload.is_none();
         if let Some(s) = dev.frames.xdp_statistics() {
             x.rx_dropped = s.rx_dropped;
             x.rx_ring_full = s.rx_ring_full;
-            x.rx_fill_ring_empty = s.rx_fill_ring_empty;
+            x.rx_fill_ring_empty = s.rx_fill_ring_empty_descs;
             x.rx_invalid_descs = s.rx_invalid_descs;
             x.tx_invalid_descs = s.tx_invalid_descs;
-            x.tx_ring_empty = s.tx_ring_empty;
+            x.tx_ring_empty = s.tx_ring_empty_descs;
         }
         (self.stack.counters(), x)
     }

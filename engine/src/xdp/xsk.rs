@@ -317,12 +317,12 @@ pub(crate) struct Xsk {
     pub(crate) mode: BindMode,
 }
 
-fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
+fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, v: &T) -> io::Result<()> {
     // SAFETY: `v` is a live value of the size passed.
     let r = unsafe {
         libc::setsockopt(
             fd,
-            libc::SOL_XDP,
+            level,
             name,
             (v as *const T).cast(),
             size_of::<T>() as libc::socklen_t,
@@ -348,19 +348,9 @@ fn getsockopt<T: Plain>(fd: RawFd, name: libc::c_int) -> io::Result<T> {
     Ok(v)
 }
 
-fn invalid(what: impl Into<String>) -> io::Error {
+/// An `InvalidInput` error saying `what`.
+pub(crate) fn invalid(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what.into())
-}
-
-/// The kernel's socket statistics (`XDP_STATISTICS`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct XskStats {
-    pub(crate) rx_dropped: u64,
-    pub(crate) rx_invalid_descs: u64,
-    pub(crate) tx_invalid_descs: u64,
-    pub(crate) rx_ring_full: u64,
-    pub(crate) rx_fill_ring_empty: u64,
-    pub(crate) tx_ring_empty: u64,
 }
 
 /// A C struct of integers that `getsockopt` fills in.
@@ -421,7 +411,7 @@ impl Xsk {
             flags: libc::XDP_UMEM_UNALIGNED_CHUNK_FLAG | meta_flag,
             tx_metadata_len: tx_metadata,
         };
-        match setsockopt(raw, libc::XDP_UMEM_REG, &reg) {
+        match setsockopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg) {
             Err(e) if tx_metadata > 0 && e.raw_os_error() == Some(libc::EINVAL) => {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
@@ -430,10 +420,10 @@ impl Xsk {
             }
             r => r?,
         }
-        setsockopt(raw, libc::XDP_UMEM_FILL_RING, &rx_ring)?;
-        setsockopt(raw, libc::XDP_UMEM_COMPLETION_RING, &tx_ring)?;
-        setsockopt(raw, libc::XDP_RX_RING, &rx_ring)?;
-        setsockopt(raw, libc::XDP_TX_RING, &tx_ring)?;
+        setsockopt(raw, libc::SOL_XDP, libc::XDP_UMEM_FILL_RING, &rx_ring)?;
+        setsockopt(raw, libc::SOL_XDP, libc::XDP_UMEM_COMPLETION_RING, &tx_ring)?;
+        setsockopt(raw, libc::SOL_XDP, libc::XDP_RX_RING, &rx_ring)?;
+        setsockopt(raw, libc::SOL_XDP, libc::XDP_TX_RING, &tx_ring)?;
         let off = getsockopt::<libc::xdp_mmap_offsets>(raw, libc::XDP_MMAP_OFFSETS)?;
         let fill = Ring::map(
             raw,
@@ -491,19 +481,7 @@ impl Xsk {
             (libc::SO_BUSY_POLL, usecs),
             (SO_BUSY_POLL_BUDGET, budget),
         ] {
-            // SAFETY: an int option of our own socket.
-            let r = unsafe {
-                libc::setsockopt(
-                    self.fd(),
-                    libc::SOL_SOCKET,
-                    name,
-                    (&v as *const libc::c_int).cast(),
-                    size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            setsockopt(self.fd(), libc::SOL_SOCKET, name, &v)?;
         }
         Ok(())
     }
@@ -525,17 +503,9 @@ impl Xsk {
         }
     }
 
-    /// The kernel's counters of this socket.
-    pub(crate) fn statistics(&self) -> io::Result<XskStats> {
-        let s = getsockopt::<libc::xdp_statistics>(self.fd(), libc::XDP_STATISTICS)?;
-        Ok(XskStats {
-            rx_dropped: s.rx_dropped,
-            rx_invalid_descs: s.rx_invalid_descs,
-            tx_invalid_descs: s.tx_invalid_descs,
-            rx_ring_full: s.rx_ring_full,
-            rx_fill_ring_empty: s.rx_fill_ring_empty_descs,
-            tx_ring_empty: s.tx_ring_empty_descs,
-        })
+    /// The kernel's counters of this socket (`XDP_STATISTICS`).
+    pub(crate) fn statistics(&self) -> io::Result<libc::xdp_statistics> {
+        getsockopt(self.fd(), libc::XDP_STATISTICS)
     }
 
     /// Put up to `addrs.len()` chunk addresses into the fill ring;
