@@ -11,7 +11,7 @@ use iwarp_tcp::smoltcp::wire::EthernetAddress;
 use iwarp_tcp::Stack;
 
 use super::device::XskDevice;
-use super::umem::Frames;
+use super::umem::{Frames, Options};
 use super::worker::{mac_of, RawFd};
 use super::XdpConfig;
 
@@ -40,19 +40,15 @@ impl std::fmt::Debug for RawTcp {
 impl RawTcp {
     /// Open the socket and attach the program, steering TCP to `cfg.ip`
     /// on `cfg.ephemeral_ports` and `listen_ports`, and ARP for `cfg.ip`.
-    /// `cfg.pcap` and `cfg.busy_poll` are ignored.
+    /// `cfg.pcap` and `cfg.busy_poll` are ignored; the socket takes the
+    /// engine's socket options (rings, socket busy polling, checksum
+    /// offload).
     pub fn open(cfg: &XdpConfig, listen_ports: &[u16]) -> io::Result<Self> {
         let mac = match cfg.mac {
             Some(m) => m,
             None => mac_of(&cfg.ifname)?,
         };
-        let frames = Frames::new(
-            &cfg.ifname,
-            cfg.queue,
-            cfg.frames,
-            cfg.frame_size(),
-            cfg.frame_len(),
-        )?;
+        let frames = Frames::new(&cfg.ifname, cfg.queue, &Options::of(cfg))?;
         let dev = XskDevice::new(frames, cfg.mtu, None)?;
         let fd = dev.frames.fd();
         let epoch = Instant::now();

@@ -465,15 +465,16 @@ pub(crate) struct Options {
 }
 
 impl Options {
-    pub(crate) fn new(frames: u32, chunk: u32, frame_len: usize) -> Self {
+    /// What `cfg` asks of its engines' sockets.
+    pub(crate) fn of(cfg: &super::XdpConfig) -> Self {
         Self {
-            frames,
-            chunk,
-            frame_len,
-            rx_ring: None,
-            tx_ring: None,
-            busy_poll: None,
-            csum_offload: true,
+            frames: cfg.frames,
+            chunk: cfg.frame_size(),
+            frame_len: cfg.frame_len(),
+            rx_ring: cfg.rx_ring,
+            tx_ring: cfg.tx_ring,
+            busy_poll: cfg.socket_busy_poll.map(|b| (b.usecs, b.budget)),
+            csum_offload: cfg.tx_csum_offload,
         }
     }
 }
@@ -492,22 +493,12 @@ impl std::fmt::Debug for Frames {
 }
 
 impl Frames {
-    /// A UMEM for `frames` frames of up to `frame_len` bytes in chunks
-    /// of `chunk` bytes (2048 or 4096), and an AF_XDP socket bound to
-    /// `ifname` queue `queue`, zero-copy where the driver can, else in
-    /// copy mode, multi-buffer when a frame takes more than one chunk.
-    pub(crate) fn new(
-        ifname: &str,
-        queue: u32,
-        frames: u32,
-        chunk: u32,
-        frame_len: usize,
-    ) -> io::Result<Self> {
-        Self::with(ifname, queue, &Options::new(frames, chunk, frame_len))
-    }
-
-    /// As [`Self::new`], with every option.
-    pub(crate) fn with(ifname: &str, queue: u32, o: &Options) -> io::Result<Self> {
+    /// A UMEM for `o.frames` frames of up to `o.frame_len` bytes in
+    /// chunks of `o.chunk` bytes (2048 or 4096), and an AF_XDP socket
+    /// bound to `ifname` queue `queue`, zero-copy where the driver can,
+    /// else in copy mode, multi-buffer when a frame takes more than one
+    /// chunk.
+    pub(crate) fn new(ifname: &str, queue: u32, o: &Options) -> io::Result<Self> {
         let Options {
             frames,
             chunk,

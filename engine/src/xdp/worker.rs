@@ -354,17 +354,7 @@ impl XdpIo {
         let flows = Arc::new(Flows::default());
         let mut engines = Vec::with_capacity(n);
         for (index, (&queue, part)) in queues.iter().zip(&parts).enumerate() {
-            let frames = Frames::with(
-                &cfg.ifname,
-                queue,
-                &Options {
-                    rx_ring: cfg.rx_ring,
-                    tx_ring: cfg.tx_ring,
-                    busy_poll: cfg.socket_busy_poll.map(|b| (b.usecs, b.budget)),
-                    csum_offload: cfg.tx_csum_offload,
-                    ..Options::new(cfg.frames, cfg.frame_size(), frame_len)
-                },
-            )?;
+            let frames = Frames::new(&cfg.ifname, queue, &Options::of(cfg))?;
             if let BindMode::Copy { zero_copy_refused } = frames.mode() {
                 tracing::info!(
                     ifname = %cfg.ifname,
