@@ -64,21 +64,11 @@ fn target(num: Config, den: Config, size: usize, mtu: usize) -> Option<f64> {
     if num != Config::AfxdpCrcOn || size != 64 << 10 {
         return None;
     }
-    match (den, mtu) {
-        (Config::KernelCrcOn, _) => Some(1.2),
-        (Config::TcpStreamOffload, 65535..) => Some(0.8),
-        (Config::TcpStreamOffload, 9000..) => Some(0.5),
+    match den {
+        Config::KernelCrcOn => Some(1.2),
+        Config::TcpStreamOffload => iwarp_bench::offload_target(mtu),
         _ => None,
     }
-}
-
-/// Whether a configuration's size in the records is its write size (a
-/// stream) rather than a message size.
-fn is_stream(cfg: Config) -> bool {
-    matches!(
-        cfg,
-        Config::SmoltcpRaw | Config::TcpStream | Config::TcpStreamOffload
-    )
 }
 
 fn main() -> std::process::ExitCode {
@@ -143,7 +133,7 @@ fn main() -> std::process::ExitCode {
     for &num in configs.iter().filter(|c| c.name().starts_with("afxdp")) {
         for &den in cli.against.iter().filter(|d| configs.contains(d)) {
             for &size in &sizes {
-                let den_size = (!is_stream(den)).then_some(size);
+                let den_size = (!den.is_stream()).then_some(size);
                 let values = report::per_pass(
                     &pass_recs,
                     |r| report::pass_p50(r, &num.name(), "bandwidth", Some(size)),
@@ -225,6 +215,6 @@ mod tests {
             target(Config::AfxdpCrcOff, Config::KernelCrcOn, k64, 1500),
             None
         );
-        assert!(is_stream(Config::TcpStreamOffload) && !is_stream(Config::KernelCrcOn));
+        assert!(Config::TcpStreamOffload.is_stream() && !Config::KernelCrcOn.is_stream());
     }
 }

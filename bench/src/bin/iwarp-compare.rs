@@ -67,16 +67,11 @@ const SPECS: [Spec; 12] = [
     Spec { name: "64 KiB write bw afxdp-crc-on / tcp-stream", metric: BW, num: Config::AfxdpCrcOn, den: Config::TcpStream, op: ">=", target: 0.9, judged: false },
 ];
 
-/// The target of `spec` at `mtu`: the kernel-TCP-with-offloads ratio is
-/// judged with jumbo frames only (0.5 from MTU 9000, 0.8 at the largest
-/// MTU), where the engine's frames are as large as the link allows.
+/// The target of `spec` at `mtu`: the kernel-TCP-with-offloads ratio
+/// follows [`iwarp_bench::offload_target`].
 fn judged_at(spec: &Spec, mtu: usize) -> (f64, bool) {
     if spec.den == Config::TcpStreamOffload {
-        return match mtu {
-            65535.. => (0.8, true),
-            9000.. => (0.5, true),
-            _ => (spec.target, false),
-        };
+        return iwarp_bench::offload_target(mtu).map_or((spec.target, false), |t| (t, true));
     }
     (spec.target, spec.judged)
 }
@@ -84,9 +79,9 @@ fn judged_at(spec: &Spec, mtu: usize) -> (f64, bool) {
 /// The size a spec's series has in the records (`None`: a stream, whose
 /// size is its write size).
 fn spec_size(metric: &str, cfg: Config) -> Option<usize> {
-    match (metric, cfg) {
-        (LAT, _) => Some(4),
-        (_, Config::SmoltcpRaw | Config::TcpStream | Config::TcpStreamOffload) => None,
+    match metric {
+        LAT => Some(4),
+        _ if cfg.is_stream() => None,
         _ => Some(64 << 10),
     }
 }
