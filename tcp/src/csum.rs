@@ -20,28 +20,41 @@
 
 use smoltcp::wire::{checksum, EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket};
 
+/// Where the TCP segment of an unfragmented Ethernet/IPv4/TCP `frame`
+/// lies in it (`start..end`), and its pseudo-header sum; with
+/// `verify_ip`, only if the IPv4 header checksum verifies.
+fn tcp_segment(frame: &mut [u8], verify_ip: bool) -> Option<(usize, usize, u16)> {
+    let mut eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
+        return None;
+    }
+    let mut ip = Ipv4Packet::new_checked(eth.payload_mut()).ok()?;
+    if ip.next_header() != IpProtocol::Tcp
+        || ip.more_frags()
+        || ip.frag_offset() != 0
+        || (verify_ip && !ip.verify_checksum())
+    {
+        return None;
+    }
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    let start = 14 + usize::from(ip.header_len());
+    let tcp = TcpPacket::new_checked(ip.payload_mut()).ok()?;
+    let len = tcp.as_ref().len();
+    let pseudo = checksum::pseudo_header_v4(&src, &dst, IpProtocol::Tcp, u32::try_from(len).ok()?);
+    Some((start, start + len, pseudo))
+}
+
 /// Prepare an Ethernet/IPv4/TCP `frame` for transmit checksum offload:
 /// the checksum field gets the folded pseudo-header sum (the state
 /// `CHECKSUM_PARTIAL` leaves it in, which the device or the kernel
 /// finishes over the segment), and the return value is where the
 /// checksum's coverage starts in the frame and where within that the
 /// field lies (`csum_start`, `csum_offset`). `None`, the frame left
-/// alone: not an unfragmented TCP segment whose IPv4 header verifies.
+/// alone: not an unfragmented TCP segment over IPv4.
 pub fn offload(frame: &mut [u8]) -> Option<(u16, u16)> {
-    let mut eth = EthernetFrame::new_checked(frame).ok()?;
-    if eth.ethertype() != EthernetProtocol::Ipv4 {
-        return None;
-    }
-    let mut ip = Ipv4Packet::new_checked(eth.payload_mut()).ok()?;
-    if ip.next_header() != IpProtocol::Tcp || ip.more_frags() || ip.frag_offset() != 0 {
-        return None;
-    }
-    let (src, dst) = (ip.src_addr(), ip.dst_addr());
-    let start = 14 + u16::from(ip.header_len());
-    let mut tcp = TcpPacket::new_checked(ip.payload_mut()).ok()?;
-    let len = u32::try_from(tcp.as_ref().len()).ok()?;
-    tcp.set_checksum(checksum::pseudo_header_v4(&src, &dst, IpProtocol::Tcp, len));
-    Some((start, 16))
+    let (start, end, pseudo) = tcp_segment(frame, false)?;
+    TcpPacket::new_unchecked(&mut frame[start..end]).set_checksum(pseudo);
+    Some((u16::try_from(start).ok()?, 16))
 }
 
 /// What [`check`] found of a frame's TCP checksum.
@@ -64,30 +77,10 @@ pub enum Checked {
 /// segment once, and finish it in place if it holds only the
 /// pseudo-header sum. Never panics on any input.
 pub fn check(frame: &mut [u8]) -> Checked {
-    let Ok(mut eth) = EthernetFrame::new_checked(frame) else {
+    let Some((start, end, pseudo)) = tcp_segment(frame, true) else {
         return Checked::NotTcp;
     };
-    if eth.ethertype() != EthernetProtocol::Ipv4 {
-        return Checked::NotTcp;
-    }
-    let Ok(mut ip) = Ipv4Packet::new_checked(eth.payload_mut()) else {
-        return Checked::NotTcp;
-    };
-    if ip.next_header() != IpProtocol::Tcp
-        || ip.more_frags()
-        || ip.frag_offset() != 0
-        || !ip.verify_checksum()
-    {
-        return Checked::NotTcp;
-    }
-    let (src, dst) = (ip.src_addr(), ip.dst_addr());
-    let Ok(mut tcp) = TcpPacket::new_checked(ip.payload_mut()) else {
-        return Checked::NotTcp;
-    };
-    let Ok(len) = u32::try_from(tcp.as_ref().len()) else {
-        return Checked::NotTcp;
-    };
-    let pseudo = checksum::pseudo_header_v4(&src, &dst, IpProtocol::Tcp, len);
+    let mut tcp = TcpPacket::new_unchecked(&mut frame[start..end]);
     // The one pass over the segment, its checksum field included.
     let sum = checksum::data(tcp.as_ref());
     if checksum::combine(&[pseudo, sum]) == !0 {
