@@ -39,15 +39,20 @@ topo_ns_a() { printf 'iwx-%s-a' "$1"; }
 topo_ns_b() { printf 'iwx-%s-b' "$1"; }
 topo_ns_m() { printf 'iwx-%s-m' "$1"; }
 
+# topo_mtu_ok MTU: whether veth and IPv4 take MTU (68..65535), saying why not.
+topo_mtu_ok() {
+    if (($1 < 68 || $1 > 65535)); then
+        echo "topology: MTU $1 outside 68..65535 (the veth and IPv4 limits)" >&2
+        return 1
+    fi
+}
+
 topo_up() {
     local tag="$1" mtu="${2:-1500}" addr_a="${3:-}" addr_b="${4:-}" queues="${5:-1}"
     local a b
     a=$(topo_ns_a "$tag")
     b=$(topo_ns_b "$tag")
-    if ((mtu < 68 || mtu > 65535)); then
-        echo "topology: MTU $mtu outside 68..65535 (the veth and IPv4 limits)" >&2
-        return 1
-    fi
+    topo_mtu_ok "$mtu" || return 1
     if ! [[ "$queues" =~ ^[0-9]+$ ]] || ((queues < 1 || queues > 64)); then
         echo "topology: queue count $queues outside 1..64" >&2
         return 1
@@ -102,10 +107,7 @@ topo_up3() {
     a=$(topo_ns_a "$tag")
     b=$(topo_ns_b "$tag")
     m=$(topo_ns_m "$tag")
-    if ((mtu < 68 || mtu > 65535)); then
-        echo "topology: MTU $mtu outside 68..65535 (the veth and IPv4 limits)" >&2
-        return 1
-    fi
+    topo_mtu_ok "$mtu" || return 1
     for ns in "$a" "$b" "$m"; do
         if ip netns list | awk '{print $1}' | grep -qx -- "$ns"; then
             echo "topology: $ns already exists" >&2
