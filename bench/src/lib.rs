@@ -90,6 +90,12 @@ pub enum Config {
     AfxdpCrcOnPaired,
     /// Bandwidth only: the CRC-off QP of `afxdp-crc-on-paired`.
     AfxdpCrcOffPaired,
+    /// RDMA over the AF_XDP engine on an in-process link (two engines in
+    /// one process, frames lent between them, no kernel), MPA CRC off:
+    /// the stack's own ceiling.
+    LinkCrcOff,
+    /// The in-process link, MPA CRC on.
+    LinkCrcOn,
 }
 
 /// The target of a 64 KiB RDMA Write's bandwidth over the AF_XDP engine
@@ -130,6 +136,7 @@ impl Config {
                 markers,
                 align: true,
                 paired: false,
+                link: false,
             })
         };
         match self {
@@ -142,6 +149,10 @@ impl Config {
             }),
             Self::KernelCrcOff => e(false, false, false),
             Self::KernelCrcOn => e(false, true, false),
+            Self::LinkCrcOff | Self::LinkCrcOn => Some(Engine {
+                link: true,
+                ..e(true, self == Self::LinkCrcOn, false)?
+            }),
             _ => None,
         }
     }

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
+use iwarp_engine::xdp::{LinkEnd, XdpConfig};
 use iwarp_engine::{
     Access, Backend, ConnParams, Cq, Device, DeviceConfig, Listener, Mr, Pd, Progress, Qp, QpInit,
     SendOp, SendWr, WcStatus, EMPTY_WC,
@@ -33,19 +34,29 @@ pub struct Engine {
     /// A second QP on the same two devices, with the MPA CRC the other
     /// way ([`spray_paired_a`] alternates between the two).
     pub paired: bool,
+    /// AF_XDP engines on an in-process link instead of the veth pair
+    /// (both sides in this process, no kernel between them).
+    pub link: bool,
 }
 
 fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
 }
 
-fn backend(e: Engine, side_b: bool, veth: Veth) -> Backend {
+fn backend(e: Engine, side_b: bool, veth: Veth, end: Option<&LinkEnd>) -> Backend {
+    if let Some(end) = end {
+        return Backend::Link(end.clone());
+    }
     if !e.xdp {
         return Backend::Kernel;
     }
+    Backend::AfXdp(xdp_config(e, side_b, veth))
+}
+
+fn xdp_config(e: Engine, side_b: bool, veth: Veth) -> XdpConfig {
     let mut c = veth.xdp(side_b);
     c.align_fpdus = e.align;
-    Backend::AfXdp(c)
+    c
 }
 
 fn params(e: Engine, crc: bool) -> ConnParams {
@@ -114,6 +125,8 @@ pub struct Link {
     back_rx: Option<Receiver<Remote>>,
     meet_tx: Sender<()>,
     meet_rx: Receiver<()>,
+    /// The side's end of an in-process link ([`Engine::link`]).
+    end: Option<LinkEnd>,
 }
 
 /// Links for side a and side b.
@@ -130,6 +143,7 @@ pub fn link() -> (Link, Link) {
             back_rx: None,
             meet_tx: a_tx,
             meet_rx: a_rx,
+            end: None,
         },
         Link {
             offer_tx: Some(offer_tx),
@@ -138,6 +152,7 @@ pub fn link() -> (Link, Link) {
             back_rx: Some(back_rx),
             meet_tx: b_tx,
             meet_rx: b_rx,
+            end: None,
         },
     )
 }
@@ -196,7 +211,7 @@ impl Side {
             seed: Some(if side_b { 2 } else { 1 }),
             busy_poll: false,
         };
-        let dev = retry_open(|| Device::open(backend(e, side_b, veth), cfg))?;
+        let dev = retry_open(|| Device::open(backend(e, side_b, veth, l.end.as_ref()), cfg))?;
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(2 * sq_depth + 64);
         let buf = dev.reg_mr(&pd, len.max(8), Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
@@ -746,8 +761,13 @@ pub fn run_pair_with<A: Send + 'static>(
     fa: impl FnOnce(&Side) -> io::Result<A> + Send + 'static,
     fb: impl FnOnce(&Side) -> io::Result<()> + Send + 'static,
 ) -> io::Result<A> {
-    let (la, lb) = link();
+    let (mut la, mut lb) = link();
     let veth = topo.veth;
+    if e.link {
+        let (a, b) =
+            iwarp_engine::xdp::link(xdp_config(e, false, veth), xdp_config(e, true, veth))?;
+        (la.end, lb.end) = (Some(a), Some(b));
+    }
     let (ta, tb) = if threads {
         (Some(cpus.0), Some(cpus.1))
     } else {

@@ -334,6 +334,7 @@ impl Config {
     pub fn local_ip(&self) -> Option<Ipv4Addr> {
         match &self.backend {
             Backend::AfXdp(x) => Some(x.ip),
+            Backend::Link(end) => Some(end.config().ip),
             Backend::Kernel => None,
         }
     }

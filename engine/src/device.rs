@@ -45,6 +45,12 @@ pub enum Backend {
     /// and the steering XDP program. Needs root (CAP_NET_ADMIN, CAP_BPF,
     /// CAP_IPC_LOCK); opened in the calling thread's network namespace.
     AfXdp(XdpConfig),
+    /// One end of an in-process link ([`crate::xdp::link`]): the AF_XDP
+    /// engine (smoltcp, the same rings and frame pool) with the kernel
+    /// and the wire taken out, its frames lent to the engine on the other
+    /// end in the same process. Needs no privilege; measures the stack's
+    /// own cost per frame and per byte.
+    Link(crate::xdp::LinkEnd),
 }
 
 /// Counters of a device, readable while it runs ([`Device::stats`]).
@@ -157,6 +163,7 @@ impl Device {
         let backend_name = match &backend {
             Backend::Kernel => "kernel",
             Backend::AfXdp(_) => "af_xdp",
+            Backend::Link(_) => "link",
         };
         let span = device_span(backend_name);
         let _entered = span.enter();
@@ -172,10 +179,19 @@ impl Device {
             Progress::Thread { cpu } => cpu,
             Progress::Manual => None,
         };
-        if let Backend::AfXdp(xcfg) = &backend {
+        let xdp = match &backend {
+            Backend::Kernel => None,
+            Backend::AfXdp(xcfg) => Some((xcfg, None)),
+            Backend::Link(end) => Some((end.config(), Some(end))),
+        };
+        if let Some((xcfg, link)) = xdp {
             let mut e = shared.engine();
             let now = e.now();
-            let engines: Vec<XdpRef> = XdpIo::open_all(xcfg, now, seed)?
+            let opened = match link {
+                Some(end) => vec![XdpIo::open_link(end, now, seed)?],
+                None => XdpIo::open_all(xcfg, now, seed)?,
+            };
+            let engines: Vec<XdpRef> = opened
                 .into_iter()
                 .map(|x| Arc::new(Mutex::new(x)))
                 .collect();

@@ -12,13 +12,19 @@
 //! so the two always agree.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A semaphore eventfd (see the module documentation).
 #[derive(Debug)]
 pub(crate) struct EventFd(OwnedFd);
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
 
 impl EventFd {
     /// A new eventfd holding `count`.

@@ -1,4 +1,6 @@
-//! Two devices in one process, connected over loopback TCP.
+//! Two devices in one process, connected over loopback TCP (kernel
+//! backend) or over an in-process link (the AF_XDP engine without the
+//! kernel).
 //!
 //! Every wait is bounded by a generous timeout; nothing asserts timing.
 
@@ -11,6 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::readable;
+use iwarp_engine::xdp::{link, XdpConfig};
 use iwarp_engine::{
     Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, HandleCounts, Mr, Pd,
     Progress, Qp, QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, Sge, WcOpcode,
@@ -438,6 +441,125 @@ fn atomics_and_immediate_data_manual_mode() {
         ConnParams::default(),
         ConnParams::default(),
     ));
+}
+
+/// How the engines of a link test make progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LinkMode {
+    /// Progress threads that spin (the engine's default).
+    Spin,
+    /// Progress threads that sleep when idle: the other end wakes them.
+    Sleep,
+    /// Manual progress (as [`Mode::Manual`]).
+    Manual,
+}
+
+/// Connect a client and a server over an in-process link at `mtu`,
+/// CRC on.
+fn connect_link(mode: LinkMode, mtu: usize) -> Conn {
+    let end = |last: u8| {
+        let mut c = XdpConfig::new("link", std::net::Ipv4Addr::new(198, 18, 0, last), 24);
+        c.mtu = mtu;
+        c.busy_poll = mode == LinkMode::Spin;
+        c
+    };
+    let (a, b) = link(end(1), end(2)).unwrap();
+    let progress = if mode == LinkMode::Manual {
+        Progress::Manual
+    } else {
+        Progress::Thread { cpu: None }
+    };
+    let cfg = DeviceConfig {
+        progress,
+        seed: Some(7),
+        busy_poll: false,
+    };
+    let cdev = Device::open(Backend::Link(a), cfg).unwrap();
+    let sdev = Device::open(Backend::Link(b.clone()), cfg).unwrap();
+    assert!(
+        Device::open(Backend::Link(b), DeviceConfig::default()).is_err(),
+        "an end serves one device"
+    );
+    let driver = (mode == LinkMode::Manual).then(|| Driver::start(&sdev));
+    let listener = sdev.listen("198.18.0.2:7174".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    let (spd, scq, sinit) = init(&sdev);
+    let crc = ConnParams {
+        crc: true,
+        ..ConnParams::default()
+    };
+    let accepted = crc.clone();
+    let server = std::thread::spawn(move || {
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        req.accept(sinit, accepted).unwrap()
+    });
+    let (cpd, ccq, cinit) = init(&cdev);
+    let cqp = cdev.connect(addr, cinit, crc).unwrap();
+    let sqp = server.join().unwrap();
+    Conn {
+        client: Side {
+            qp: cqp,
+            pd: cpd,
+            cq: ccq,
+            dev: cdev,
+        },
+        server: Side {
+            qp: sqp,
+            pd: spd,
+            cq: scq,
+            dev: sdev,
+        },
+        _driver: driver,
+    }
+}
+
+/// Every operation byte-verified over an in-process link at `mtu`, and
+/// the frames that crossed it: lent (no copy), the TCP checksums left to
+/// the receiver, none lost.
+fn link_transfers(mode: LinkMode, mtu: usize) {
+    let c = connect_link(mode, mtu);
+    transfers(&c);
+    atomics_and_immediate_data(&c);
+    for dev in [&c.client.dev, &c.server.dev] {
+        let x = dev.stats().xdp.expect("the link runs the AF_XDP engine");
+        let r = x.rings;
+        assert!(x.tx_csum_offload && !x.zero_copy, "{x:?}");
+        assert!(r.rx_frames > 100 && r.tx_frames > 100, "{r:?}");
+        assert!(
+            r.rx_csum_completed > 100,
+            "checksums finished by the receiver: {r:?}"
+        );
+        assert_eq!(
+            (r.rx_csum_bad, r.tx_unreached, r.rx_bad_frames),
+            (0, 0, 0),
+            "{r:?}"
+        );
+    }
+}
+
+#[test]
+fn link_transfers_mtu_1500() {
+    link_transfers(LinkMode::Spin, 1500);
+}
+
+#[test]
+fn link_transfers_mtu_9000() {
+    link_transfers(LinkMode::Spin, 9000);
+}
+
+#[test]
+fn link_transfers_largest_mtu() {
+    link_transfers(LinkMode::Sleep, 65535);
+}
+
+#[test]
+fn link_transfers_sleeping_threads() {
+    link_transfers(LinkMode::Sleep, 1500);
+}
+
+#[test]
+fn link_transfers_manual_mode() {
+    link_transfers(LinkMode::Manual, 9000);
 }
 
 #[test]

@@ -71,6 +71,11 @@ fn target(num: Config, den: Config, size: usize, mtu: usize) -> Option<f64> {
     }
 }
 
+/// The in-process link's target (one core per side, CRC on, 64 KiB
+/// writes, from MTU 9000): 40 Gb/s.
+const LINK_GBPS: f64 = 40.0;
+const LINK_SIZE: usize = 64 << 10;
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let c = &cli.common;
@@ -103,6 +108,8 @@ fn main() -> std::process::ExitCode {
             Config::TcpStream,
             Config::TcpStreamOffload,
             Config::SmoltcpRaw,
+            Config::LinkCrcOff,
+            Config::LinkCrcOn,
         ]);
         v
     });
@@ -130,7 +137,21 @@ fn main() -> std::process::ExitCode {
     drop(topo);
     let mtu = usize::from(c.mtu);
     let mut ratios: Vec<(Ratio, bool)> = Vec::new();
-    for &num in configs.iter().filter(|c| c.name().starts_with("afxdp")) {
+    // The in-process link's target: an absolute rate (there is no kernel
+    // to pair it with), each pass's p50 over the rate.
+    if configs.contains(&Config::LinkCrcOn) && sizes.contains(&LINK_SIZE) {
+        let name = Config::LinkCrcOn.name();
+        let values = report::per_pass(
+            &pass_recs,
+            |r| report::pass_p50(r, &name, "bandwidth", Some(LINK_SIZE)),
+            |_| Some(LINK_GBPS),
+        );
+        let what = format!("64K write bw {name} / {LINK_GBPS} Gb/s");
+        let judged = mtu >= 9000;
+        ratios.push((Ratio::paired(&what, values, ">=", 1.0), judged));
+    }
+    let engines = |c: &&Config| c.name().starts_with("afxdp") || c.name().starts_with("link");
+    for &num in configs.iter().filter(engines) {
         for &den in cli.against.iter().filter(|d| configs.contains(d)) {
             for &size in &sizes {
                 let den_size = (!den.is_stream()).then_some(size);

@@ -5,6 +5,8 @@
 //!   pool.
 //! * `device`: `XskDevice`, a `smoltcp::phy::Device` whose tokens read
 //!   and write UMEM frames in place, with an optional pcap capture.
+//! * `link`: the in-process link ([`link`], [`LinkEnd`]): two engines
+//!   in one process, each end's frames lent to the other in place.
 //! * `raw`: [`RawTcp`], the user-space TCP alone over the same socket
 //!   (transport ceiling for benchmarks).
 //! * `worker`: `XdpIo`, the state one engine pass works on (its input,
@@ -20,6 +22,7 @@
 //! [`EngineStats`] per engine.
 
 pub(crate) mod device;
+mod link;
 mod raw;
 pub(crate) mod set;
 pub(crate) mod umem;
@@ -31,6 +34,7 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 pub use iwarp_bpf::{ActiveMode, AttachMode, Counters as SteerCounters};
+pub use link::{link, LinkEnd};
 pub use raw::RawTcp;
 pub use umem::{RingCounters, TX_FLUSH_FRAMES};
 

@@ -39,6 +39,7 @@ use std::os::fd::RawFd;
 
 use iwarp_tcp::csum::Checked;
 
+use super::link::End;
 use super::xsk::{invalid, Area, BindMode, Desc, Xsk, XskLayout, XDP_HEADROOM};
 
 /// Most frames taken from the rx ring per burst, as many as smoltcp's
@@ -109,6 +110,9 @@ pub struct RingCounters {
     /// Busy polls (`recvfrom`) of passes that found the rx ring empty
     /// ([`XdpConfig::socket_busy_poll`](super::XdpConfig::socket_busy_poll)).
     pub rx_busy_polls: u64,
+    /// In-process link: frames sent while no engine ran on the other end
+    /// (dropped, as on a wire without a receiver).
+    pub tx_unreached: u64,
 }
 
 /// Where the UMEM's parts lie and how large they are.
@@ -304,6 +308,9 @@ pub(crate) struct RxFrame {
 pub(crate) enum RxAt {
     /// In the area from `addr`, in `slots` receive chunks from `slot` on.
     Umem { addr: u64, slot: u32, slots: u16 },
+    /// In-process link: in the other end's transmit slot at `addr`, lent
+    /// until given back.
+    Lent { addr: u64 },
     /// In gather buffer `n` (its chunks are free again).
     Gathered(u16),
 }
@@ -403,7 +410,7 @@ fn length_matches(frame: &[u8]) -> bool {
 
 /// The UMEM, its rings and the chunks user space owns.
 pub(crate) struct Frames {
-    xsk: Xsk,
+    port: Port,
     pub(crate) layout: Layout,
     /// Receive chunks user space owns and does not use.
     rx_free: Vec<bool>,
@@ -449,6 +456,27 @@ pub(crate) struct Frames {
     pub(crate) counters: RingCounters,
 }
 
+/// What moves the frames: an AF_XDP socket (the kernel) or one end of
+/// an in-process link.
+// One per engine; boxing the socket would put an indirection in front of
+// every ring access.
+#[allow(clippy::large_enum_variant)]
+enum Port {
+    Socket(Xsk),
+    Link(End),
+}
+
+/// The area of `port`'s frames.
+fn area_of(port: &Port) -> &Area {
+    match port {
+        Port::Socket(x) => &x.area,
+        Port::Link(e) => e.area(),
+    }
+}
+
+/// The bind mode an in-process link reports.
+static LINK_MODE: BindMode = BindMode::Link;
+
 /// How to make a [`Frames`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Options {
@@ -483,7 +511,7 @@ impl std::fmt::Debug for Frames {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Frames")
             .field("layout", &self.layout)
-            .field("mode", &self.xsk.mode)
+            .field("mode", self.mode())
             .field("tx_free", &self.tx_free.len())
             .field("in_fill", &self.in_fill)
             .field("in_tx", &self.in_tx)
@@ -558,7 +586,7 @@ impl Frames {
         }
         let gathers = if layout.rx_parts > 1 { RX_BURST } else { 0 };
         let mut me = Self {
-            xsk,
+            port: Port::Socket(xsk),
             rx_free: vec![true; layout.rx_slots as usize],
             fill_next: 0,
             fill_slots: Vec::with_capacity(layout.rx_ring as usize),
@@ -585,19 +613,66 @@ impl Frames {
         Ok(me)
     }
 
-    /// The socket's file descriptor (for the XSKMAP and for epoll).
+    /// Frames on end `end` of an in-process link: its transmit slots,
+    /// and the other end's frames lent to it. TCP transmit checksums are
+    /// left to the receiving end (nothing else would compute them).
+    pub(crate) fn link(end: &End) -> io::Result<Self> {
+        let layout = end.layout();
+        end.open()?;
+        Ok(Self {
+            port: Port::Link(end.clone()),
+            rx_free: Vec::new(),
+            fill_next: 0,
+            fill_slots: Vec::new(),
+            recycle: Vec::with_capacity(2 * RX_BURST),
+            gather: Vec::new(),
+            gather_free: Vec::new(),
+            tx_free: (0..layout.tx_slots).rev().collect(),
+            tx_out: vec![0; layout.tx_slots as usize],
+            tx_pending: VecDeque::with_capacity(layout.tx_slots as usize),
+            flush_at: TX_FLUSH_FRAMES,
+            in_fill: 0,
+            in_tx: 0,
+            starved: false,
+            descs: Vec::new(),
+            skipping: false,
+            busy_poll: false,
+            csum_offload: None,
+            counters: RingCounters::default(),
+            layout,
+        })
+    }
+
+    /// The socket's file descriptor (for the XSKMAP); on a link, the
+    /// end's eventfd.
     pub(crate) fn fd(&self) -> RawFd {
-        self.xsk.fd()
+        match &self.port {
+            Port::Socket(x) => x.fd(),
+            Port::Link(e) => e.fd(),
+        }
+    }
+
+    /// The descriptor a thread about to sleep waits on: the socket
+    /// (readable when frames arrive), or the link end's eventfd, armed
+    /// (the other end writes it after its next frame).
+    pub(crate) fn sleep_fd(&self) -> RawFd {
+        match &self.port {
+            Port::Socket(x) => x.fd(),
+            Port::Link(e) => e.arm(),
+        }
     }
 
     /// How the socket was bound.
     pub(crate) fn mode(&self) -> &BindMode {
-        &self.xsk.mode
+        match &self.port {
+            Port::Socket(x) => &x.mode,
+            Port::Link(_) => &LINK_MODE,
+        }
     }
 
     /// Whether the socket is bound in zero-copy mode.
     pub(crate) fn zero_copy(&self) -> bool {
-        self.xsk.mode == BindMode::ZeroCopy
+        *self.mode() == BindMode::ZeroCopy
     }
 
     /// Frames the fill ring holds when full (chunks over chunks per
@@ -608,18 +683,21 @@ impl Frames {
 
     /// The kernel's socket statistics.
     pub(crate) fn xdp_statistics(&self) -> Option<libc::xdp_statistics> {
-        self.xsk.statistics().ok()
+        match &self.port {
+            Port::Socket(x) => x.statistics().ok(),
+            Port::Link(_) => None,
+        }
     }
 
     /// The bytes of received frame `f`.
     pub(crate) fn bytes(&self, f: &RxFrame) -> &[u8] {
-        rx_bytes(&self.xsk.area, &self.gather, f)
+        rx_bytes(area_of(&self.port), &self.gather, f)
     }
 
     /// The parts the device's tokens borrow at once.
     pub(crate) fn split(&mut self) -> Split<'_> {
         Split {
-            area: &self.xsk.area,
+            area: area_of(&self.port),
             gather: &self.gather,
             recycle: &mut self.recycle,
             tx_free: &mut self.tx_free,
@@ -633,18 +711,25 @@ impl Frames {
     /// descriptors of a frame whose last part has not arrived stay in the
     /// ring.
     pub(crate) fn rx_burst(&mut self, out: &mut VecDeque<RxFrame>) -> usize {
+        let xsk = match &mut self.port {
+            Port::Socket(x) => x,
+            Port::Link(_) => return self.link_rx_burst(out),
+        };
         let want = RX_BURST * self.layout.rx_parts;
-        let mut avail = self.xsk.rx_available(want);
+        let mut avail = xsk.rx_available(want);
         if avail == 0 && self.busy_poll {
             self.counters.rx_busy_polls += 1;
-            self.xsk.rx_busy_poll();
-            avail = self.xsk.rx_available(want);
+            xsk.rx_busy_poll();
+            avail = xsk.rx_available(want);
         }
         let mut used = 0;
         let mut frames = 0;
         let mut i = 0;
         while i < avail && frames < RX_BURST {
-            let d = self.xsk.rx_get(i);
+            let Port::Socket(xsk) = &self.port else {
+                break;
+            };
+            let d = xsk.rx_get(i);
             i += 1;
             match cut(&mut self.descs, &mut self.skipping, self.layout.rx_parts, d) {
                 Cut::More => {}
@@ -664,7 +749,36 @@ impl Frames {
         }
         // An unfinished frame's parts are read again next time.
         self.descs.clear();
-        self.xsk.rx_release(used);
+        if let Port::Socket(xsk) = &mut self.port {
+            xsk.rx_release(used);
+        }
+        self.counters.rx_frames += frames as u64;
+        frames
+    }
+
+    /// [`Self::rx_burst`] on a link: the frames the other end lent.
+    fn link_rx_burst(&mut self, out: &mut VecDeque<RxFrame>) -> usize {
+        let Port::Link(end) = &self.port else {
+            return 0;
+        };
+        let mut frames = 0;
+        while frames < RX_BURST {
+            let Some((addr, len)) = end.receive() else {
+                break;
+            };
+            frames += 1;
+            let frame = RxFrame {
+                len,
+                at: RxAt::Lent { addr },
+            };
+            let mut checks = Checks {
+                area: end.area(),
+                gather: &mut self.gather,
+                counters: &mut self.counters,
+                recycle: &mut self.recycle,
+            };
+            checks.frame(frame, false, out);
+        }
         self.counters.rx_frames += frames as u64;
         frames
     }
@@ -705,23 +819,13 @@ impl Frames {
                 return;
             }
         };
-        let area = &self.xsk.area;
-        let data = rx_bytes_mut(area, &mut self.gather, &frame);
-        if n > 1 && !length_matches(data) {
-            self.counters.rx_bad_frames += 1;
-            self.recycle.push(frame);
-            return;
-        }
-        match iwarp_tcp::csum::check(data) {
-            Checked::Completed => self.counters.rx_csum_completed += 1,
-            Checked::Corrupt => {
-                self.counters.rx_csum_bad += 1;
-                self.recycle.push(frame);
-                return;
-            }
-            Checked::Valid | Checked::NotTcp => {}
-        }
-        out.push_back(frame);
+        let mut checks = Checks {
+            area: area_of(&self.port),
+            gather: &mut self.gather,
+            counters: &mut self.counters,
+            recycle: &mut self.recycle,
+        };
+        checks.frame(frame, n > 1, out);
     }
 
     /// Copy the scattered parts in `self.descs` into a free gather buffer
@@ -735,7 +839,7 @@ impl Frames {
             // SAFETY: `parse` checked the descriptor lies in a receive
             // chunk's data part; the chunk is user space's (the rx ring
             // handed it over) until freed below.
-            let src = unsafe { self.xsk.area.bytes(d.addr, n) };
+            let src = unsafe { area_of(&self.port).bytes(d.addr, n) };
             buf[at..at + n].copy_from_slice(src);
             at += n;
         }
@@ -759,6 +863,17 @@ impl Frames {
     /// Give consumed frames back and top the fill ring up, in slot
     /// order.
     pub(crate) fn refill(&mut self) {
+        if let Port::Link(end) = &self.port {
+            if !self.recycle.is_empty() {
+                for f in self.recycle.drain(..) {
+                    if let RxAt::Lent { addr } = f.at {
+                        end.give_back(addr);
+                    }
+                }
+                end.wake_peer();
+            }
+            return;
+        }
         for f in self.recycle.drain(..) {
             match f.at {
                 RxAt::Umem { slot, slots, .. } => {
@@ -768,10 +883,14 @@ impl Frames {
                     }
                 }
                 RxAt::Gathered(g) => self.gather_free.push(g),
+                RxAt::Lent { .. } => {}
             }
         }
+        let Port::Socket(xsk) = &mut self.port else {
+            return;
+        };
         let room = (self.layout.rx_ring as usize).saturating_sub(self.in_fill);
-        let room = self.xsk.fill_room(room);
+        let room = xsk.fill_room(room);
         let slots = self.layout.rx_slots;
         // A slot that is not back stops the fill ring's order, unless the
         // ring runs low: then the slots after it go in (a driver that
@@ -803,7 +922,7 @@ impl Frames {
         // SAFETY: the slots were free (user space's, unused) and are
         // marked taken above; they are not touched until the rx ring
         // hands them back.
-        let done = unsafe { self.xsk.fill(addrs) };
+        let done = unsafe { xsk.fill(addrs) };
         if let Some(&first) = self.fill_slots.get(done) {
             // The ring had less room than it said: those slots stay free,
             // and the order resumes at the first of them.
@@ -815,9 +934,9 @@ impl Frames {
         self.fill_slots.clear();
         self.fill_next = s;
         self.in_fill += done;
-        if self.xsk.fill_needs_wakeup() {
+        if xsk.fill_needs_wakeup() {
             self.counters.fill_wakeups += 1;
-            self.xsk.rx_wakeup();
+            xsk.rx_wakeup();
         }
     }
 
@@ -826,12 +945,10 @@ impl Frames {
         if self.in_tx == 0 {
             return;
         }
-        let n = self.xsk.comp_available(self.layout.tx_ring as usize);
         let mut slots = 0;
-        for i in 0..n {
-            let addr = self.xsk.comp_get(i);
+        let mut done = |addr: u64| {
             let Some(slot) = self.layout.tx_slot_of(addr) else {
-                continue;
+                return;
             };
             let left = &mut self.tx_out[slot as usize];
             *left = left.saturating_sub(1);
@@ -839,8 +956,21 @@ impl Frames {
                 self.tx_free.push(slot);
                 slots += 1;
             }
+        };
+        match &mut self.port {
+            Port::Socket(xsk) => {
+                let n = xsk.comp_available(self.layout.tx_ring as usize);
+                for i in 0..n {
+                    done(xsk.comp_get(i));
+                }
+                xsk.comp_release(n);
+            }
+            Port::Link(end) => {
+                while let Some(addr) = end.completed() {
+                    done(addr);
+                }
+            }
         }
-        self.xsk.comp_release(n);
         self.starved &= slots == 0;
         self.in_tx -= slots.min(self.in_tx);
         self.counters.tx_completed += slots as u64;
@@ -855,17 +985,26 @@ impl Frames {
     /// them, often on another core), and a `sendto` in the meantime
     /// finds an empty ring and only costs a system call.
     pub(crate) fn tx_burst(&mut self) -> usize {
+        if let Port::Link(_) = self.port {
+            self.reclaim();
+            let sent = self.link_submit();
+            self.flush_at = self.tx_pending.len() + TX_FLUSH_FRAMES;
+            return sent;
+        }
         let mut sent = 0;
         for _ in 0..MAX_KICKS {
             self.reclaim();
             let done = self.submit();
             sent += done;
-            if self.in_tx == 0 || !self.xsk.tx_needs_wakeup() || !self.xsk.tx_ring_holds() {
+            let Port::Socket(xsk) = &mut self.port else {
+                break;
+            };
+            if self.in_tx == 0 || !xsk.tx_needs_wakeup() || !xsk.tx_ring_holds() {
                 break;
             }
             let before = self.counters.tx_completed;
             self.counters.tx_kicks += 1;
-            if self.xsk.tx_wakeup().is_err() {
+            if xsk.tx_wakeup().is_err() {
                 break;
             }
             self.reclaim();
@@ -881,9 +1020,12 @@ impl Frames {
     /// Put as many pending frames into the tx ring as it has room for,
     /// one descriptor per `chunk − tx_meta` bytes.
     fn submit(&mut self) -> usize {
+        let Port::Socket(xsk) = &mut self.port else {
+            return 0;
+        };
         let meta = u64::from(self.layout.tx_meta);
         let piece = u64::from(self.layout.chunk) - meta;
-        let room = self.xsk.tx_room(self.layout.tx_ring as usize);
+        let room = xsk.tx_room(self.layout.tx_ring as usize);
         let mut used = 0;
         let mut frames = 0;
         while let Some(&(slot, len)) = self.tx_pending.get(frames) {
@@ -914,15 +1056,40 @@ impl Frames {
                 // SAFETY: the slot was written by a transmit token and is
                 // user space's until the completion ring returns each of
                 // its chunks (`tx_out`).
-                unsafe { self.xsk.tx_put(used + k, d) };
+                unsafe { xsk.tx_put(used + k, d) };
             }
             self.tx_out[slot as usize] = parts as u8;
             used += parts;
             frames += 1;
         }
-        self.xsk.tx_submit(used);
+        xsk.tx_submit(used);
         self.tx_pending.drain(..frames);
         self.in_tx += frames;
+        self.counters.tx_frames += frames as u64;
+        frames
+    }
+
+    /// [`Self::submit`] on a link: lend every pending frame to the other
+    /// end (its queue holds all of them), then wake it if it sleeps.
+    fn link_submit(&mut self) -> usize {
+        let Port::Link(end) = &self.port else {
+            return 0;
+        };
+        let meta = u64::from(self.layout.tx_meta);
+        let mut frames = 0;
+        for (slot, len) in self.tx_pending.drain(..) {
+            frames += 1;
+            if end.send(self.layout.tx_addr(slot) + meta, len) {
+                self.tx_out[slot as usize] = 1;
+                self.in_tx += 1;
+            } else {
+                self.counters.tx_unreached += 1;
+                self.tx_free.push(slot);
+            }
+        }
+        if frames > 0 {
+            end.wake_peer();
+        }
         self.counters.tx_frames += frames as u64;
         frames
     }
@@ -943,8 +1110,11 @@ impl Frames {
     /// frames the kernel took come back through the completion ring on
     /// their own, reclaimed by the next tx burst, refill or frame taken.
     pub(crate) fn tx_busy(&mut self) -> bool {
-        !self.tx_pending.is_empty()
-            || (self.in_tx > 0 && (self.starved || self.xsk.tx_ring_holds()))
+        let holds = match &mut self.port {
+            Port::Socket(xsk) => xsk.tx_ring_holds(),
+            Port::Link(_) => false,
+        };
+        !self.tx_pending.is_empty() || (self.in_tx > 0 && (self.starved || holds))
     }
 
     /// Whether a transmit slot is free, reclaiming completions if none
@@ -956,6 +1126,52 @@ impl Frames {
         let free = !self.tx_free.is_empty();
         self.starved |= !free;
         free
+    }
+}
+
+/// What verifying a received frame touches of a [`Frames`].
+struct Checks<'a> {
+    area: &'a Area,
+    gather: &'a mut [Box<[u8]>],
+    counters: &'a mut RingCounters,
+    recycle: &'a mut Vec<RxFrame>,
+}
+
+impl Checks<'_> {
+    /// Queue received `frame` in `out` if its length (`parts`: it came
+    /// in several) and TCP checksum verify; else count and recycle it.
+    fn frame(&mut self, frame: RxFrame, parts: bool, out: &mut VecDeque<RxFrame>) {
+        let data = rx_bytes_mut(self.area, self.gather, &frame);
+        if parts && !length_matches(data) {
+            self.counters.rx_bad_frames += 1;
+            self.recycle.push(frame);
+            return;
+        }
+        match iwarp_tcp::csum::check(data) {
+            Checked::Completed => self.counters.rx_csum_completed += 1,
+            Checked::Corrupt => {
+                self.counters.rx_csum_bad += 1;
+                self.recycle.push(frame);
+                return;
+            }
+            Checked::Valid | Checked::NotTcp => {}
+        }
+        out.push_back(frame);
+    }
+}
+
+impl Drop for Frames {
+    /// A link end goes back to the link, with the frames it holds of the
+    /// other end's.
+    fn drop(&mut self) {
+        if let Port::Link(end) = &self.port {
+            for f in self.recycle.drain(..) {
+                if let RxAt::Lent { addr } = f.at {
+                    end.give_back(addr);
+                }
+            }
+            end.close();
+        }
     }
 }
 
@@ -989,8 +1205,12 @@ pub(crate) fn rx_bytes<'a>(area: &'a Area, gather: &'a [Box<[u8]>], f: &RxFrame)
     match f.at {
         // SAFETY: a received frame's chunks are user space's until it is
         // recycled, and nothing writes them meanwhile; `parse` checked
-        // that they lie in the area.
-        RxAt::Umem { addr, .. } => unsafe { area.bytes(addr, f.len as usize) },
+        // that they lie in the area. A lent frame is the other end's
+        // transmit slot, which that end leaves alone until it is given
+        // back, at an address of its layout inside the shared area.
+        RxAt::Umem { addr, .. } | RxAt::Lent { addr } => unsafe {
+            area.bytes(addr, f.len as usize)
+        },
         RxAt::Gathered(g) => &gather[usize::from(g)][..f.len as usize],
     }
 }
@@ -999,7 +1219,9 @@ fn rx_bytes_mut<'a>(area: &'a Area, gather: &'a mut [Box<[u8]>], f: &RxFrame) ->
     match f.at {
         // SAFETY: as `rx_bytes`; the frame has just been taken from the
         // rx ring and nothing else refers to it yet.
-        RxAt::Umem { addr, .. } => unsafe { area.bytes_mut(addr, f.len as usize) },
+        RxAt::Umem { addr, .. } | RxAt::Lent { addr } => unsafe {
+            area.bytes_mut(addr, f.len as usize)
+        },
         RxAt::Gathered(g) => &mut gather[usize::from(g)][..f.len as usize],
     }
 }

@@ -19,6 +19,7 @@ use iwarp_tcp::smoltcp::wire::{EthernetAddress, IpAddress, IpEndpoint};
 use iwarp_tcp::{ConnId, Error as TcpError, Stack};
 
 use super::device::{FlowKey, Flows, Inbox, Pcap, XskDevice};
+use super::link::LinkEnd;
 use super::umem::{Frames, Options};
 use super::xsk::BindMode;
 use super::{XdpConfig, XdpStats};
@@ -253,7 +254,6 @@ pub(crate) struct XdpIo {
     /// Outgoing connections from `dial` until the device adds them
     /// (`add_conn`) or drops them: they count as load.
     opening: std::collections::HashSet<ConnId>,
-    fd: i32,
     /// Keep FPDUs inside TCP segments ([`XdpConfig::align_fpdus`]).
     ///
     /// [`XdpConfig::align_fpdus`]: super::XdpConfig::align_fpdus
@@ -363,7 +363,6 @@ impl XdpIo {
                     "zero-copy AF_XDP refused by the driver: copy mode"
                 );
             }
-            let fill_frames = frames.fill_frames();
             match &frames.csum_offload {
                 None => {
                     tracing::info!(ifname = %cfg.ifname, queue, "TCP transmit checksums offloaded (Tx metadata)")
@@ -387,80 +386,123 @@ impl XdpIo {
             dev.forward.inboxes = inboxes.clone();
             dev.forward.flows = flows.clone();
             dev.forward.me = index;
-            let fd = dev.frames.fd();
-            let multi_buffer = dev.frames.layout.multi_buffer();
-            let zero_copy = dev.frames.zero_copy();
-            let mut tcp = cfg.tcp;
-            tcp.seed ^= seed ^ (index as u64).rotate_left(17);
-            // Half the frames stock the fill ring; the windows share half
-            // of those. The rest takes what arrives beyond the windows: the
-            // burst the engine holds until its next refill, the peers'
-            // acknowledgements and window updates, zero-window probes and
-            // retransmissions.
-            if tcp.window_frames.is_none() {
-                tcp.window_frames = Some(fill_frames / 2);
-            }
-            let stack = Stack::new(
-                dev,
-                EthernetAddress(mac),
-                cfg.ip,
-                cfg.prefix,
-                cfg.gateway,
-                tcp,
-                smol(now),
-            );
-            let (lo, hi) = (*part.start(), *part.end());
-            let span = u64::from(hi - lo) + 1;
-            let first_port = lo + (seed.rotate_left(29) % span) as u16;
-            {
-                let g = lock(&steer.inner);
-                if let Some(s) = &g.steering {
-                    s.set_xsk(queue, &RawFd(fd)).map_err(io_err)?;
-                }
-            }
-            tracing::info!(
-                ifname = %cfg.ifname,
-                queue,
-                engine = index,
-                ip = %cfg.ip,
-                mtu = cfg.mtu,
-                frames = cfg.frames,
-                frame_size = cfg.frame_size(),
-                multi_buffer,
-                zero_copy,
-                ephemeral_ports = ?part,
-                "AF_XDP socket bound"
-            );
-            engines.push(Self {
-                steer: steer.clone(),
-                index,
-                queue,
-                stack,
-                ip: cfg.ip,
-                ephemeral: part.clone(),
-                next_port: first_port,
-                listeners: Vec::new(),
-                pending: ConnSlots::default(),
-                dials: ConnSlots::default(),
-                conns: ConnSlots::default(),
-                finished: Vec::new(),
-                active: Vec::new(),
-                local_ports: HashMap::new(),
-                lingering: ConnSlots::default(),
-                lifecycle_visits: 0,
-                visits: 0,
-                idle_visits: 0,
-                steer_dirty: false,
-                passive: HashMap::new(),
-                opening: std::collections::HashSet::new(),
-                fd,
-                align: cfg.align_fpdus,
-                tx_more: Vec::new(),
-                passes: 0,
-                timing: (0, 0, 0),
-            });
+            engines.push(Self::engine(
+                cfg, index, queue, part, dev, mac, &steer, now, seed,
+            )?);
         }
         Ok(engines)
+    }
+
+    /// Engine `index` over `dev` on receive queue `queue`, with local
+    /// ports `part` and the device's steering `steer`.
+    #[allow(clippy::too_many_arguments)]
+    fn engine(
+        cfg: &XdpConfig,
+        index: usize,
+        queue: u32,
+        part: &RangeInclusive<u16>,
+        dev: XskDevice,
+        mac: [u8; 6],
+        steer: &Arc<Steer>,
+        now: CoreInstant,
+        seed: u64,
+    ) -> std::io::Result<Self> {
+        let io_err = |e: iwarp_bpf::Error| std::io::Error::other(e.to_string());
+        let fill_frames = dev.frames.fill_frames();
+        let fd = dev.frames.fd();
+        let multi_buffer = dev.frames.layout.multi_buffer();
+        let zero_copy = dev.frames.zero_copy();
+        let mut tcp = cfg.tcp;
+        tcp.seed ^= seed ^ (index as u64).rotate_left(17);
+        // Half the frames stock the fill ring; the windows share half
+        // of those. The rest takes what arrives beyond the windows: the
+        // burst the engine holds until its next refill, the peers'
+        // acknowledgements and window updates, zero-window probes and
+        // retransmissions.
+        if tcp.window_frames.is_none() {
+            tcp.window_frames = Some(fill_frames / 2);
+        }
+        let stack = Stack::new(
+            dev,
+            EthernetAddress(mac),
+            cfg.ip,
+            cfg.prefix,
+            cfg.gateway,
+            tcp,
+            smol(now),
+        );
+        let (lo, hi) = (*part.start(), *part.end());
+        let span = u64::from(hi - lo) + 1;
+        let first_port = lo + (seed.rotate_left(29) % span) as u16;
+        {
+            let g = lock(&steer.inner);
+            if let Some(s) = &g.steering {
+                s.set_xsk(queue, &RawFd(fd)).map_err(io_err)?;
+            }
+        }
+        tracing::info!(
+            ifname = %cfg.ifname,
+            queue,
+            engine = index,
+            ip = %cfg.ip,
+            mtu = cfg.mtu,
+            frames = cfg.frames,
+            frame_size = cfg.frame_size(),
+            multi_buffer,
+            zero_copy,
+            ephemeral_ports = ?part,
+            "AF_XDP socket bound"
+        );
+        Ok(Self {
+            steer: steer.clone(),
+            index,
+            queue,
+            stack,
+            ip: cfg.ip,
+            ephemeral: part.clone(),
+            next_port: first_port,
+            listeners: Vec::new(),
+            pending: ConnSlots::default(),
+            dials: ConnSlots::default(),
+            conns: ConnSlots::default(),
+            finished: Vec::new(),
+            active: Vec::new(),
+            local_ports: HashMap::new(),
+            lingering: ConnSlots::default(),
+            lifecycle_visits: 0,
+            visits: 0,
+            idle_visits: 0,
+            steer_dirty: false,
+            passive: HashMap::new(),
+            opening: std::collections::HashSet::new(),
+            align: cfg.align_fpdus,
+            tx_more: Vec::new(),
+            passes: 0,
+            timing: (0, 0, 0),
+        })
+    }
+
+    /// The engine on end `end` of an in-process link: no interface, no
+    /// steering program.
+    pub(crate) fn open_link(end: &LinkEnd, now: CoreInstant, seed: u64) -> std::io::Result<Self> {
+        let cfg = end.config();
+        let mac = cfg
+            .mac
+            .ok_or_else(|| std::io::Error::other("a link end without a MAC address"))?;
+        let steer = Arc::new(Steer {
+            inner: std::sync::Mutex::new(SteerState {
+                steering: None,
+                ip: cfg.ip,
+                ephemeral: cfg.ephemeral_ports.clone(),
+                ports: vec![Vec::new()],
+                current: Steer::base(cfg.ip, &cfg.ephemeral_ports),
+            }),
+        });
+        let frames = Frames::link(&end.end)?;
+        let pcap = cfg.pcap.as_deref().map(Pcap::create).transpose()?;
+        let dev = XskDevice::new(frames, cfg.mtu, pcap)?;
+        tracing::info!(side = end.side(), ip = %cfg.ip, mtu = cfg.mtu, "in-process link end opened");
+        Self::engine(cfg, 0, 0, &cfg.ephemeral_ports, dev, mac, &steer, now, seed)
     }
 
     /// Index among the device's engines.
@@ -485,8 +527,10 @@ impl XdpIo {
     }
 
     /// The AF_XDP socket's descriptor (for epoll, while a thread sleeps).
+    /// What a thread about to sleep for this engine waits on
+    /// ([`Frames::sleep_fd`]).
     pub(crate) fn fd(&self) -> i32 {
-        self.fd
+        self.stack.device().frames.sleep_fd()
     }
 
     pub(crate) fn stats(&self) -> (iwarp_tcp::Counters, XdpStats) {

@@ -96,8 +96,14 @@ pub(crate) struct Area {
     map: Mapping,
 }
 
+// SAFETY: the area hands out bytes only through its unsafe methods, whose
+// callers own the range they touch (the ring protocol moves each chunk
+// between exactly one owner at a time); threads sharing an area (the two
+// ends of an in-process link) keep to that.
+unsafe impl Sync for Area {}
+
 impl Area {
-    fn new(len: usize) -> io::Result<Self> {
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
         Ok(Self {
             map: Mapping::new(len, None, 0)?,
         })
@@ -300,6 +306,9 @@ pub(crate) enum BindMode {
     /// The kernel copies each frame between its own buffers and the
     /// UMEM; why zero-copy was refused.
     Copy { zero_copy_refused: String },
+    /// No socket: one end of an in-process link, whose frames the other
+    /// end reads in place.
+    Link,
 }
 
 /// An AF_XDP socket bound to one receive queue, with its UMEM and rings.
