@@ -8,9 +8,14 @@
 //! is. Each socket's send and receive buffer is the RDMA window
 //! (`window × size`), the bytes an RDMA QP of the same run keeps
 //! outstanding.
+//!
+//! Side b runs in a child process (the benchmark binary again, with
+//! [`RECEIVER_FLAG`]): each side then needs only its own connections'
+//! descriptors, so 10,000 connections fit an open-file limit of 20,000.
 
-use std::io::{self, ErrorKind, Read, Write};
+use std::io::{self, BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -21,7 +26,7 @@ use nix::sys::socket::{setsockopt, sockopt};
 use crate::rdma::WAIT;
 use crate::scale::ScaleParams;
 use crate::sock::accept_n;
-use crate::topo::{spawn_in, Topology, KERNEL_B};
+use crate::topo::{pin, spawn_in, Topology, KERNEL_B};
 
 fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(msg.into())
@@ -54,10 +59,10 @@ pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
     Ok(most)
 }
 
-/// The descriptors a run of `n` connections needs beside the rest of
-/// the process.
+/// The descriptors a run of `n` connections needs in each side's
+/// process beside the rest of it.
 pub fn fds_needed(n: usize) -> u64 {
-    2 * n as u64 + 512
+    n as u64 + 512
 }
 
 /// Register every socket of `socks` with a new epoll set, edge-triggered
@@ -147,6 +152,140 @@ fn send(socks: &[TcpStream], phase: &AtomicU8, p: ScaleParams) -> io::Result<()>
     }
 }
 
+/// The option that makes a benchmark binary side b's receiver
+/// ([`receiver_main`]); [`run`] starts it.
+pub const RECEIVER_FLAG: &str = "--streams-receiver";
+
+/// Side b's process, in its namespace: `args` are the address to listen
+/// on, the connection count, the socket buffer size and the CPU to pin
+/// to (`-`: none). It prints `listening` once bound, reads side a's
+/// phases from stdin (`c`: counting, `d`: done), and prints the Gb/s it
+/// received while side a counted (or `error: …`).
+pub fn receiver_main(args: &[String]) -> std::process::ExitCode {
+    match receiver(args) {
+        Ok(gbps) => {
+            println!("{gbps}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn receiver(args: &[String]) -> io::Result<f64> {
+    let [addr, n, buffer, cpu] = args else {
+        return Err(err(format!("{RECEIVER_FLAG} ADDR N BUFFER CPU")));
+    };
+    let bad = |what: &str| err(format!("{RECEIVER_FLAG}: bad {what}"));
+    let addr: SocketAddr = addr.parse().map_err(|_| bad("address"))?;
+    let n: usize = n.parse().map_err(|_| bad("count"))?;
+    let buffer: usize = buffer.parse().map_err(|_| bad("buffer size"))?;
+    if let Ok(c) = cpu.parse::<usize>() {
+        pin(c);
+    }
+    raise_fd_limit(fds_needed(n))?;
+    let l = TcpListener::bind(addr)?;
+    // Accepted sockets inherit it, with the window scale it implies.
+    setsockopt(&l, sockopt::RcvBuf, &buffer)?;
+    l.set_nonblocking(true)?;
+    println!("listening");
+    io::stdout().flush()?;
+    // Side a's phases arrive on stdin.
+    let phase = Arc::new(AtomicU8::new(WARMING));
+    let seen = phase.clone();
+    std::thread::spawn(move || {
+        for b in io::stdin().lock().bytes() {
+            match b {
+                Ok(b'c') => seen.store(COUNTING, Ordering::Release),
+                Ok(b'd') | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        seen.store(DONE, Ordering::Release);
+    });
+    let socks = accept_n(&l, n, 3 * WAIT)?;
+    for s in &socks {
+        s.set_nonblocking(true)?;
+    }
+    receive(&socks, &phase)
+}
+
+/// Side b's process ([`receiver_main`]), killed if dropped before it
+/// finished.
+struct Receiver {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Receiver {
+    fn start(
+        topo: &Topology,
+        cpu: Option<usize>,
+        addr: SocketAddr,
+        n: usize,
+        buffer: usize,
+    ) -> io::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &topo.ns_b])
+            .arg(exe)
+            .arg(RECEIVER_FLAG)
+            .arg(addr.to_string())
+            .arg(n.to_string())
+            .arg(buffer.to_string())
+            .arg(cpu.map_or("-".into(), |c| c.to_string()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or_else(|| err("no stdout"))?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            stdin,
+            lines,
+        })
+    }
+
+    /// The next line it prints, within `timeout`.
+    fn line(&self, timeout: Duration) -> io::Result<String> {
+        let l = self
+            .lines
+            .recv_timeout(timeout)
+            .map_err(|_| err("side b's process said nothing"))?;
+        match l.strip_prefix("error: ") {
+            Some(e) => Err(err(format!("side b: {e}"))),
+            None => Ok(l),
+        }
+    }
+
+    fn tell(&mut self, b: u8) {
+        if let Some(s) = self.stdin.as_mut() {
+            let _ = s.write_all(&[b]).and_then(|()| s.flush());
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
 /// One run of `n` kernel TCP connections: the payload Gb/s side b
 /// received in the counted seconds.
 pub fn run(
@@ -158,29 +297,11 @@ pub fn run(
 ) -> io::Result<f64> {
     let addr = SocketAddr::new(KERNEL_B.into(), port);
     let buffer = p.size.saturating_mul(p.window).min(i32::MAX as usize);
+    let mut b = Receiver::start(topo, cpus.1, addr, n, buffer)?;
+    if b.line(WAIT)? != "listening" {
+        return Err(err("side b did not listen"));
+    }
     let phase = Arc::new(AtomicU8::new(WARMING));
-    let (ready, listening) = mpsc::channel();
-    let in_b = phase.clone();
-    let hb = spawn_in(
-        &topo.ns_b,
-        cpus.1,
-        "streams-b",
-        move || -> io::Result<f64> {
-            let l = TcpListener::bind(addr)?;
-            // Accepted sockets inherit it, with the window scale it implies.
-            setsockopt(&l, sockopt::RcvBuf, &buffer)?;
-            l.set_nonblocking(true)?;
-            let _ = ready.send(());
-            let socks = accept_n(&l, n, 3 * WAIT)?;
-            for s in &socks {
-                s.set_nonblocking(true)?;
-            }
-            receive(&socks, &in_b)
-        },
-    )?;
-    listening
-        .recv_timeout(WAIT)
-        .map_err(|_| err("side b did not listen"))?;
     let in_a = phase.clone();
     let ha = spawn_in(
         &topo.ns_a,
@@ -202,9 +323,26 @@ pub fn run(
             sent
         },
     )?;
+    // Side a's phases go to side b's process as they change.
+    let mut told = WARMING;
+    while told != DONE {
+        let now = phase.load(Ordering::Acquire);
+        if now != told {
+            if now == COUNTING {
+                b.tell(b'c');
+            }
+            told = now;
+        } else {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+    b.tell(b'd');
     let ra = ha.join().map_err(|_| err("side a panicked"))?;
-    let rb = hb.join().map_err(|_| err("side b panicked"))?;
-    match (ra?, rb?) {
+    let rb = b.line(WAIT).and_then(|l| {
+        l.parse::<f64>()
+            .map_err(|_| err(format!("side b printed {l:?}")))
+    });
+    match (ra?, rb) {
         (Ok(()), Ok(gbps)) => Ok(gbps),
         (Err(e), _) => Err(e),
         (Ok(()), Err(e)) => Err(e),

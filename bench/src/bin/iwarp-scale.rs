@@ -118,6 +118,11 @@ fn series(s: Sender, fit: bool, budget: bool, window_frames: Option<usize>) -> S
 }
 
 fn main() -> std::process::ExitCode {
+    // Side b of the kernel TCP baseline, a process of its own.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(iwarp_bench::streams::RECEIVER_FLAG) {
+        return iwarp_bench::streams::receiver_main(&args[2..]);
+    }
     let cli = Cli::parse();
     let c = &cli.common;
     let topo = match iwarp_bench::start("iwarp-scale", c.veth()) {
@@ -176,8 +181,8 @@ fn main() -> std::process::ExitCode {
     let name = series(p.sender, p.fit, p.budget, p.window_frames);
     let baseline = !cli.no_baseline;
     let max = counts.iter().copied().max().unwrap_or(1);
-    // Both sides' sockets of the baseline, or the kernel sender's, live
-    // in this process.
+    // Side a's sockets of the baseline (side b is a process of its own),
+    // or the kernel sender's, live in this process.
     let fd_limit = match iwarp_bench::streams::raise_fd_limit(iwarp_bench::streams::fds_needed(max))
     {
         Ok(l) => l,
@@ -250,7 +255,7 @@ fn main() -> std::process::ExitCode {
                     let need = iwarp_bench::streams::fds_needed(n);
                     let row = rows.last_mut().expect("just pushed");
                     if baseline && need > fd_limit {
-                        eprintln!("scale: kernel TCP, {n} connections: skipped, the open-file limit ({fd_limit}) is below the {need} descriptors both sides need");
+                        eprintln!("scale: kernel TCP, {n} connections: skipped, the open-file limit ({fd_limit}) is below the {need} descriptors each side needs");
                         row.push("fd limit".into());
                     } else if baseline {
                         match iwarp_bench::streams::run(&topo, cpus, n, next_port(), p) {

@@ -320,6 +320,14 @@ pub(crate) struct XskDevice {
     pub(crate) forward_dropped: u64,
 }
 
+impl Drop for XskDevice {
+    /// The received frames not handed to smoltcp go back with the rest
+    /// (on a link, to the end that lent them).
+    fn drop(&mut self) {
+        self.frames.recycle.extend(self.rx.drain(..));
+    }
+}
+
 impl std::fmt::Debug for XskDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XskDevice")
