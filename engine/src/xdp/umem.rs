@@ -585,14 +585,24 @@ impl Frames {
             xsk.set_busy_poll(usecs, budget)?;
         }
         let gathers = if layout.rx_parts > 1 { RX_BURST } else { 0 };
-        let mut me = Self {
-            port: Port::Socket(xsk),
+        let mut me = Self::with(Port::Socket(xsk), layout, gathers);
+        me.busy_poll = o.busy_poll.is_some();
+        me.csum_offload = csum.err();
+        me.refill();
+        Ok(me)
+    }
+
+    /// The frame pool of `layout` over `port`, every slot free, with
+    /// `gathers` gather buffers; no busy polling, checksums offloaded.
+    fn with(port: Port, layout: Layout, gathers: usize) -> Self {
+        Self {
+            port,
             rx_free: vec![true; layout.rx_slots as usize],
             fill_next: 0,
             fill_slots: Vec::with_capacity(layout.rx_ring as usize),
             recycle: Vec::with_capacity(2 * RX_BURST),
             gather: (0..gathers)
-                .map(|_| vec![0u8; frame_len].into_boxed_slice())
+                .map(|_| vec![0u8; layout.frame_len].into_boxed_slice())
                 .collect(),
             gather_free: (0..gathers as u16).rev().collect(),
             tx_free: (0..layout.tx_slots).rev().collect(),
@@ -604,13 +614,11 @@ impl Frames {
             starved: false,
             descs: Vec::with_capacity(layout.rx_parts + 1),
             skipping: false,
-            busy_poll: o.busy_poll.is_some(),
-            csum_offload: csum.err(),
+            busy_poll: false,
+            csum_offload: None,
             counters: RingCounters::default(),
             layout,
-        };
-        me.refill();
-        Ok(me)
+        }
     }
 
     /// Frames on end `end` of an in-process link: its transmit slots,
@@ -619,28 +627,7 @@ impl Frames {
     pub(crate) fn link(end: &End) -> io::Result<Self> {
         let layout = end.layout();
         end.open()?;
-        Ok(Self {
-            port: Port::Link(end.clone()),
-            rx_free: Vec::new(),
-            fill_next: 0,
-            fill_slots: Vec::new(),
-            recycle: Vec::with_capacity(2 * RX_BURST),
-            gather: Vec::new(),
-            gather_free: Vec::new(),
-            tx_free: (0..layout.tx_slots).rev().collect(),
-            tx_out: vec![0; layout.tx_slots as usize],
-            tx_pending: VecDeque::with_capacity(layout.tx_slots as usize),
-            flush_at: TX_FLUSH_FRAMES,
-            in_fill: 0,
-            in_tx: 0,
-            starved: false,
-            descs: Vec::new(),
-            skipping: false,
-            busy_poll: false,
-            csum_offload: None,
-            counters: RingCounters::default(),
-            layout,
-        })
+        Ok(Self::with(Port::Link(end.clone()), layout, 0))
     }
 
     /// The socket's file descriptor (for the XSKMAP); on a link, the
