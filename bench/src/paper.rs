@@ -20,9 +20,10 @@ use crate::profile::{self, Entry};
 use crate::report::{size_str, Ratio, Record, Report};
 
 /// The input files of a run directory, by section.
-pub const INPUTS: [(&str, &str); 4] = [
+pub const INPUTS: [(&str, &str); 5] = [
     ("lat", "lat.json"),
     ("bw", "bw.json"),
+    ("bw-jumbo", "bw-9000.json"),
     ("load", "load.json"),
     ("scale", "scale.json"),
 ];
@@ -65,6 +66,9 @@ pub struct Run {
     pub lat: Option<Report>,
     /// `bw.json` (iwarp-bw).
     pub bw: Option<Report>,
+    /// `bw-9000.json` (iwarp-bw at MTU 9000: the AF_XDP engine, the
+    /// in-process link and the baselines at jumbo frames).
+    pub bw_jumbo: Option<Report>,
     /// `load.json` (iwarp-load).
     pub load: Option<Report>,
     /// `scale.json` (iwarp-scale).
@@ -105,6 +109,7 @@ impl Run {
         match key {
             "lat" => &mut self.lat,
             "bw" => &mut self.bw,
+            "bw-jumbo" => &mut self.bw_jumbo,
             "load" => &mut self.load,
             _ => &mut self.scale,
         }
@@ -541,6 +546,38 @@ fn throughput(out: &mut String, dir: &Path, run: &Run) {
     failures(out, rep);
 }
 
+/// `bw-9000.json`: every bandwidth series at MTU 9000, the in-process
+/// link's among them; its ratios are in the tools' table above.
+fn jumbo(out: &mut String, run: &Run) {
+    out.push_str("## Line rate: jumbo frames and the in-process link\n\n");
+    let Some(rep) = &run.bw_jumbo else {
+        return not_run(out, "bw-9000.json");
+    };
+    method(out, rep);
+    out.push_str(
+        "64 KiB RDMA Writes at MTU 9000 over the veth pair (`afxdp-*`, `kernel-*`), over the \
+         in-process link (`link-*`: two engines in one process, no kernel: the stack's own \
+         ceiling) and kernel TCP's stream with its offloads; payload Gb/s per round.\n\n",
+    );
+    let rows: Vec<Vec<String>> = rep
+        .records
+        .iter()
+        .filter(|r| r.metric == "bandwidth" && r.error.is_none())
+        .filter_map(|r| {
+            let s = r.summary?;
+            Some(vec![
+                format!("`{}`", r.config),
+                size_str(r.size),
+                num(s.p50),
+                format!("{} ± {}", num(s.mean), num(s.stddev)),
+            ])
+        })
+        .collect();
+    out.push_str(&table(&["config", "size", "Gb/s p50", "mean ± sd"], &rows));
+    out.push('\n');
+    failures(out, rep);
+}
+
 const LOAD_METRICS: [&str; 6] = [
     "cpu_per_gb",
     "cpu_per_gb_user",
@@ -856,6 +893,7 @@ pub fn render(run: &Run, dir: &Path) -> String {
                 let have = match *k {
                     "lat" => run.lat.is_some(),
                     "bw" => run.bw.is_some(),
+                    "bw-jumbo" => run.bw_jumbo.is_some(),
                     "load" => run.load.is_some(),
                     _ => run.scale.is_some(),
                 };
@@ -874,11 +912,12 @@ pub fn render(run: &Run, dir: &Path) -> String {
         &ratio_rows(&t),
     ));
     out.push('\n');
-    let tool_ratios: Vec<(&str, &Ratio)> = [&run.lat, &run.bw, &run.load, &run.scale]
-        .into_iter()
-        .flatten()
-        .flat_map(|r| r.ratios.iter().map(move |x| (r.tool.as_str(), x)))
-        .collect();
+    let tool_ratios: Vec<(&str, &Ratio)> =
+        [&run.lat, &run.bw, &run.bw_jumbo, &run.load, &run.scale]
+            .into_iter()
+            .flatten()
+            .flat_map(|r| r.ratios.iter().map(move |x| (r.tool.as_str(), x)))
+            .collect();
     if !tool_ratios.is_empty() {
         out.push_str("Ratios the tools computed themselves:\n\n");
         let rows: Vec<Vec<String>> = tool_ratios
@@ -905,6 +944,7 @@ pub fn render(run: &Run, dir: &Path) -> String {
     }
     latency(&mut out, dir, run);
     throughput(&mut out, dir, run);
+    jumbo(&mut out, run);
     load(&mut out, dir, run);
     scale(&mut out, dir, run);
     profiles(&mut out, run);
@@ -929,6 +969,7 @@ pub fn combined(run: &Run) -> serde_json::Value {
         "targets": targets,
         "lat": run.lat,
         "bw": run.bw,
+        "bw_jumbo": run.bw_jumbo,
         "load": run.load,
         "scale": run.scale,
         "profiles": run.profiles,
@@ -1117,6 +1158,37 @@ mod tests {
     }
 
     #[test]
+    fn the_jumbo_series_has_its_section_and_ratios() {
+        let d = tmpdir("jumbo");
+        let mut r = rep(
+            "iwarp-bw",
+            vec![Record::new(
+                "link-crc-on",
+                65536,
+                "bandwidth",
+                "Gb/s",
+                vec![20.0, 24.0],
+            )],
+        );
+        r.ratios = vec![Ratio::paired(
+            "64K write bw link-crc-on / 40 Gb/s",
+            vec![0.5, 0.6],
+            ">=",
+            1.0,
+        )];
+        write_json(&d.join("bw-9000.json"), &r).unwrap();
+        let run = Run::load(&d);
+        assert!(run.bw_jumbo.is_some() && run.bw.is_none());
+        let md = render(&run, &d);
+        assert!(md.contains("`bw-9000.json` read"), "{md}");
+        assert!(md.contains("## Line rate: jumbo frames"), "{md}");
+        assert!(md.contains("`link-crc-on`"), "{md}");
+        assert!(md.contains("link-crc-on / 40 Gb/s"), "{md}");
+        assert!(combined(&run)["bw_jumbo"]["records"][0]["samples"][1] == 24.0);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
     fn missed_crc_target_is_explained_by_the_profile() {
         let d = tmpdir("crc");
         let bw = rep(
@@ -1146,7 +1218,7 @@ mod tests {
     fn empty_directory_says_not_run() {
         let d = tmpdir("empty");
         let md = render(&Run::load(&d), &d);
-        assert_eq!(md.matches("**not run**").count(), 4);
+        assert_eq!(md.matches("**not run**").count(), 5);
         assert!(md.contains("not measured"));
         assert!(missed(&Run::load(&d)).is_empty());
         let _ = std::fs::remove_dir_all(&d);
