@@ -1152,11 +1152,8 @@ impl Drop for Frames {
     /// other end's.
     fn drop(&mut self) {
         if let Port::Link(end) = &self.port {
-            for f in self.recycle.drain(..) {
-                if let RxAt::Lent { addr } = f.at {
-                    end.give_back(addr);
-                }
-            }
+            let end = end.clone();
+            self.refill();
             end.close();
         }
     }

@@ -138,6 +138,21 @@ struct SteerState {
 }
 
 impl Steer {
+    /// The steering of `engines` engines of `cfg` through `steering`
+    /// (`None`: no program, as on an in-process link), configured with
+    /// the base ports.
+    fn new(steering: Option<Steering>, cfg: &XdpConfig, engines: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner: std::sync::Mutex::new(SteerState {
+                steering,
+                ip: cfg.ip,
+                ephemeral: cfg.ephemeral_ports.clone(),
+                ports: vec![Vec::new(); engines],
+                current: Self::base(cfg.ip, &cfg.ephemeral_ports),
+            }),
+        })
+    }
+
     fn base(ip: Ipv4Addr, ephemeral: &RangeInclusive<u16>) -> SteerConfig {
         SteerConfig::new()
             .addr(ip)
@@ -340,15 +355,7 @@ impl XdpIo {
             prog_id = steering.prog_id(),
             "XDP steering program attached"
         );
-        let steer = Arc::new(Steer {
-            inner: std::sync::Mutex::new(SteerState {
-                steering: Some(steering),
-                ip: cfg.ip,
-                ephemeral: cfg.ephemeral_ports.clone(),
-                ports: vec![Vec::new(); n],
-                current: base,
-            }),
-        });
+        let steer = Steer::new(Some(steering), cfg, n);
         let frame_len = cfg.frame_len();
         let inboxes: Vec<Arc<Inbox>> = (0..n).map(|_| Arc::new(Inbox::new(frame_len))).collect();
         let flows = Arc::new(Flows::default());
@@ -489,15 +496,7 @@ impl XdpIo {
         let mac = cfg
             .mac
             .ok_or_else(|| std::io::Error::other("a link end without a MAC address"))?;
-        let steer = Arc::new(Steer {
-            inner: std::sync::Mutex::new(SteerState {
-                steering: None,
-                ip: cfg.ip,
-                ephemeral: cfg.ephemeral_ports.clone(),
-                ports: vec![Vec::new()],
-                current: Steer::base(cfg.ip, &cfg.ephemeral_ports),
-            }),
-        });
+        let steer = Steer::new(None, cfg, 1);
         let frames = Frames::link(&end.end)?;
         let pcap = cfg.pcap.as_deref().map(Pcap::create).transpose()?;
         let dev = XskDevice::new(frames, cfg.mtu, pcap)?;
@@ -526,7 +525,6 @@ impl XdpIo {
         self.conns.len() + self.opening.len() + self.pending.len()
     }
 
-    /// The AF_XDP socket's descriptor (for epoll, while a thread sleeps).
     /// What a thread about to sleep for this engine waits on
     /// ([`Frames::sleep_fd`]).
     pub(crate) fn fd(&self) -> i32 {
