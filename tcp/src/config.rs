@@ -107,6 +107,15 @@ pub struct Config {
     /// rest of the loop). The default, 256, bounds a poll to a few hundred
     /// microseconds of ingress.
     pub ingress_budget: usize,
+    /// Most bytes of frames handled per [`Stack::poll`](crate::Stack::poll)
+    /// on ingress (the frame that crosses it is the last). A poll
+    /// acknowledges what it took and the engine's pass hands it to the
+    /// application before the next poll takes more, so a sender keeps
+    /// sending while the receiver works through a window's worth: with a
+    /// batch as large as the window, the two would take turns, each idle
+    /// while the other works. The default, 64 KiB, is a quarter of the
+    /// default receive buffer (seven frames at MTU 9000, 45 at MTU 1500).
+    pub ingress_bytes: usize,
     /// Most segments one connection sends per visit of
     /// [`Stack::poll`](crate::Stack::poll) (counted in
     /// `egress_budget_hits` when reached).
@@ -157,6 +166,7 @@ impl Default for Config {
             ack_delay: Some(Duration::from_millis(1)),
             congestion: CongestionControl::Reno,
             ingress_budget: 256,
+            ingress_bytes: 64 * 1024,
             egress_budget: 64,
             backlog: 1024,
             half_open: 1024,

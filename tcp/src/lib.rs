@@ -12,9 +12,10 @@
 //!
 //! One pass of the caller's loop:
 //!
-//! 1. [`Stack::poll`]`(now)`: up to [`Config::ingress_budget`] frames in
-//!    (TCP payload lands in the connections' receive rings), new passive
-//!    connections handed to [`Stack::accept`], then egress.
+//! 1. [`Stack::poll`]`(now)`: up to [`Config::ingress_budget`] frames and
+//!    [`Config::ingress_bytes`] bytes in (TCP payload lands in the
+//!    connections' receive rings), new passive connections handed to
+//!    [`Stack::accept`], then egress (the batch's acknowledgements).
 //! 2. For each connection, [`Stack::recv`] hands the received bytes to a
 //!    closure (for iWARP: `Context::handle_input`) and [`Stack::send`]
 //!    lets a closure fill the transmit ring (`Context::poll_transmit`),

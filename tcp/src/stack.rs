@@ -2158,7 +2158,8 @@ impl<D: Device> Stack<D> {
         tcp_mss(self.core.eth_caps.max_transmission_unit)
     }
 
-    /// Process up to [`Config::ingress_budget`] received frames, each
+    /// Process up to [`Config::ingress_budget`] received frames (and
+    /// [`Config::ingress_bytes`] bytes), each
     /// handed to its connection through the flow table (a SYN to a
     /// listening port opens one), then visit the connections that have
     /// something to do: frames arrived, data queued, a close, a read that
@@ -2184,14 +2185,21 @@ impl<D: Device> Stack<D> {
         }
         self.ask_arp(now);
         let mut budget_hit = true;
+        let mut bytes = 0;
         for _ in 0..self.core.config.ingress_budget {
+            if bytes >= self.core.config.ingress_bytes {
+                break;
+            }
             let Self { port, core } = self;
             let Some((rx, tx)) = port.receive(now) else {
                 budget_hit = false;
                 break;
             };
             did = true;
-            phy::RxToken::consume(rx, |frame| core.dispatch(frame, tx, now));
+            phy::RxToken::consume(rx, |frame| {
+                bytes += frame.len();
+                core.dispatch(frame, tx, now)
+            });
             self.flush_forgotten();
         }
         if budget_hit {

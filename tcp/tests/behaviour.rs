@@ -955,3 +955,58 @@ fn a_segment_writer_is_listed_when_it_has_room() {
         );
     }
 }
+
+/// A poll takes frames up to [`Config::ingress_bytes`] (the frame that
+/// crosses it is the last) and leaves the rest queued for the next, so a
+/// receiver acknowledges a batch before it takes the next one.
+#[test]
+fn a_poll_takes_at_most_ingress_bytes_of_frames() {
+    let batch = 16 * 1024;
+    let b_cfg = Config {
+        ingress_bytes: batch,
+        ..Config::default()
+    };
+    let mut sim = Sim::new(Config::default(), b_cfg, LinkConfig::default());
+    let (a, b) = connect(&mut sim, 40000, Duration::from_secs(5));
+    // Open A's congestion window first.
+    let warm = data(1 << 20, 5);
+    assert_eq!(one_way_on(&mut sim, a, b, &warm), warm);
+    let out = data(128 * 1024, 3);
+    let queued = sim.a.send_slice(a, &out).unwrap();
+    let now = sim.now;
+    sim.a.poll(now);
+    let frames: Vec<Vec<u8>> = sim.a.device_mut().tx.drain(..).collect();
+    let on_wire: usize = frames.iter().map(Vec::len).sum();
+    assert!(on_wire > 3 * batch, "{} frames, {on_wire} B", frames.len());
+    let largest = frames.iter().map(Vec::len).max().unwrap();
+    sim.b.device_mut().rx.extend(frames);
+    let hits = sim.b.counters().ingress_budget_hits;
+    let mut got = Vec::new();
+    let mut polls = 0;
+    while !sim.b.device().rx.is_empty() {
+        let before = sim.b.device().rx.len();
+        let bytes: usize = sim.b.device().rx.iter().map(Vec::len).sum();
+        sim.b.poll(now);
+        let left: usize = sim.b.device().rx.iter().map(Vec::len).sum();
+        let taken = bytes - left;
+        assert!(sim.b.device().rx.len() < before, "a poll takes a frame");
+        assert!(taken < batch + largest, "one poll took {taken} B");
+        if left > 0 {
+            assert!(taken >= batch, "a poll stopped early: {taken} B");
+        }
+        // Each batch is acknowledged by its own poll.
+        assert!(!sim.b.device().tx.is_empty(), "poll {polls} sent no ACK");
+        sim.b.device_mut().tx.clear();
+        sim.b
+            .recv(b, |buf| {
+                got.extend_from_slice(buf);
+                buf.len()
+            })
+            .unwrap();
+        polls += 1;
+    }
+    assert!(polls >= 3, "{polls} polls");
+    assert_eq!(sim.b.counters().ingress_budget_hits - hits, polls - 1);
+    assert_eq!(got, out[..queued.min(got.len())]);
+    assert!(got.len() >= on_wire / 2);
+}
