@@ -1245,6 +1245,17 @@ impl SentTable {
         ))
     }
 
+    /// Whether a step of [`Self::due`] is due at `now`: never before the
+    /// next period begins (what `due` returns is at least that), which
+    /// a caller that asks every pass learns without looking at the queues.
+    pub(crate) fn due_by(&self, now: Instant) -> bool {
+        let next = self.share.period.get().saturating_add(1);
+        let next = i64::try_from(next)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(SHARE_PERIOD_MS);
+        now.total_millis() >= next && self.due().is_some_and(|t| t <= now)
+    }
+
     /// Whether a window update is due ([`Port::send_window_updates`]).
     pub(crate) fn updates_due(&self) -> bool {
         !self.updates.borrow().is_empty()

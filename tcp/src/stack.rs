@@ -387,6 +387,9 @@ struct Core {
     live: usize,
     flows: FlowTable<ConnId>,
     listeners: HashMap<u16, Listener>,
+    /// Entries in the listeners' accept queues, together: a caller that
+    /// asks every pass finds out without a lookup that none waits.
+    ready: usize,
     /// Connections to visit at the next poll.
     work: Vec<ConnId>,
     /// Connections [`Stack::take_active`] hands out.
@@ -1424,6 +1427,7 @@ impl Core {
             return false;
         }
         l.ready.push_back(id);
+        self.ready += 1;
         self.counters.accepted += 1;
         true
     }
@@ -1563,6 +1567,7 @@ impl<D: Device> Stack<D> {
             free: Vec::new(),
             live: 0,
             listeners: HashMap::new(),
+            ready: 0,
             work: Vec::new(),
             active: Vec::new(),
             timers: BinaryHeap::new(),
@@ -1735,6 +1740,7 @@ impl<D: Device> Stack<D> {
                 self.core.remove(id);
             }
         }
+        self.core.ready -= l.ready.len();
         for id in l.ready {
             self.core.remove(id);
         }
@@ -1743,12 +1749,14 @@ impl<D: Device> Stack<D> {
 
     /// Take one established connection that arrived on `port`.
     pub fn accept(&mut self, port: u16) -> Option<ConnId> {
-        loop {
+        while self.core.ready > 0 {
             let id = self.core.listeners.get_mut(&port)?.ready.pop_front()?;
+            self.core.ready -= 1;
             if self.core.conn(id).is_some() {
                 return Some(id);
             }
         }
+        None
     }
 
     /// Open a connection to `remote` from `local_port`.
@@ -2314,7 +2322,7 @@ impl<D: Device> Stack<D> {
             || (!c.arp_wait.is_empty() && now >= c.arp_retry_at)
             || (!c.neighbors.is_empty() && now >= c.neighbor_refresh_at)
             || c.idle_due().is_some_and(|t| t <= now)
-            || self.port.sent.due().is_some_and(|t| t <= now)
+            || self.port.sent.due_by(now)
             || c.probes.due().is_some_and(|t| t <= now)
     }
 

@@ -45,6 +45,9 @@ const WAKER: Token = Token(0);
 /// The AF_XDP sockets' tokens count down from here (the waker's token is
 /// 0, kernel sockets count up from 1).
 pub(crate) const XSK: Token = Token(usize::MAX);
+/// The progress threads time one pass in this many
+/// ([`XdpStats::io_ns`](crate::xdp::XdpStats::io_ns)).
+const TIMED_EVERY: u64 = 64;
 /// Upper bound of one sleep of a thread that drives a manual device.
 const MANUAL_SLICE: Duration = Duration::from_millis(10);
 
@@ -575,13 +578,20 @@ impl Shared {
             return self.progress();
         };
         let now = self.now();
-        let t0 = std::time::Instant::now();
-        let mut work = lock(x).io_in(now);
-        let t1 = std::time::Instant::now();
+        // One pass in `TIMED_EVERY` has its steps timed (and counted that
+        // many times): the others read the clock once.
+        let clock = |on: bool| on.then(std::time::Instant::now);
+        let (mut work, timed, t0, t1) = {
+            let mut g = lock(x);
+            let timed = g.passes.is_multiple_of(TIMED_EVERY);
+            let t0 = clock(timed);
+            let work = g.io_in(now);
+            (work, timed, t0, clock(timed))
+        };
         let t2;
         {
             let mut e = self.engine();
-            t2 = std::time::Instant::now();
+            t2 = clock(timed);
             work += e.drain_posted();
             e.passes += 1;
             let e = &mut *e;
@@ -590,15 +600,20 @@ impl Shared {
             }
             work += e.move_completions();
         }
-        let t3 = std::time::Instant::now();
+        let t3 = clock(timed);
         let mut g = lock(x);
         work += g.io_out(now);
         let forwarded = g.take_forwarded();
-        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let t4 = std::time::Instant::now();
-        g.timing.0 += ns(t1 - t0) + ns(t4 - t3);
-        g.timing.1 += ns(t2 - t1);
-        g.timing.2 += ns(t3 - t2);
+        if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t0, t1, t2, t3) {
+            let ns = |d: Duration| {
+                u64::try_from(d.as_nanos())
+                    .unwrap_or(u64::MAX)
+                    .saturating_mul(TIMED_EVERY)
+            };
+            g.timing.0 += ns(t1 - t0) + ns(t3.elapsed());
+            g.timing.1 += ns(t2 - t1);
+            g.timing.2 += ns(t3 - t2);
+        }
         drop(g);
         if forwarded {
             self.kick();
