@@ -954,6 +954,14 @@ struct IdState {
     /// Private data put before the application's in rdma_connect
     /// (`ai_connect` of rdma_create_ep's address).
     connect_pdata: Vec<u8>,
+    /// `RDMA_OPTION_ID_AFONLY` is set.
+    af_only: bool,
+    /// Bound to the IPv6 wildcard: the ID shows `[::]:port` as its
+    /// source. Without `af_only` it serves IPv4 on the same port, as an
+    /// IPv6 socket without `IPV6_V6ONLY` does; with it, nothing (IPv6 is
+    /// not served), so that a server's IPv4 listener on the same port
+    /// binds as well.
+    v6_wildcard: bool,
 }
 
 #[repr(C)]
@@ -1258,18 +1266,55 @@ fn the_context() -> Result<*mut ibv_context, c_int> {
     }
 }
 
+/// The port of `sa` if it is the IPv6 wildcard address `[::]:port`.
+///
+/// # Safety
+/// `sa` is null or points to a socket address of its family's size.
+unsafe fn v6_wildcard_port(sa: *const sockaddr) -> Option<u16> {
+    // SAFETY: the caller's socket address, read by its family.
+    unsafe {
+        if sa.is_null() || c_int::from((*sa).sa_family) != libc::AF_INET6 {
+            return None;
+        }
+        let sin6 = &*sa.cast::<sockaddr_in6>();
+        (sin6.sin6_addr.__in6_u.__u6_addr8 == [0; 16]).then(|| u16::from_be(sin6.sin6_port))
+    }
+}
+
+fn set_src_v6_wildcard(raw: &mut rdma_cm_id, port: u16) {
+    raw.route.addr.__bindgen_anon_1.src_sin6 = sockaddr_in6 {
+        sin6_family: libc::AF_INET6 as sa_family_t,
+        sin6_port: port.to_be(),
+        ..Default::default()
+    };
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
     let Some(o) = id_obj(id) else {
         return fail(libc::EINVAL);
     };
     // SAFETY: the caller's address.
+    if let Some(port) = unsafe { v6_wildcard_port(addr) } {
+        let mut st = lock(&o.st);
+        st.src = Some(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
+        st.v6_wildcard = true;
+        drop(st);
+        // SAFETY: the live ID; the application does not use it
+        // concurrently with its own bind.
+        unsafe { set_src_v6_wildcard(&mut *id, port) };
+        return 0;
+    }
+    // SAFETY: the caller's address.
     let a = match unsafe { parse_addr(addr) } {
         Ok(Some(a)) => a,
         Ok(None) => return fail(libc::EINVAL),
         Err(e) => return fail(e),
     };
-    lock(&o.st).src = Some(a);
+    let mut st = lock(&o.st);
+    st.src = Some(a);
+    st.v6_wildcard = false;
+    drop(st);
     // SAFETY: the live ID; the application does not use it concurrently
     // with its own bind.
     unsafe { set_src(&mut *id, a) };
@@ -1290,6 +1335,11 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
     };
     if st.listening {
         return fail(libc::EINVAL);
+    }
+    if st.v6_wildcard && st.af_only {
+        // An IPv6-only listener: no connection reaches it.
+        st.listening = true;
+        return 0;
     }
     let l = match g.dev.listen(SocketAddr::V4(src)) {
         Ok(l) => l,
@@ -1312,9 +1362,16 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
     };
     st.src = Some(bound);
     st.listening = true;
+    let v6 = st.v6_wildcard;
     drop(st);
     // SAFETY: the live ID.
-    unsafe { set_src(&mut *id, bound) };
+    unsafe {
+        if v6 {
+            set_src_v6_wildcard(&mut *id, bound.port());
+        } else {
+            set_src(&mut *id, bound);
+        }
+    }
     let chan = o.chan();
     if let Err((e, _)) = lock(watches()).add(id as usize, &chan, fd, What::Listen { l, bound }) {
         lock(&o.st).listening = false;
@@ -1883,10 +1940,11 @@ pub unsafe extern "C" fn rdma_set_option(
         return fail(libc::EINVAL);
     }
     let (level, optname) = (level as u32, optname as u32);
-    // The ID options are accepted and change nothing: the type of
-    // service and the ACK timeout have no counterpart on these
-    // connections, listeners always reuse addresses, and only IPv4 is
-    // served. Their values are checked as the kernel checks them.
+    // The ID options are accepted: the type of service and the ACK
+    // timeout have no counterpart on these connections and listeners
+    // always reuse addresses; AFONLY decides what a listener on the IPv6
+    // wildcard serves (`IdState::v6_wildcard`). Their values are checked
+    // as the kernel checks them.
     let size = match (level, optname) {
         (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_ACK_TIMEOUT) => size_of::<u8>(),
         (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) => size_of::<c_int>(),
@@ -1896,6 +1954,12 @@ pub unsafe extern "C" fn rdma_set_option(
     };
     if optval.is_null() || optlen != size {
         return fail(libc::EINVAL);
+    }
+    if (level, optname) == (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) {
+        if let Some(o) = id_obj(id) {
+            // SAFETY: an int, as checked above.
+            lock(&o.st).af_only = unsafe { optval.cast::<c_int>().read_unaligned() } != 0;
+        }
     }
     0
 }
@@ -2234,8 +2298,84 @@ pub unsafe extern "C" fn rpoll(
     fail(libc::EOPNOTSUPP)
 }
 
+/// The contexts IDs resolve to (the one device's), in a NULL-terminated
+/// `malloc`ed array that `rdma_free_devices` frees; NULL with `ENODEV`
+/// when the device cannot be opened.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context {
+    let ctx = the_context();
+    if !num.is_null() {
+        // SAFETY: the caller's out parameter.
+        unsafe { *num = c_int::from(ctx.is_ok()) };
+    }
+    let ctx = match ctx {
+        Ok(c) => c,
+        Err(e) => {
+            set_errno(e);
+            return null_mut();
+        }
+    };
+    // SAFETY: calloc of two slots: the context and the terminating NULL.
+    let list = unsafe { libc::calloc(2, size_of::<*mut ibv_context>()) }.cast::<*mut ibv_context>();
+    if list.is_null() {
+        set_errno(libc::ENOMEM);
+        return null_mut();
+    }
+    // SAFETY: the first of the two slots.
+    unsafe { *list = ctx };
+    list
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: calloc'ed by rdma_get_devices (free of null does nothing).
+    unsafe { libc::free(list.cast()) };
+}
+
+/// An iWARP connection needs no notice of the QP's first receive (the
+/// kernel's rdma_notify acts on InfiniBand only): 0 once the ID has a
+/// connection manager endpoint (a listener, a connection request, a
+/// connection), EINVAL before, as the kernel answers.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: ibv_event_type) -> c_int {
+    let Some(o) = id_obj(id) else {
+        return fail(libc::EINVAL);
+    };
+    let st = lock(&o.st);
+    if st.connected || st.listening || st.req.is_some() {
+        0
+    } else {
+        fail(libc::EINVAL)
+    }
+}
+
 // ---------------------------------------------------------- addrinfo
 
+/// A `malloc`ed copy of the `len` bytes of the socket address `sa`
+/// (`rdma_freeaddrinfo` frees it), or null when there is none or memory
+/// ran out.
+///
+/// # Safety
+/// `sa` is null or points to `len` readable bytes.
+unsafe fn copy_sockaddr(sa: *const sockaddr, len: socklen_t) -> *mut sockaddr {
+    if sa.is_null() || len == 0 {
+        return null_mut();
+    }
+    // SAFETY: plain allocation, filled below.
+    let p = unsafe { libc::malloc(len as usize) }.cast::<sockaddr>();
+    if !p.is_null() {
+        // SAFETY: `len` bytes at `sa` (the caller's) and at `p` (fresh).
+        unsafe { std::ptr::copy_nonoverlapping(sa.cast::<u8>(), p.cast::<u8>(), len as usize) };
+    }
+    p
+}
+
+/// librdmacm's address translation, IPv4 only: `node` and `service`
+/// through getaddrinfo(3), the address becoming the source of a passive
+/// result and the destination otherwise; with both NULL, the hints'
+/// flags, family, QP type, port space and destination address. Either
+/// way the hints' source address is taken where the result has none
+/// (libfabric passes its endpoints' addresses that way).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_getaddrinfo(
     node: *const c_char,
@@ -2243,41 +2383,12 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() || (node.is_null() && service.is_null()) {
+    if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
         return fail(libc::EINVAL);
     }
     // SAFETY: the caller's hints, if any.
     let h = unsafe { hints.as_ref() };
     let flags = h.map_or(0, |h| h.ai_flags as u32);
-    if h.is_some_and(|h| h.ai_family != 0 && h.ai_family != libc::AF_INET) {
-        return fail(libc::EAFNOSUPPORT);
-    }
-    let passive = flags & RAI_PASSIVE != 0;
-    // SAFETY: an all-zero addrinfo is valid hints.
-    let mut ghints: libc::addrinfo = unsafe { std::mem::zeroed() };
-    ghints.ai_family = libc::AF_INET;
-    ghints.ai_socktype = libc::SOCK_STREAM;
-    if passive {
-        ghints.ai_flags |= libc::AI_PASSIVE;
-    }
-    if flags & RAI_NUMERICHOST != 0 {
-        ghints.ai_flags |= libc::AI_NUMERICHOST;
-    }
-    let mut gres: *mut libc::addrinfo = null_mut();
-    // SAFETY: C strings or null from the caller; `gres` receives a list
-    // freed below.
-    let r = unsafe { libc::getaddrinfo(node, service, &ghints, &mut gres) };
-    if r != 0 || gres.is_null() {
-        set_errno(libc::ENODEV);
-        return r;
-    }
-    // SAFETY: the first entry of the list getaddrinfo returned (AF_INET:
-    // a sockaddr_in).
-    let sin = unsafe { *(*gres).ai_addr.cast::<sockaddr_in>() };
-    // SAFETY: the list from getaddrinfo.
-    unsafe { libc::freeaddrinfo(gres) };
-    let addr = Box::into_raw(Box::new(sin)).cast::<sockaddr>();
-    let len = size_of::<sockaddr_in>() as socklen_t;
     let mut ai = Box::new(rdma_addrinfo {
         ai_flags: flags as c_int,
         ai_family: libc::AF_INET,
@@ -2285,12 +2396,73 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         ai_port_space: RDMA_PS_TCP as c_int,
         ..Default::default()
     });
-    if passive {
-        ai.ai_src_addr = addr;
-        ai.ai_src_len = len;
-    } else {
-        ai.ai_dst_addr = addr;
-        ai.ai_dst_len = len;
+    if let Some(h) = h {
+        if h.ai_qp_type != 0 {
+            ai.ai_qp_type = h.ai_qp_type;
+        }
+        if h.ai_port_space != 0 {
+            ai.ai_port_space = h.ai_port_space;
+        }
+    }
+    if !node.is_null() || !service.is_null() {
+        if h.is_some_and(|h| h.ai_family != 0 && h.ai_family != libc::AF_INET) {
+            return fail(libc::EAFNOSUPPORT);
+        }
+        // SAFETY: an all-zero addrinfo is valid hints.
+        let mut ghints: libc::addrinfo = unsafe { std::mem::zeroed() };
+        ghints.ai_family = libc::AF_INET;
+        ghints.ai_socktype = libc::SOCK_STREAM;
+        if flags & RAI_PASSIVE != 0 {
+            ghints.ai_flags |= libc::AI_PASSIVE;
+        }
+        if flags & RAI_NUMERICHOST != 0 {
+            ghints.ai_flags |= libc::AI_NUMERICHOST;
+        }
+        let mut gres: *mut libc::addrinfo = null_mut();
+        // SAFETY: C strings or null from the caller; `gres` receives a
+        // list freed below.
+        let r = unsafe { libc::getaddrinfo(node, service, &ghints, &mut gres) };
+        if r != 0 || gres.is_null() {
+            set_errno(libc::ENODEV);
+            return r;
+        }
+        // SAFETY: the first entry of the list getaddrinfo returned, its
+        // address `ai_addrlen` bytes long.
+        let (addr, len) = unsafe { ((*gres).ai_addr, (*gres).ai_addrlen) };
+        // SAFETY: as above.
+        let copy = unsafe { copy_sockaddr(addr.cast(), len) };
+        // SAFETY: the list from getaddrinfo.
+        unsafe { libc::freeaddrinfo(gres) };
+        if copy.is_null() {
+            return fail(libc::ENOMEM);
+        }
+        if flags & RAI_PASSIVE != 0 {
+            ai.ai_src_addr = copy;
+            ai.ai_src_len = len;
+        } else {
+            ai.ai_dst_addr = copy;
+            ai.ai_dst_len = len;
+        }
+    } else if let Some(h) = h {
+        ai.ai_family = h.ai_family;
+        if h.ai_dst_len != 0 {
+            // SAFETY: the hints' address of `ai_dst_len` bytes.
+            ai.ai_dst_addr = unsafe { copy_sockaddr(h.ai_dst_addr, h.ai_dst_len) };
+            if ai.ai_dst_addr.is_null() {
+                return fail(libc::ENOMEM);
+            }
+            ai.ai_dst_len = h.ai_dst_len;
+        }
+    }
+    if let Some(h) = h.filter(|h| h.ai_src_len != 0 && ai.ai_src_len == 0) {
+        // SAFETY: the hints' address of `ai_src_len` bytes.
+        ai.ai_src_addr = unsafe { copy_sockaddr(h.ai_src_addr, h.ai_src_len) };
+        if ai.ai_src_addr.is_null() {
+            // SAFETY: the result built here, its addresses malloc'ed.
+            unsafe { rdma_freeaddrinfo(Box::into_raw(ai)) };
+            return fail(libc::ENOMEM);
+        }
+        ai.ai_src_len = h.ai_src_len;
     }
     // SAFETY: the caller's out parameter.
     unsafe { *res = Box::into_raw(ai) };
@@ -2303,11 +2475,11 @@ pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
     while !p.is_null() {
         // SAFETY: a list built by rdma_getaddrinfo, freed once.
         let ai = unsafe { Box::from_raw(p) };
-        for a in [ai.ai_src_addr, ai.ai_dst_addr] {
-            if !a.is_null() {
-                // SAFETY: allocated as a Box<sockaddr_in> above.
-                drop(unsafe { Box::from_raw(a.cast::<sockaddr_in>()) });
-            }
+        // SAFETY: the addresses were malloc'ed by copy_sockaddr (free of
+        // null does nothing).
+        unsafe {
+            libc::free(ai.ai_src_addr.cast());
+            libc::free(ai.ai_dst_addr.cast());
         }
         p = ai.ai_next;
     }

@@ -22,7 +22,7 @@
 //! | `IWARP_COMPAT_XDP_QUEUES` | receive queue numbers, comma-separated | `0` | one engine (AF_XDP socket, UMEM, TCP stack, progress thread) per queue |
 //! | `IWARP_COMPAT_XDP_CPUS` | CPU numbers, comma-separated | not pinned | pin engine *i*'s progress thread to the *i*-th CPU |
 //! | `IWARP_COMPAT_XDP_MODE` | `auto`, `native`, `generic` (or `skb`) | `auto` | how the steering XDP program attaches: driver mode, skb mode, or driver mode falling back to skb |
-//! | `IWARP_COMPAT_XDP_MTU` | bytes, 576 to 4000 | the interface's MTU | the engine's IP MTU |
+//! | `IWARP_COMPAT_XDP_MTU` | bytes, 576 to 65535 | the interface's MTU | the engine's IP MTU |
 //! | `IWARP_COMPAT_XDP_FRAMES` | a count, 64 to 1048576 | `4096` | UMEM frames per engine (half for receiving) |
 //! | `IWARP_COMPAT_XDP_PCAP` | a file | none | write every frame the engine receives or sends to this pcap file |
 //!
@@ -200,8 +200,8 @@ fn xdp_config(
     let ip = cidr("IWARP_COMPAT_XDP_IP", get)?;
     let mtu = number(
         "IWARP_COMPAT_XDP_MTU",
-        576..=4000,
-        "an MTU from 576 to 4000",
+        576..=65535,
+        "an MTU from 576 to 65535",
         get,
     )?;
     let info = if ip.is_none() || mtu.is_none() {
@@ -655,7 +655,7 @@ mod tests {
             (
                 &[
                     ("IWARP_COMPAT_XDP_IF", "veth0"),
-                    ("IWARP_COMPAT_XDP_MTU", "9000"),
+                    ("IWARP_COMPAT_XDP_MTU", "65536"),
                 ],
                 "IWARP_COMPAT_XDP_MTU",
             ),

@@ -185,6 +185,17 @@ fn node_guid() -> u64 {
         .unwrap_or(0)
 }
 
+/// The index of the device, as rdma-core numbers its devices: 0 for
+/// `iwarp0`, -1 for anything else.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
+    if dev == device() {
+        0
+    } else {
+        -1
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> __be64 {
     if dev != device() {
@@ -398,6 +409,14 @@ pub unsafe extern "C" fn ibv_fork_init() -> c_int {
     0
 }
 
+/// Registered memory is not pinned for a device: the engine reads and
+/// writes it through the process's own mappings, so a `fork()` leaves
+/// the parent's regions intact without `ibv_fork_init`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_is_fork_initialized() -> ibv_fork_status {
+    IBV_FORK_UNNEEDED
+}
+
 // ---------------------------------------------------------------- PD, MR
 
 /// A protection domain.
@@ -481,6 +500,22 @@ fn access_of(flags: c_int) -> Result<Access, i32> {
         }
     }
     Ok(a)
+}
+
+/// Regions of a dma-buf (device memory another driver exports) need a
+/// device that can reach it: none here. NULL with EOPNOTSUPP, as
+/// libibverbs answers for a provider without them.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    _pd: *mut ibv_pd,
+    _offset: u64,
+    _length: usize,
+    _iova: u64,
+    _fd: c_int,
+    _access: c_int,
+) -> *mut ibv_mr {
+    set_errno(libc::EOPNOTSUPP);
+    null_mut()
 }
 
 #[no_mangle]
@@ -962,18 +997,36 @@ pub unsafe extern "C" fn ibv_detach_mcast(
 
 // ---------------------------------------------------------------- strings
 
+// The texts are libibverbs', which applications print and sometimes
+// compare.
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_wc_status_str(status: ibv_wc_status) -> *const c_char {
     let s: &'static std::ffi::CStr = match status {
         IBV_WC_SUCCESS => c"success",
         IBV_WC_LOC_LEN_ERR => c"local length error",
         IBV_WC_LOC_QP_OP_ERR => c"local QP operation error",
+        IBV_WC_LOC_EEC_OP_ERR => c"local EE context operation error",
         IBV_WC_LOC_PROT_ERR => c"local protection error",
         IBV_WC_WR_FLUSH_ERR => c"Work Request Flushed Error",
+        IBV_WC_MW_BIND_ERR => c"memory management operation error",
+        IBV_WC_BAD_RESP_ERR => c"bad response error",
+        IBV_WC_LOC_ACCESS_ERR => c"local access error",
         IBV_WC_REM_INV_REQ_ERR => c"remote invalid request error",
         IBV_WC_REM_ACCESS_ERR => c"remote access error",
         IBV_WC_REM_OP_ERR => c"remote operation error",
+        IBV_WC_RETRY_EXC_ERR => c"transport retry counter exceeded",
+        IBV_WC_RNR_RETRY_EXC_ERR => c"RNR retry counter exceeded",
+        IBV_WC_LOC_RDD_VIOL_ERR => c"local RDD violation error",
+        IBV_WC_REM_INV_RD_REQ_ERR => c"remote invalid RD request",
+        IBV_WC_REM_ABORT_ERR => c"aborted error",
+        IBV_WC_INV_EECN_ERR => c"invalid EE context number",
+        IBV_WC_INV_EEC_STATE_ERR => c"invalid EE context state",
+        IBV_WC_FATAL_ERR => c"fatal error",
+        IBV_WC_RESP_TIMEOUT_ERR => c"response timeout error",
         IBV_WC_GENERAL_ERR => c"general error",
+        IBV_WC_TM_ERR => c"TM error",
+        IBV_WC_TM_RNDV_INCOMPLETE => c"TM software rendezvous",
         _ => c"unknown",
     };
     s.as_ptr()
@@ -981,23 +1034,59 @@ pub unsafe extern "C" fn ibv_wc_status_str(status: ibv_wc_status) -> *const c_ch
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_node_type_str(t: ibv_node_type) -> *const c_char {
-    match t {
-        IBV_NODE_RNIC => c"iWARP".as_ptr(),
-        IBV_NODE_CA => c"InfiniBand channel adapter".as_ptr(),
-        _ => c"unknown".as_ptr(),
-    }
+    let s: &'static std::ffi::CStr = match t {
+        IBV_NODE_CA => c"InfiniBand channel adapter",
+        IBV_NODE_SWITCH => c"InfiniBand switch",
+        IBV_NODE_ROUTER => c"InfiniBand router",
+        IBV_NODE_RNIC => c"iWARP NIC",
+        IBV_NODE_USNIC => c"usNIC",
+        IBV_NODE_USNIC_UDP => c"usNIC UDP",
+        IBV_NODE_UNSPECIFIED => c"unspecified",
+        _ => c"unknown",
+    };
+    s.as_ptr()
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_port_state_str(s: ibv_port_state) -> *const c_char {
-    match s {
-        IBV_PORT_DOWN => c"PORT_DOWN".as_ptr(),
-        IBV_PORT_INIT => c"PORT_INIT".as_ptr(),
-        IBV_PORT_ARMED => c"PORT_ARMED".as_ptr(),
-        IBV_PORT_ACTIVE => c"PORT_ACTIVE".as_ptr(),
-        IBV_PORT_ACTIVE_DEFER => c"PORT_ACTIVE_DEFER".as_ptr(),
-        _ => c"invalid state".as_ptr(),
-    }
+pub unsafe extern "C" fn ibv_port_state_str(state: ibv_port_state) -> *const c_char {
+    let s: &'static std::ffi::CStr = match state {
+        IBV_PORT_NOP => c"no state change (NOP)",
+        IBV_PORT_DOWN => c"down",
+        IBV_PORT_INIT => c"init",
+        IBV_PORT_ARMED => c"armed",
+        IBV_PORT_ACTIVE => c"active",
+        IBV_PORT_ACTIVE_DEFER => c"active defer",
+        _ => c"unknown",
+    };
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_event_type_str(event: ibv_event_type) -> *const c_char {
+    let s: &'static std::ffi::CStr = match event {
+        IBV_EVENT_CQ_ERR => c"CQ error",
+        IBV_EVENT_QP_FATAL => c"local work queue catastrophic error",
+        IBV_EVENT_QP_REQ_ERR => c"invalid request local work queue error",
+        IBV_EVENT_QP_ACCESS_ERR => c"local access violation work queue error",
+        IBV_EVENT_COMM_EST => c"communication established",
+        IBV_EVENT_SQ_DRAINED => c"send queue drained",
+        IBV_EVENT_PATH_MIG => c"path migrated",
+        IBV_EVENT_PATH_MIG_ERR => c"path migration request error",
+        IBV_EVENT_DEVICE_FATAL => c"local catastrophic error",
+        IBV_EVENT_PORT_ACTIVE => c"port active",
+        IBV_EVENT_PORT_ERR => c"port error",
+        IBV_EVENT_LID_CHANGE => c"LID change",
+        IBV_EVENT_PKEY_CHANGE => c"P_Key change",
+        IBV_EVENT_SM_CHANGE => c"SM change",
+        IBV_EVENT_SRQ_ERR => c"SRQ catastrophic error",
+        IBV_EVENT_SRQ_LIMIT_REACHED => c"SRQ limit reached",
+        IBV_EVENT_QP_LAST_WQE_REACHED => c"last WQE reached",
+        IBV_EVENT_CLIENT_REREGISTER => c"client reregistration",
+        IBV_EVENT_GID_CHANGE => c"GID table change",
+        IBV_EVENT_WQ_FATAL => c"WQ fatal",
+        _ => c"unknown",
+    };
+    s.as_ptr()
 }
 
 #[no_mangle]

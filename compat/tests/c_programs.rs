@@ -208,3 +208,29 @@ fn qp_async_events_and_the_ack_contract() {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
 }
+
+#[test]
+fn middleware_helpers_addrinfo_hints_and_the_ipv6_wildcard() {
+    let bin = build("helpers");
+    let (ok, out, err) = run_preloaded(&bin, Duration::from_secs(60));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    for line in [
+        "ok ibv_wc_status_str: libibverbs' texts",
+        "ok ibv_event_type_str: libibverbs' texts",
+        "ok ibv_node_type_str: libibverbs' texts",
+        "ok ibv_port_state_str: libibverbs' texts",
+        "ok rdma_event_str: librdmacm's texts",
+        "ok ibv_get_device_index: 0",
+        "ok ibv_is_fork_initialized: UNNEEDED",
+        "ok rdma_get_devices: iwarp0's context, NULL-terminated",
+        "ok getaddrinfo(NULL, NULL, hints): copies of both addresses",
+        "ok getaddrinfo(node, service, hints): the destination resolved, the hints' source",
+        "ok resolve_addr on the result: the context rdma_get_devices listed",
+        "ok rdma_notify COMM_EST on both ends: 0",
+        "ok [::] listener: established over IPv4",
+        "ok AFONLY [::] listener on the IPv4 listener's port",
+        "all ok",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
