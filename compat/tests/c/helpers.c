@@ -51,6 +51,19 @@ static int same_sin(const struct sockaddr *a, socklen_t len, const struct sockad
 	       s->sin_addr.s_addr == b->sin_addr.s_addr;
 }
 
+/* Disconnect `cli` from `conn` (both see DISCONNECTED), then destroy
+ * their QPs and the three IDs. */
+static void close_all(struct rdma_event_channel *ch, struct rdma_cm_id *cli, struct rdma_cm_id *conn,
+		      struct rdma_cm_id *srv)
+{
+	CHECK(rdma_disconnect(cli) == 0 && disconnected_both(ch, cli, conn), "disconnect");
+	rdma_destroy_qp(cli);
+	rdma_destroy_qp(conn);
+	rdma_destroy_id(conn);
+	rdma_destroy_id(cli);
+	rdma_destroy_id(srv);
+}
+
 int main(void)
 {
 	/* The real libraries, already loaded as the program's dependencies. */
@@ -152,12 +165,7 @@ int main(void)
 	CHECK(established_both(ch), "both ESTABLISHED");
 	CHECK(rdma_notify(cli, IBV_EVENT_COMM_EST) == 0 && rdma_notify(conn, IBV_EVENT_COMM_EST) == 0,
 	      "rdma_notify COMM_EST on both ends: 0");
-	CHECK(rdma_disconnect(cli) == 0 && disconnected_both(ch, cli, conn), "disconnect");
-	rdma_destroy_qp(cli);
-	rdma_destroy_qp(conn);
-	rdma_destroy_id(conn);
-	rdma_destroy_id(cli);
-	rdma_destroy_id(srv);
+	close_all(ch, cli, conn, srv);
 
 	/* The IPv6 wildcard: without AFONLY it serves IPv4 on its port and
 	 * shows [::]:port; with AFONLY it binds and listens beside an IPv4
@@ -179,12 +187,7 @@ int main(void)
 	CHECK(conn && rdma_get_local_addr(conn)->sa_family == AF_INET, "CONNECT_REQUEST: an IPv4 connection");
 	CHECK(rdma_create_qp(conn, pd, &qa) == 0 && rdma_accept(conn, &cp) == 0 && established_both(ch),
 	      "[::] listener: established over IPv4");
-	CHECK(rdma_disconnect(cli) == 0 && disconnected_both(ch, cli, conn), "disconnect");
-	rdma_destroy_qp(cli);
-	rdma_destroy_qp(conn);
-	rdma_destroy_id(conn);
-	rdma_destroy_id(cli);
-	rdma_destroy_id(srv);
+	close_all(ch, cli, conn, srv);
 
 	struct rdma_cm_id *v6only, *v4;
 	int one = 1;
