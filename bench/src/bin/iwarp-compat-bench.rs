@@ -14,6 +14,18 @@
 //! ratio = native latency / library latency and library bandwidth /
 //! native bandwidth (1.0: the library costs nothing measurable).
 //!
+//! Then, as root with Open MPI and NetPIPE installed (`--mpi auto`, the
+//! default), what an MPI user asks: NetPIPE's `NPopenmpi` at 8 B
+//! (one-way latency) and 1 MiB (bandwidth), two ranks, over the library
+//! (`pml cm`, `mtl ofi`, libfabric's `verbs;ofi_rxm`, each rank
+//! preloaded) against Open MPI's own TCP transport (`pml ob1`, `btl
+//! tcp,self`) on the same path: both ranks in a network namespace of the
+//! run's own (libfabric skips loopback interfaces), on its veth address.
+//! Rounds alternate which transport runs first; each ratio is the median
+//! of the per-round ratios (TCP latency / library latency, library
+//! bandwidth / TCP bandwidth: above 1, the library is faster), printed
+//! with its spread.
+//!
 //! Needs perftest (`scripts/setup` installs it) and release builds of the
 //! library and of `iwarp-perf`: `cargo build --release -p iwarp-compat`
 //! and `cargo build --release -p iwarp-apps --bin iwarp-perf` (one
@@ -25,6 +37,9 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use iwarp_bench::report::{ratio_table, Ratio};
+use iwarp_bench::topo::{self, Topology, Veth, IF_A};
+use iwarp_engine::xdp::AttachMode;
 
 #[derive(Parser, Debug)]
 #[command(version, about)]
@@ -57,6 +72,11 @@ struct Cli {
     /// Seconds a run may take before it counts as failed.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// NetPIPE over Open MPI, the library against `btl tcp`: `auto` runs
+    /// it as root when `mpirun` and `NPopenmpi` are installed, `on`
+    /// fails without them.
+    #[arg(long, value_name = "auto|on|off", value_parser = ["auto", "on", "off"], default_value = "auto")]
+    mpi: String,
 }
 
 /// One of the two comparisons.
@@ -236,6 +256,160 @@ fn figure(out: &str, t: Test) -> Option<f64> {
     })
 }
 
+/// Which transport carries Open MPI's messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    /// `pml cm` + `mtl ofi` over libfabric's `verbs;ofi_rxm` on the
+    /// library.
+    Library,
+    /// `pml ob1` + `btl tcp,self`: Open MPI's own sockets.
+    Tcp,
+}
+
+/// NetPIPE over Open MPI: two ranks in the namespace of side a of a
+/// topology of the run's own (deleted when this is dropped).
+struct Mpi {
+    topo: Topology,
+    lib: PathBuf,
+    busy_poll: bool,
+    dir: PathBuf,
+    timeout: Duration,
+}
+
+impl Mpi {
+    fn new(lib: &Path, busy_poll: bool, timeout: Duration) -> Result<Self, String> {
+        topo::install_teardown().map_err(|e| e.to_string())?;
+        let topo = Topology::up(Veth {
+            mtu: 1500,
+            attach: AttachMode::Generic,
+            socket_busy_poll: false,
+        })
+        .map_err(|e| e.to_string())?;
+        let dir = std::env::temp_dir().join(format!("iwarp-compat-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(Self {
+            topo,
+            lib: lib.to_path_buf(),
+            busy_poll,
+            dir,
+            timeout,
+        })
+    }
+
+    /// NetPIPE's figures at `size` bytes: (Mb/s, one-way µs).
+    fn run(&self, tr: Transport, size: usize) -> Result<(f64, f64), String> {
+        let what = format!("NPopenmpi {size} B {tr:?}");
+        let out = self.dir.join(format!("np-{tr:?}-{size}.out"));
+        let _ = std::fs::remove_file(&out);
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.topo.ns_a, "mpirun"]).args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+        ]);
+        match tr {
+            Transport::Library => {
+                c.args(["--mca", "pml", "cm", "--mca", "mtl", "ofi"])
+                    .args(["--mca", "mtl_ofi_provider_include", "verbs;ofi_rxm"])
+                    .args(["--mca", "btl", "self", "-x"])
+                    .arg(format!("LD_PRELOAD={}", self.lib.display()))
+                    .arg("-x")
+                    .arg(format!("FI_VERBS_IFACE={IF_A}"))
+                    .arg("-x")
+                    .arg(format!(
+                        "IWARP_COMPAT_BUSY_POLL={}",
+                        u8::from(self.busy_poll)
+                    ));
+            }
+            Transport::Tcp => {
+                c.args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])
+                    .args(["--mca", "btl_tcp_if_include", IF_A]);
+            }
+        }
+        let n = size.to_string();
+        c.args(["NPopenmpi", "-l", &n, "-u", &n, "-p", "0", "-o"])
+            .arg(&out)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().map_err(|e| format!("{what}: mpirun: {e}"))?;
+        finish(&mut child, Instant::now() + self.timeout).map_err(|e| format!("{what}: {e}"))?;
+        let text = std::fs::read_to_string(&out).map_err(|e| format!("{what}: {e}"))?;
+        netpipe_row(&text, size).ok_or_else(|| format!("{what}: no {size} B row in:\n{text}"))
+    }
+}
+
+impl Drop for Mpi {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// NetPIPE's output row (`bytes Mb/s seconds`) for `size`: (Mb/s, µs).
+fn netpipe_row(text: &str, size: usize) -> Option<(f64, f64)> {
+    text.lines().find_map(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        (cols.first()?.parse::<usize>().ok()? == size).then_some(())?;
+        Some((
+            cols.get(1)?.parse().ok()?,
+            cols.get(2)?.parse::<f64>().ok()? * 1e6,
+        ))
+    })
+}
+
+/// The NetPIPE comparison, `rounds` rounds; false if a run failed.
+fn mpi_comparison(m: &Mpi, rounds: usize) -> bool {
+    let mut ok = true;
+    let mut ratios = Vec::new();
+    for (size, latency) in [(8, true), (1 << 20, false)] {
+        let mut per_round = Vec::new();
+        let (mut lib, mut tcp) = (Vec::new(), Vec::new());
+        for r in 0..rounds {
+            let order = if r % 2 == 0 {
+                [Transport::Library, Transport::Tcp]
+            } else {
+                [Transport::Tcp, Transport::Library]
+            };
+            let mut got = [None, None];
+            for tr in order {
+                match m.run(tr, size) {
+                    Ok((mbps, us)) => got[tr as usize] = Some(if latency { us } else { mbps }),
+                    Err(e) => {
+                        eprintln!("iwarp-compat-bench: {e}");
+                        ok = false;
+                    }
+                }
+            }
+            if let [Some(l), Some(t)] = got {
+                lib.push(l);
+                tcp.push(t);
+                per_round.push(if latency { t / l } else { l / t });
+            }
+        }
+        let med = |v: &mut Vec<f64>| (!v.is_empty()).then(|| median(v));
+        let (unit, name) = if latency {
+            ("one-way us", "NPopenmpi 8 B latency: btl tcp / the library")
+        } else {
+            ("Mb/s", "NPopenmpi 1 MiB bandwidth: the library / btl tcp")
+        };
+        if let (Some(l), Some(t)) = (med(&mut lib), med(&mut tcp)) {
+            println!(
+                "NPopenmpi {size:>7} B {unit:<10} btl tcp {t:>10.2}  the library (verbs;ofi_rxm) {l:>10.2}"
+            );
+        }
+        ratios.push((Ratio::paired(name, per_round, ">=", 1.0), false));
+    }
+    print!("{}", ratio_table(&ratios));
+    ok
+}
+
+fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -323,6 +497,29 @@ fn main() -> ExitCode {
             "{:<9} -s {:<6} {unit:<16} iwarp-perf {n:>10.2}  ib_{} under the library {l:>10.2}  ratio {ratio:.3}",
             t.name, t.size, t.name
         );
+    }
+    let tools = have("mpirun") && have("NPopenmpi");
+    match (cli.mpi.as_str(), topo::is_root() && tools) {
+        ("off", _) => {}
+        ("auto", false) => println!(
+            "iwarp-compat-bench: NetPIPE over Open MPI skipped (it needs root for its namespace, mpirun and NPopenmpi)"
+        ),
+        ("on", false) => {
+            eprintln!("iwarp-compat-bench: --mpi on needs root, mpirun and NPopenmpi");
+            failed = true;
+        }
+        _ => {
+            println!(
+                "iwarp-compat-bench: NPopenmpi, two ranks, Open MPI over the library (verbs;ofi_rxm) and over btl tcp, {rounds} round(s)"
+            );
+            match Mpi::new(&s.lib, s.busy_poll, s.timeout) {
+                Ok(m) => failed |= !mpi_comparison(&m, rounds),
+                Err(e) => {
+                    eprintln!("iwarp-compat-bench: {e}");
+                    failed = true;
+                }
+            }
+        }
     }
     if failed {
         ExitCode::FAILURE
