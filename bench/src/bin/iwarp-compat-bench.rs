@@ -367,11 +367,7 @@ fn mpi_comparison(m: &Mpi, rounds: usize) -> bool {
         let mut per_round = Vec::new();
         let (mut lib, mut tcp) = (Vec::new(), Vec::new());
         for r in 0..rounds {
-            let order = if r % 2 == 0 {
-                [Transport::Library, Transport::Tcp]
-            } else {
-                [Transport::Tcp, Transport::Library]
-            };
+            let order = alternate(r, [Transport::Library, Transport::Tcp]);
             let mut got = [None, None];
             for tr in order {
                 match m.run(tr, size) {
@@ -403,6 +399,15 @@ fn mpi_comparison(m: &Mpi, rounds: usize) -> bool {
     }
     print!("{}", ratio_table(&ratios));
     ok
+}
+
+/// The two sides of a comparison in round `r`'s order: as given in even
+/// rounds, swapped in odd ones.
+fn alternate<T>(r: usize, mut pair: [T; 2]) -> [T; 2] {
+    if r % 2 == 1 {
+        pair.swap(0, 1);
+    }
+    pair
 }
 
 fn have(tool: &str) -> bool {
@@ -466,11 +471,7 @@ fn main() -> ExitCode {
     for t in TESTS {
         let (mut native, mut library) = (Vec::new(), Vec::new());
         for r in 0..rounds {
-            let order = if r % 2 == 0 {
-                [Under::Native, Under::Library]
-            } else {
-                [Under::Library, Under::Native]
-            };
+            let order = alternate(r, [Under::Native, Under::Library]);
             for under in order {
                 match s.run(t, under) {
                     Ok(v) => match under {

@@ -110,4 +110,17 @@ static inline int disconnected_both(struct rdma_event_channel *ch, struct rdma_c
 	return got_a == 1 && got_b == 1;
 }
 
+/* Disconnect `cli` from `conn` (both see DISCONNECTED), then destroy
+ * their QPs and the three IDs. */
+static inline void close_all(struct rdma_event_channel *ch, struct rdma_cm_id *cli, struct rdma_cm_id *conn,
+				     struct rdma_cm_id *srv)
+{
+	CHECK(rdma_disconnect(cli) == 0 && disconnected_both(ch, cli, conn), "disconnect");
+	rdma_destroy_qp(cli);
+	rdma_destroy_qp(conn);
+	rdma_destroy_id(conn);
+	rdma_destroy_id(cli);
+	rdma_destroy_id(srv);
+}
+
 #endif

@@ -51,19 +51,6 @@ static int same_sin(const struct sockaddr *a, socklen_t len, const struct sockad
 	       s->sin_addr.s_addr == b->sin_addr.s_addr;
 }
 
-/* Disconnect `cli` from `conn` (both see DISCONNECTED), then destroy
- * their QPs and the three IDs. */
-static void close_all(struct rdma_event_channel *ch, struct rdma_cm_id *cli, struct rdma_cm_id *conn,
-		      struct rdma_cm_id *srv)
-{
-	CHECK(rdma_disconnect(cli) == 0 && disconnected_both(ch, cli, conn), "disconnect");
-	rdma_destroy_qp(cli);
-	rdma_destroy_qp(conn);
-	rdma_destroy_id(conn);
-	rdma_destroy_id(cli);
-	rdma_destroy_id(srv);
-}
-
 int main(void)
 {
 	/* The real libraries, already loaded as the program's dependencies. */
