@@ -1281,12 +1281,18 @@ unsafe fn v6_wildcard_port(sa: *const sockaddr) -> Option<u16> {
     }
 }
 
-fn set_src_v6_wildcard(raw: &mut rdma_cm_id, port: u16) {
-    raw.route.addr.__bindgen_anon_1.src_sin6 = sockaddr_in6 {
-        sin6_family: libc::AF_INET6 as sa_family_t,
-        sin6_port: port.to_be(),
-        ..Default::default()
-    };
+/// The source address the ID shows: `a`, or `[::]` on `a`'s port for an
+/// ID bound to the IPv6 wildcard.
+fn show_src(raw: &mut rdma_cm_id, a: SocketAddrV4, v6_wildcard: bool) {
+    if v6_wildcard {
+        raw.route.addr.__bindgen_anon_1.src_sin6 = sockaddr_in6 {
+            sin6_family: libc::AF_INET6 as sa_family_t,
+            sin6_port: a.port().to_be(),
+            ..Default::default()
+        };
+    } else {
+        set_src(raw, a);
+    }
 }
 
 #[no_mangle]
@@ -1295,29 +1301,22 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr
         return fail(libc::EINVAL);
     };
     // SAFETY: the caller's address.
-    if let Some(port) = unsafe { v6_wildcard_port(addr) } {
-        let mut st = lock(&o.st);
-        st.src = Some(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
-        st.v6_wildcard = true;
-        drop(st);
-        // SAFETY: the live ID; the application does not use it
-        // concurrently with its own bind.
-        unsafe { set_src_v6_wildcard(&mut *id, port) };
-        return 0;
-    }
-    // SAFETY: the caller's address.
-    let a = match unsafe { parse_addr(addr) } {
-        Ok(Some(a)) => a,
-        Ok(None) => return fail(libc::EINVAL),
-        Err(e) => return fail(e),
+    let (a, v6) = match unsafe { v6_wildcard_port(addr) } {
+        Some(port) => (SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port), true),
+        // SAFETY: the caller's address.
+        None => match unsafe { parse_addr(addr) } {
+            Ok(Some(a)) => (a, false),
+            Ok(None) => return fail(libc::EINVAL),
+            Err(e) => return fail(e),
+        },
     };
     let mut st = lock(&o.st);
     st.src = Some(a);
-    st.v6_wildcard = false;
+    st.v6_wildcard = v6;
     drop(st);
     // SAFETY: the live ID; the application does not use it concurrently
     // with its own bind.
-    unsafe { set_src(&mut *id, a) };
+    unsafe { show_src(&mut *id, a, v6) };
     0
 }
 
@@ -1365,13 +1364,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
     let v6 = st.v6_wildcard;
     drop(st);
     // SAFETY: the live ID.
-    unsafe {
-        if v6 {
-            set_src_v6_wildcard(&mut *id, bound.port());
-        } else {
-            set_src(&mut *id, bound);
-        }
-    }
+    unsafe { show_src(&mut *id, bound, v6) };
     let chan = o.chan();
     if let Err((e, _)) = lock(watches()).add(id as usize, &chan, fd, What::Listen { l, bound }) {
         lock(&o.st).listening = false;
@@ -1936,9 +1929,9 @@ pub unsafe extern "C" fn rdma_set_option(
     optval: *mut c_void,
     optlen: usize,
 ) -> c_int {
-    if !is_live(id, Kind::CmId) {
+    let Some(o) = id_obj(id) else {
         return fail(libc::EINVAL);
-    }
+    };
     let (level, optname) = (level as u32, optname as u32);
     // The ID options are accepted: the type of service and the ACK
     // timeout have no counterpart on these connections and listeners
@@ -1956,10 +1949,8 @@ pub unsafe extern "C" fn rdma_set_option(
         return fail(libc::EINVAL);
     }
     if (level, optname) == (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) {
-        if let Some(o) = id_obj(id) {
-            // SAFETY: an int, as checked above.
-            lock(&o.st).af_only = unsafe { optval.cast::<c_int>().read_unaligned() } != 0;
-        }
+        // SAFETY: an int, as checked above.
+        lock(&o.st).af_only = unsafe { optval.cast::<c_int>().read_unaligned() } != 0;
     }
     0
 }

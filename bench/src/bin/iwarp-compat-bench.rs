@@ -37,7 +37,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use iwarp_bench::report::{ratio_table, Ratio};
+use iwarp_bench::report::{median, ratio_table, Ratio};
 use iwarp_bench::topo::{self, Topology, Veth, IF_A};
 use iwarp_engine::xdp::AttachMode;
 
@@ -384,13 +384,12 @@ fn mpi_comparison(m: &Mpi, rounds: usize) -> bool {
                 per_round.push(if latency { t / l } else { l / t });
             }
         }
-        let med = |v: &mut Vec<f64>| (!v.is_empty()).then(|| median(v));
         let (unit, name) = if latency {
             ("one-way us", "NPopenmpi 8 B latency: btl tcp / the library")
         } else {
             ("Mb/s", "NPopenmpi 1 MiB bandwidth: the library / btl tcp")
         };
-        if let (Some(l), Some(t)) = (med(&mut lib), med(&mut tcp)) {
+        if let (Some(l), Some(t)) = (median(&lib), median(&tcp)) {
             println!(
                 "NPopenmpi {size:>7} B {unit:<10} btl tcp {t:>10.2}  the library (verbs;ofi_rxm) {l:>10.2}"
             );
@@ -413,16 +412,6 @@ fn alternate<T>(r: usize, mut pair: [T; 2]) -> [T; 2] {
 fn have(tool: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn beside_me(name: &str) -> PathBuf {
@@ -485,10 +474,9 @@ fn main() -> ExitCode {
                 }
             }
         }
-        if native.is_empty() || library.is_empty() {
+        let (Some(n), Some(l)) = (median(&native), median(&library)) else {
             continue;
-        }
-        let (n, l) = (median(&mut native), median(&mut library));
+        };
         let (unit, ratio) = if t.latency {
             ("t_avg usec", n / l)
         } else {
