@@ -35,10 +35,17 @@ fn shown(n: usize, hex: &str) -> String {
     }
 }
 
-/// Start a server and wait until it listens.
+/// Start a server on 127.0.0.1 and wait until it listens.
 fn server(port: u16, extra: &[&str]) -> Child {
+    server_at(&["-a", "127.0.0.1"], port, extra)
+}
+
+/// [`server`] with `addr` (`-a ADDR`, or nothing: every address).
+fn server_at(addr: &[&str], port: u16, extra: &[&str]) -> Child {
     let mut child = Command::new(CM)
-        .args(["server", "-a", "127.0.0.1", "-p", &port.to_string()])
+        .arg("server")
+        .args(addr)
+        .args(["-p", &port.to_string()])
         .args(["--timeout", "20"])
         .args(extra)
         .stdout(Stdio::piped())
@@ -67,8 +74,13 @@ fn server(port: u16, extra: &[&str]) -> Child {
 }
 
 fn client(port: u16, extra: &[&str]) -> Output {
+    client_to("127.0.0.1", port, extra)
+}
+
+/// [`client`] connecting to `addr`.
+fn client_to(addr: &str, port: u16, extra: &[&str]) -> Output {
     Command::new(CM)
-        .args(["client", "-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(["client", "-a", addr, "-p", &port.to_string()])
         .args(["--timeout", "20"])
         .args(extra)
         .output()
@@ -83,14 +95,19 @@ fn field(out: &[u8], tag: &str) -> Option<String> {
 }
 
 fn accept_case(ours: usize, theirs: usize, extra: &[&str]) {
+    accept_case_at((&["-a", "127.0.0.1"], "127.0.0.1"), ours, theirs, extra);
+}
+
+/// [`accept_case`] with the server's `-a` and the client's address.
+fn accept_case_at((on, to): (&[&str], &str), ours: usize, theirs: usize, extra: &[&str]) {
     let (c_pd, s_pd) = (pat(ours, 7), pat(theirs, 13));
     let port = free_port();
     let mut args = vec!["--pdata", s_pd.as_str()];
     args.extend_from_slice(extra);
-    let srv = server(port, &args);
+    let srv = server_at(on, port, &args);
     let mut args = vec!["--pdata", c_pd.as_str()];
     args.extend_from_slice(extra);
-    let cli = client(port, &args);
+    let cli = client_to(to, port, &args);
     let srv = srv.wait_with_output().unwrap();
     assert_eq!(cli.status.code(), Some(0), "{cli:?}");
     assert_eq!(srv.status.code(), Some(0), "{srv:?}");
@@ -108,6 +125,18 @@ fn accept_without_private_data() {
 #[test]
 fn accept_with_private_data_both_ways_crc() {
     accept_case(1, 256, &["--crc"]);
+}
+
+#[test]
+fn accept_with_private_data_over_ipv6() {
+    accept_case_at((&["-a", "::1"], "::1"), 40, 60, &["--crc"]);
+}
+
+/// With no `-a` the server listens on every address of both families.
+#[test]
+fn server_on_every_address_takes_ipv4_and_ipv6_clients() {
+    accept_case_at((&[], "127.0.0.1"), 5, 6, &[]);
+    accept_case_at((&[], "::1"), 5, 6, &[]);
 }
 
 #[test]

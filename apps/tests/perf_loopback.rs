@@ -18,6 +18,12 @@ fn free_port() -> u16 {
 }
 
 fn run_pair(test: &str, extra: &[&str]) -> (Output, Output) {
+    run_pair_to("127.0.0.1", test, extra)
+}
+
+/// [`run_pair`] with the client connecting to `host` (the server
+/// listens on every address of both families).
+fn run_pair_to(host: &str, test: &str, extra: &[&str]) -> (Output, Output) {
     let port = free_port().to_string();
     let mut args = vec![test, "-p", &port];
     args.extend_from_slice(extra);
@@ -31,7 +37,7 @@ fn run_pair(test: &str, extra: &[&str]) -> (Output, Output) {
     std::thread::sleep(Duration::from_millis(100));
     let client = Command::new(BIN)
         .arg(test)
-        .arg("127.0.0.1")
+        .arg(host)
         .args(&args[1..])
         .output()
         .expect("run client");
@@ -52,7 +58,12 @@ fn rows(out: &Output) -> Vec<String> {
 }
 
 fn check(test: &str, extra: &[&str], server_row: bool) {
-    let (s, c) = run_pair(test, extra);
+    check_to("127.0.0.1", test, extra, server_row);
+}
+
+/// [`check`] with the client connecting to `host`.
+fn check_to(host: &str, test: &str, extra: &[&str], server_row: bool) {
+    let (s, c) = run_pair_to(host, test, extra);
     let show = |o: &Output| {
         format!(
             "{}{}",
@@ -87,6 +98,12 @@ fn write_bw_two_qps_gbits() {
         &["-s", "1024", "-n", "20", "-q", "2", "--report_gbits"],
         true,
     );
+}
+
+#[test]
+fn write_bw_and_send_lat_over_ipv6() {
+    check_to("::1", "write_bw", &["-s", "4096", "-n", "50"], true);
+    check_to("::1", "send_lat", &["-n", "50"], true);
 }
 
 #[test]

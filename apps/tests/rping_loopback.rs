@@ -27,10 +27,15 @@ struct Server {
     stdout: std::thread::JoinHandle<String>,
 }
 
-/// Start a server with `-d` and wait until it listens.
+/// Start a server on 127.0.0.1 with `-d` and wait until it listens.
 fn server(port: u16, extra: &[&str]) -> Server {
+    server_at("127.0.0.1", port, extra)
+}
+
+/// [`server`] bound to `addr`.
+fn server_at(addr: &str, port: u16, extra: &[&str]) -> Server {
     let mut child = Command::new(RPING)
-        .args(["-s", "-a", "127.0.0.1", "-p", &port.to_string(), "-d"])
+        .args(["-s", "-a", addr, "-p", &port.to_string(), "-d"])
         .args(["--timeout", "20"])
         .args(extra)
         .stdout(Stdio::piped())
@@ -65,13 +70,18 @@ fn server(port: u16, extra: &[&str]) -> Server {
 }
 
 fn client(port: u16, extra: &[&str]) -> Output {
+    client_to("127.0.0.1", port, extra)
+}
+
+/// [`client`] connecting to `addr`.
+fn client_to(addr: &str, port: u16, extra: &[&str]) -> Output {
     let timeout: &[&str] = if extra.contains(&"--timeout") {
         &[]
     } else {
         &["--timeout", "20"]
     };
     Command::new(RPING)
-        .args(["-c", "-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", "-a", addr, "-p", &port.to_string()])
         .args(timeout)
         .args(extra)
         .output()
@@ -97,11 +107,11 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn ping_pong(crc: bool) {
+fn ping_pong(crc: bool, (on, to): (&str, &str)) {
     let port = free_port();
     let flags: &[&str] = if crc { &["--crc"] } else { &[] };
-    let srv = server(port, &[&["-v", "-C", "10"], flags].concat());
-    let c = client(port, &[&["-C", "10", "-V", "-v", "-d"], flags].concat());
+    let srv = server_at(on, port, &[&["-v", "-C", "10"], flags].concat());
+    let c = client_to(to, port, &[&["-C", "10", "-V", "-v", "-d"], flags].concat());
     let (code, sout, serr) = finish(srv);
     let cout = text(&c.stdout);
     let cerr = text(&c.stderr);
@@ -123,14 +133,27 @@ fn ping_pong(crc: bool) {
         .all(|l| l.starts_with("server ping data: rdma-ping-")));
 }
 
+const V4: (&str, &str) = ("127.0.0.1", "127.0.0.1");
+
 #[test]
 fn ten_pings_crc_off() {
-    ping_pong(false);
+    ping_pong(false, V4);
 }
 
 #[test]
 fn ten_pings_crc_on() {
-    ping_pong(true);
+    ping_pong(true, V4);
+}
+
+#[test]
+fn ten_pings_over_ipv6() {
+    ping_pong(true, ("::1", "::1"));
+}
+
+/// A server on the IPv6 wildcard serves an IPv4 client.
+#[test]
+fn ten_pings_ipv6_wildcard_server_ipv4_client() {
+    ping_pong(false, ("::", "127.0.0.1"));
 }
 
 #[test]

@@ -40,7 +40,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io;
 use std::mem::size_of;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
@@ -49,7 +49,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use iwarp_engine::{
-    CmError, ConnParams, ConnRequest, Connecting, Listener, Negotiated, Qp, QpInit,
+    CmError, ConnParams, ConnRequest, Connecting, ListenOptions, Listener, Negotiated, Qp, QpInit,
 };
 
 use crate::config::CONNECT_RETRY_PAUSE;
@@ -502,7 +502,7 @@ pub unsafe extern "C" fn rdma_event_str(ev: rdma_cm_event_type) -> *const c_char
 /// What a watched descriptor belongs to.
 enum What {
     /// A listening ID's listener ([`Listener::event_fd`]).
-    Listen { l: Listener, bound: SocketAddrV4 },
+    Listen { l: Listener },
     /// A connect under way ([`Connecting::event_fd`]) with the QP it
     /// connects (a `QpObj` address: the entry goes when the QP is
     /// destroyed) and the receives posted before it.
@@ -732,10 +732,9 @@ fn handle(token: u64) {
     };
     let (id, chan) = (w.id, w.chan.clone());
     match &mut w.what {
-        What::Listen { l, bound } => {
-            let bound = *bound;
+        What::Listen { l } => {
             while let Ok(req) = l.get_request(Some(Duration::ZERO)) {
-                conn_request(id, &chan, bound, req);
+                conn_request(id, &chan, req);
             }
         }
         What::Connect { c, .. } => {
@@ -772,13 +771,11 @@ fn handle(token: u64) {
 /// A connection request on a listening ID: a new ID (on the listening
 /// ID's channel, or a channel of its own when the listening ID is
 /// synchronous) and CONNECT_REQUEST.
-fn conn_request(parent: usize, chan: &Arc<ChanShared>, bound: SocketAddrV4, req: ConnRequest) {
+fn conn_request(parent: usize, chan: &Arc<ChanShared>, req: ConnRequest) {
     // SAFETY: the listening ID is live while its entry is in the table
     // (the caller holds the table's lock).
     let p = unsafe { &*(parent as *const IdObj) };
-    let SocketAddr::V4(peer) = req.peer_addr() else {
-        return;
-    };
+    let (local, peer) = (req.local_addr(), req.peer_addr());
     let (ird, ord) = req
         .request()
         .ird_ord
@@ -797,11 +794,11 @@ fn conn_request(parent: usize, chan: &Arc<ChanShared>, bound: SocketAddrV4, req:
     };
     // SAFETY: just created, not yet handed out.
     let c = unsafe { &mut *child };
-    set_src(&mut c.raw, bound);
+    set_src(&mut c.raw, local);
     set_dst(&mut c.raw, peer);
     {
         let mut st = lock(&c.st);
-        st.src = Some(bound);
+        st.src = Some(local);
         st.dst = Some(peer);
         st.req = Some(req);
     }
@@ -839,8 +836,17 @@ fn connect_done(g: &mut Watches, w: Watch, r: Result<Qp, CmError>) {
             }
             let engine_qp = q.finish_connect(engine_qp);
             let n = engine_qp.negotiated();
-            // SAFETY: the ID is live while its entry was in the table.
-            lock(&unsafe { &*(w.id as *const IdObj) }.st).connected = true;
+            // The port the connection took (the address resolved had 0).
+            let local = engine_qp.local_addr();
+            {
+                // SAFETY: the ID is live while its entry was in the table.
+                let mut st = lock(&unsafe { &*(w.id as *const IdObj) }.st);
+                st.connected = true;
+                st.src = Some(local);
+            }
+            // SAFETY: the live ID; the application waits for this
+            // connect's event and reads its address after it.
+            unsafe { set_src(&mut *id, local) };
             w.chan.push(event(
                 id,
                 null_mut(),
@@ -938,8 +944,8 @@ pub(crate) fn forget_qp(qp: *const ibv_qp) {
 
 #[derive(Default)]
 struct IdState {
-    src: Option<SocketAddrV4>,
-    dst: Option<SocketAddrV4>,
+    src: Option<SocketAddr>,
+    dst: Option<SocketAddr>,
     addr_resolved: bool,
     route_resolved: bool,
     listening: bool,
@@ -954,14 +960,10 @@ struct IdState {
     /// Private data put before the application's in rdma_connect
     /// (`ai_connect` of rdma_create_ep's address).
     connect_pdata: Vec<u8>,
-    /// `RDMA_OPTION_ID_AFONLY` is set.
+    /// `RDMA_OPTION_ID_AFONLY` is set: a listener on an IPv6 address
+    /// takes IPv6 connections only (`IPV6_V6ONLY`); without it one on
+    /// `[::]` takes IPv4 ones too, as a Linux socket does.
     af_only: bool,
-    /// Bound to the IPv6 wildcard: the ID shows `[::]:port` as its
-    /// source. Without `af_only` it serves IPv4 on the same port, as an
-    /// IPv6 socket without `IPV6_V6ONLY` does; with it, nothing (IPv6 is
-    /// not served), so that a server's IPv4 listener on the same port
-    /// binds as well.
-    v6_wildcard: bool,
 }
 
 #[repr(C)]
@@ -1199,44 +1201,82 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     0
 }
 
-fn to_sockaddr_in(a: SocketAddrV4) -> sockaddr_in {
+fn to_sockaddr_in(a: SocketAddr) -> sockaddr_in {
+    let ip = match a.ip() {
+        IpAddr::V4(ip) => ip,
+        IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+    };
     sockaddr_in {
         sin_family: libc::AF_INET as sa_family_t,
         sin_port: a.port().to_be(),
         sin_addr: in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
+            s_addr: u32::from(ip).to_be(),
         },
         sin_zero: [0; 8],
     }
 }
 
-/// An IPv4 socket address from the application's `sockaddr`.
+fn to_sockaddr_in6(a: SocketAddrV6) -> sockaddr_in6 {
+    let mut sin6 = sockaddr_in6 {
+        sin6_family: libc::AF_INET6 as sa_family_t,
+        sin6_port: a.port().to_be(),
+        sin6_flowinfo: a.flowinfo().to_be(),
+        sin6_scope_id: a.scope_id(),
+        ..Default::default()
+    };
+    sin6.sin6_addr.__in6_u.__u6_addr8 = a.ip().octets();
+    sin6
+}
+
+/// A socket address (IPv4 or IPv6) from the application's `sockaddr`.
 ///
 /// # Safety
 /// `sa` is null or points to a socket address of its family's size.
-unsafe fn parse_addr(sa: *const sockaddr) -> Result<Option<SocketAddrV4>, c_int> {
+unsafe fn parse_addr(sa: *const sockaddr) -> Result<Option<SocketAddr>, c_int> {
     if sa.is_null() {
         return Ok(None);
     }
     // SAFETY: the caller's socket address.
     let family = c_int::from(unsafe { (*sa).sa_family });
-    if family != libc::AF_INET {
-        return Err(libc::EAFNOSUPPORT);
+    match family {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let sin = unsafe { &*sa.cast::<sockaddr_in>() };
+            Ok(Some(SocketAddr::from((
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                u16::from_be(sin.sin_port),
+            ))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6.
+            let sin6 = unsafe { &*sa.cast::<sockaddr_in6>() };
+            // SAFETY: every view of the address union is 16 plain bytes.
+            let octets = unsafe { sin6.sin6_addr.__in6_u.__u6_addr8 };
+            Ok(Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(octets),
+                u16::from_be(sin6.sin6_port),
+                u32::from_be(sin6.sin6_flowinfo),
+                sin6.sin6_scope_id,
+            ))))
+        }
+        _ => Err(libc::EAFNOSUPPORT),
     }
-    // SAFETY: an AF_INET address is a sockaddr_in.
-    let sin = unsafe { &*sa.cast::<sockaddr_in>() };
-    Ok(Some(SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-        u16::from_be(sin.sin_port),
-    )))
 }
 
-fn set_src(raw: &mut rdma_cm_id, a: SocketAddrV4) {
-    raw.route.addr.__bindgen_anon_1.src_sin = to_sockaddr_in(a);
+fn set_src(raw: &mut rdma_cm_id, a: SocketAddr) {
+    let u = &mut raw.route.addr.__bindgen_anon_1;
+    match a {
+        SocketAddr::V4(_) => u.src_sin = to_sockaddr_in(a),
+        SocketAddr::V6(v6) => u.src_sin6 = to_sockaddr_in6(v6),
+    }
 }
 
-fn set_dst(raw: &mut rdma_cm_id, a: SocketAddrV4) {
-    raw.route.addr.__bindgen_anon_2.dst_sin = to_sockaddr_in(a);
+fn set_dst(raw: &mut rdma_cm_id, a: SocketAddr) {
+    let u = &mut raw.route.addr.__bindgen_anon_2;
+    match a {
+        SocketAddr::V4(_) => u.dst_sin = to_sockaddr_in(a),
+        SocketAddr::V6(v6) => u.dst_sin6 = to_sockaddr_in6(v6),
+    }
 }
 
 fn the_context() -> Result<*mut ibv_context, c_int> {
@@ -1266,57 +1306,21 @@ fn the_context() -> Result<*mut ibv_context, c_int> {
     }
 }
 
-/// The port of `sa` if it is the IPv6 wildcard address `[::]:port`.
-///
-/// # Safety
-/// `sa` is null or points to a socket address of its family's size.
-unsafe fn v6_wildcard_port(sa: *const sockaddr) -> Option<u16> {
-    // SAFETY: the caller's socket address, read by its family.
-    unsafe {
-        if sa.is_null() || c_int::from((*sa).sa_family) != libc::AF_INET6 {
-            return None;
-        }
-        let sin6 = &*sa.cast::<sockaddr_in6>();
-        (sin6.sin6_addr.__in6_u.__u6_addr8 == [0; 16]).then(|| u16::from_be(sin6.sin6_port))
-    }
-}
-
-/// The source address the ID shows: `a`, or `[::]` on `a`'s port for an
-/// ID bound to the IPv6 wildcard.
-fn show_src(raw: &mut rdma_cm_id, a: SocketAddrV4, v6_wildcard: bool) {
-    if v6_wildcard {
-        raw.route.addr.__bindgen_anon_1.src_sin6 = sockaddr_in6 {
-            sin6_family: libc::AF_INET6 as sa_family_t,
-            sin6_port: a.port().to_be(),
-            ..Default::default()
-        };
-    } else {
-        set_src(raw, a);
-    }
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
     let Some(o) = id_obj(id) else {
         return fail(libc::EINVAL);
     };
     // SAFETY: the caller's address.
-    let (a, v6) = match unsafe { v6_wildcard_port(addr) } {
-        Some(port) => (SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port), true),
-        // SAFETY: the caller's address.
-        None => match unsafe { parse_addr(addr) } {
-            Ok(Some(a)) => (a, false),
-            Ok(None) => return fail(libc::EINVAL),
-            Err(e) => return fail(e),
-        },
+    let a = match unsafe { parse_addr(addr) } {
+        Ok(Some(a)) => a,
+        Ok(None) => return fail(libc::EINVAL),
+        Err(e) => return fail(e),
     };
-    let mut st = lock(&o.st);
-    st.src = Some(a);
-    st.v6_wildcard = v6;
-    drop(st);
+    lock(&o.st).src = Some(a);
     // SAFETY: the live ID; the application does not use it concurrently
     // with its own bind.
-    unsafe { show_src(&mut *id, a, v6) };
+    unsafe { set_src(&mut *id, a) };
     0
 }
 
@@ -1335,12 +1339,10 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
     if st.listening {
         return fail(libc::EINVAL);
     }
-    if st.v6_wildcard && st.af_only {
-        // An IPv6-only listener: no connection reaches it.
-        st.listening = true;
-        return 0;
-    }
-    let l = match g.dev.listen(SocketAddr::V4(src)) {
+    let opts = ListenOptions {
+        v6_only: st.af_only,
+    };
+    let l = match g.dev.listen_with(src, opts) {
         Ok(l) => l,
         Err(CmError::Io(k)) => {
             return fail(
@@ -1351,22 +1353,20 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
         }
         Err(_) => return fail(libc::EADDRINUSE),
     };
-    let bound = match l.local_addr() {
-        SocketAddr::V4(a) => a,
-        SocketAddr::V6(_) => src,
-    };
+    // The address bound, with the port the listener has (the AF_XDP
+    // engine serves `[::]` as IPv4's wildcard).
+    let bound = SocketAddr::new(src.ip(), l.local_addr().port());
     let fd = match l.event_fd().try_clone_to_owned() {
         Ok(fd) => fd,
         Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
     };
     st.src = Some(bound);
     st.listening = true;
-    let v6 = st.v6_wildcard;
     drop(st);
     // SAFETY: the live ID.
-    unsafe { show_src(&mut *id, bound, v6) };
+    unsafe { set_src(&mut *id, bound) };
     let chan = o.chan();
-    if let Err((e, _)) = lock(watches()).add(id as usize, &chan, fd, What::Listen { l, bound }) {
+    if let Err((e, _)) = lock(watches()).add(id as usize, &chan, fd, What::Listen { l }) {
         lock(&o.st).listening = false;
         return fail(e.raw_os_error().unwrap_or(libc::EMFILE));
     }
@@ -1393,14 +1393,17 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     // route from.
     let engine_ip = global().ok().and_then(|g| g.cfg.local_ip());
     let s = s
-        .or(engine_ip.map(|ip| SocketAddrV4::new(ip, 0)))
+        .or(engine_ip
+            .filter(|_| d.is_ipv4())
+            .map(|ip| SocketAddr::from((ip, 0))))
         .or_else(|| {
-            let u = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+            let any = match d {
+                SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+                SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
+            };
+            let u = std::net::UdpSocket::bind(any).ok()?;
             u.connect(d).ok()?;
-            match u.local_addr().ok()? {
-                SocketAddr::V4(a) => Some(SocketAddrV4::new(*a.ip(), 0)),
-                SocketAddr::V6(_) => None,
-            }
+            Some(SocketAddr::new(u.local_addr().ok()?.ip(), 0))
         });
     let mut st = lock(&o.st);
     st.dst = Some(d);
@@ -1789,16 +1792,14 @@ pub unsafe extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn
     let chan = o.chan();
     let retry = (!g.cfg.connect_retry.is_zero()).then(|| {
         Box::new(Retry {
-            dst: SocketAddr::V4(dst),
+            dst,
             init: init.clone(),
             params: params.clone(),
             until: Instant::now() + g.cfg.connect_retry,
         })
     });
     let timeout = params.timeout;
-    let mut started = g
-        .dev
-        .connect_start(SocketAddr::V4(dst), init, params, &recv_wrs(&early));
+    let mut started = g.dev.connect_start(dst, init, params, &recv_wrs(&early));
     // Refused on the spot (loopback): with IWARP_COMPAT_CONNECT_RETRY the
     // call itself waits and starts again.
     while let (Err(e), Some(rt)) = (&started, &retry) {
@@ -1935,8 +1936,9 @@ pub unsafe extern "C" fn rdma_set_option(
     let (level, optname) = (level as u32, optname as u32);
     // The ID options are accepted: the type of service and the ACK
     // timeout have no counterpart on these connections and listeners
-    // always reuse addresses; AFONLY decides what a listener on the IPv6
-    // wildcard serves (`IdState::v6_wildcard`). Their values are checked
+    // always reuse addresses; AFONLY decides whether a listener on an
+    // IPv6 address takes IPv4 connections (`IdState::af_only`). Their
+    // values are checked
     // as the kernel checks them.
     let size = match (level, optname) {
         (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_ACK_TIMEOUT) => size_of::<u8>(),
@@ -2361,9 +2363,11 @@ unsafe fn copy_sockaddr(sa: *const sockaddr, len: socklen_t) -> *mut sockaddr {
     p
 }
 
-/// librdmacm's address translation, IPv4 only: `node` and `service`
-/// through getaddrinfo(3), the address becoming the source of a passive
-/// result and the destination otherwise; with both NULL, the hints'
+/// librdmacm's address translation: `node` and `service` through
+/// getaddrinfo(3) in the hints' family (IPv4 and IPv6; on the AF_XDP
+/// engine, which serves IPv4, an unspecified family means IPv4), the
+/// first address becoming the source of a passive result and the
+/// destination otherwise; with both NULL, the hints'
 /// flags, family, QP type, port space and destination address. Either
 /// way the hints' source address is taken where the result has none
 /// (libfabric passes its endpoints' addresses that way).
@@ -2396,12 +2400,14 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         }
     }
     if !node.is_null() || !service.is_null() {
-        if h.is_some_and(|h| h.ai_family != 0 && h.ai_family != libc::AF_INET) {
-            return fail(libc::EAFNOSUPPORT);
-        }
+        let family = match h.map_or(libc::AF_UNSPEC, |h| h.ai_family) {
+            libc::AF_UNSPEC if global().is_ok_and(|g| g.cfg.local_ip().is_some()) => libc::AF_INET,
+            f @ (libc::AF_UNSPEC | libc::AF_INET | libc::AF_INET6) => f,
+            _ => return fail(libc::EAFNOSUPPORT),
+        };
         // SAFETY: an all-zero addrinfo is valid hints.
         let mut ghints: libc::addrinfo = unsafe { std::mem::zeroed() };
-        ghints.ai_family = libc::AF_INET;
+        ghints.ai_family = family;
         ghints.ai_socktype = libc::SOCK_STREAM;
         if flags & RAI_PASSIVE != 0 {
             ghints.ai_flags |= libc::AI_PASSIVE;
@@ -2419,7 +2425,9 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         }
         // SAFETY: the first entry of the list getaddrinfo returned, its
         // address `ai_addrlen` bytes long.
-        let (addr, len) = unsafe { ((*gres).ai_addr, (*gres).ai_addrlen) };
+        let (addr, len, family) =
+            unsafe { ((*gres).ai_addr, (*gres).ai_addrlen, (*gres).ai_family) };
+        ai.ai_family = family;
         // SAFETY: as above.
         let copy = unsafe { copy_sockaddr(addr.cast(), len) };
         // SAFETY: the list from getaddrinfo.

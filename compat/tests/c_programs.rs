@@ -254,3 +254,23 @@ fn ord_and_ird_of_one_with_many_reads_and_atomics_posted() {
         ],
     );
 }
+
+#[test]
+fn connection_manager_over_ipv6_loopback() {
+    run_checked(
+        "ipv6",
+        Duration::from_secs(60),
+        &[
+            "ok getaddrinfo ::1 numeric, passive: an AF_INET6 source",
+            "ok listener shows [::1] and the port it took",
+            "ok resolved: source and destination [::1]",
+            "ok CONNECT_REQUEST with the private data",
+            "ok the request's addresses: the listener's and the client's",
+            "ok established: the client's port is the one the server sees",
+            "ok the Send's and the Write's bytes arrived",
+            "ok AFONLY listener: established over IPv6",
+            "ok AFONLY listener: the IPv4 client is refused",
+            "all ok",
+        ],
+    );
+}

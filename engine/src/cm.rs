@@ -257,6 +257,15 @@ impl QpAsyncEvent {
     }
 }
 
+/// How [`crate::Device::listen_with`] listens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenOptions {
+    /// A listener on an IPv6 address takes IPv6 connections only
+    /// (`IPV6_V6ONLY`); by default one on `[::]` also takes IPv4
+    /// connections, whose addresses the QPs report as IPv4.
+    pub v6_only: bool,
+}
+
 /// A listening TCP socket. Dropping it closes the socket and every
 /// connection whose request was not taken with [`Self::get_request`].
 #[derive(Debug)]
@@ -335,6 +344,12 @@ impl ConnRequest {
     /// The initiator's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.req().peer
+    }
+
+    /// The local address the initiator connected to (on a wildcard
+    /// listener, the address it chose).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.req().local
     }
 
     /// The initiator's ULP private data.

@@ -19,11 +19,11 @@ use iwarp::mpa::handshake::Negotiated;
 use iwarp::qp::{PostError, QpConfig, QpEvent, QpState, RecvWr, SendWr, Sge};
 use iwarp::srq::{SrqEvent, SrqId};
 use iwarp::verbs::{Context, HandleCounts, VerbsError};
-use mio::net::{TcpListener, TcpStream};
+use mio::net::TcpStream;
 
-use crate::cm::{CmError, CmEvent, ConnParams, Listener, QpAsyncEvent};
+use crate::cm::{CmError, CmEvent, ConnParams, ListenOptions, Listener, QpAsyncEvent};
 use crate::event::{poll_until, wait_for as wait_fd, Epoll, EventFd};
-use crate::kernel::emss_of;
+use crate::kernel::{self, emss_of};
 use crate::log::{conn_event, conn_span, device_span};
 use crate::post::WorkQueues;
 use crate::runtime::{
@@ -493,10 +493,25 @@ impl Device {
     }
 
     /// Listen on `addr` (port 0: the OS picks one, see
-    /// [`Listener::local_addr`]).
+    /// [`Listener::local_addr`]) with the default [`ListenOptions`]: a
+    /// listener on the IPv6 wildcard `[::]` also takes IPv4 connections,
+    /// as a Linux socket does.
     pub fn listen(&self, addr: SocketAddr) -> Result<Listener, CmError> {
+        self.listen_with(addr, ListenOptions::default())
+    }
+
+    /// [`Self::listen`] with `opts`.
+    pub fn listen_with(&self, addr: SocketAddr, opts: ListenOptions) -> Result<Listener, CmError> {
         let mut e = self.shared().engine();
         if e.xdp().is_some() {
+            // The AF_XDP engine serves IPv4: a dual-stack wildcard is its
+            // IPv4 wildcard.
+            let addr = match addr {
+                SocketAddr::V6(a) if a.ip().is_unspecified() && !opts.v6_only => {
+                    SocketAddr::from(([0, 0, 0, 0], a.port()))
+                }
+                _ => addr,
+            };
             let (ls, addr) = e.listen_xdp(addr)?;
             drop(e);
             tracing::info!(parent: &self.shared().span, %addr, "listening");
@@ -508,14 +523,12 @@ impl Device {
             });
         }
         drop(e);
-        let std = std::net::TcpListener::bind(addr).map_err(|e| CmError::Io(e.kind()))?;
-        std.set_nonblocking(true)
-            .map_err(|e| CmError::Io(e.kind()))?;
-        let addr = std.local_addr().map_err(|e| CmError::Io(e.kind()))?;
+        let (sock, addr) =
+            kernel::listen_socket(addr, opts.v6_only).map_err(|e| CmError::Io(e.kind()))?;
         let ls = self
             .shared()
             .engine()
-            .add_listener(TcpListener::from_std(std))
+            .add_listener(sock)
             .map_err(|e| CmError::Io(e.kind()))?;
         tracing::info!(parent: &self.shared().span, %addr, "listening");
         self.shared().kick();
@@ -754,7 +767,7 @@ impl Connecting {
                             return Some(Err(CmError::Io(e.kind())));
                         }
                         let local = match sock.local_addr() {
-                            Ok(a) => a,
+                            Ok(a) => kernel::canonical(a),
                             Err(e) => return Some(Err(CmError::Io(e.kind()))),
                         };
                         let emss = emss_of(&sock);

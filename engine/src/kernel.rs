@@ -387,7 +387,7 @@ impl KernelIo {
         for li in 0..self.listeners.len() {
             loop {
                 let (mut sock, peer) = match self.listeners[li].sock.accept() {
-                    Ok(x) => x,
+                    Ok((sock, peer)) => (sock, canonical(peer)),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(_) => break, // WouldBlock, or a connection reset before accept
                 };
@@ -478,7 +478,7 @@ impl KernelIo {
         work += 1;
         match r {
             Ok((request, rest)) => {
-                let local = p.sock.local_addr().unwrap_or(p.peer);
+                let local = p.sock.local_addr().map_or(p.peer, canonical);
                 let emss = emss_of(&p.sock);
                 p.acc
                     .hand_over(request, Sock::Kernel(p.sock), p.peer, local, emss, rest);
@@ -861,6 +861,41 @@ impl Stream for KernelStream<'_> {
 
     fn closed(&mut self) -> Option<bool> {
         self.closed.take()
+    }
+}
+
+/// A non-blocking listening socket on `addr` and the address it got
+/// (the port the OS picked for port 0). On an IPv6 address it takes
+/// IPv4 connections too unless `v6_only` (`IPV6_V6ONLY`, set either way
+/// so that the system default does not decide).
+pub(crate) fn listen_socket(
+    addr: SocketAddr,
+    v6_only: bool,
+) -> io::Result<(TcpListener, SocketAddr)> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(v6_only)?;
+    }
+    s.bind(&addr.into())?;
+    s.listen(libc::SOMAXCONN)?;
+    s.set_nonblocking(true)?;
+    let std = std::net::TcpListener::from(s);
+    let addr = std.local_addr()?;
+    Ok((TcpListener::from_std(std), addr))
+}
+
+/// `a` with an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, what a dual-
+/// stack listener reports for an IPv4 peer) written as the IPv4 address
+/// it is.
+pub(crate) fn canonical(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(ip) => SocketAddr::from((ip, v6.port())),
+            None => a,
+        },
+        SocketAddr::V4(_) => a,
     }
 }
 

@@ -81,7 +81,7 @@ mod runtime;
 mod slots;
 pub mod xdp;
 
-pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, Listener, QpAsyncEvent};
+pub use cm::{CmError, CmEvent, ConnParams, ConnRequest, ListenOptions, Listener, QpAsyncEvent};
 pub use device::{
     Backend, Connecting, Cq, Device, DeviceConfig, Mr, Pd, Progress, Qp, QpInit, Srq, Stats,
 };

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use common::readable;
 use iwarp_engine::xdp::{link, XdpConfig};
 use iwarp_engine::{
-    Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, HandleCounts, Mr, Pd,
-    Progress, Qp, QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr, Sge, WcOpcode,
-    WcStatus, WorkCompletion, EMPTY_WC,
+    Access, Backend, CmError, CmEvent, ConnParams, Cq, Device, DeviceConfig, HandleCounts,
+    ListenOptions, Mr, Pd, Progress, Qp, QpInit, QpState, RecvWr, RtrSet, RtrType, SendOp, SendWr,
+    Sge, WcOpcode, WcStatus, WorkCompletion, EMPTY_WC,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -147,11 +147,29 @@ fn connect_sized(
     server_params: ConnParams,
     client_depth: usize,
 ) -> Conn {
+    connect_via(
+        mode,
+        (any_addr(), ListenOptions::default()),
+        any_addr().ip(),
+        (client_params, server_params),
+        client_depth,
+    )
+}
+
+/// [`connect_sized`] with the server listening on `listen` and the
+/// client dialling `dial` on the listener's port.
+fn connect_via(
+    mode: Mode,
+    listen: (SocketAddr, ListenOptions),
+    dial: IpAddr,
+    (client_params, server_params): (ConnParams, ConnParams),
+    client_depth: usize,
+) -> Conn {
     let manual = mode == Mode::Manual;
     let (cdev, sdev) = (open(manual), open(manual));
     let driver = manual.then(|| Driver::start(&sdev));
-    let listener = sdev.listen(any_addr()).unwrap();
-    let addr = listener.local_addr();
+    let listener = sdev.listen_with(listen.0, listen.1).unwrap();
+    let addr = SocketAddr::new(dial, listener.local_addr().port());
     let (spd, scq, sinit) = init(&sdev);
     let server = std::thread::spawn(move || {
         let req = listener.get_request(Some(WAIT)).unwrap();
@@ -458,7 +476,7 @@ enum LinkMode {
 /// CRC on.
 fn connect_link(mode: LinkMode, mtu: usize) -> Conn {
     let end = |last: u8| {
-        let mut c = XdpConfig::new("link", std::net::Ipv4Addr::new(198, 18, 0, last), 24);
+        let mut c = XdpConfig::new("link", Ipv4Addr::new(198, 18, 0, last), 24);
         c.mtu = mtu;
         c.busy_poll = mode == LinkMode::Spin;
         c
@@ -649,6 +667,141 @@ fn crc_if_either_side_asks_and_markers() {
         assert_eq!((sn.markers_rx, sn.markers_tx), (smark, cmark));
         transfers(&c);
     }
+}
+
+/// Over IPv6 loopback: every operation of every size, with CRC and
+/// markers in both directions and without, the QPs' addresses IPv6.
+#[test]
+fn ipv6_transfers_and_mpa_modes() {
+    let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, 0));
+    for (mode, crc, markers) in [(Mode::Thread, false, false), (Mode::Manual, true, true)] {
+        let params = ConnParams {
+            crc,
+            markers,
+            private_data: b"over IPv6".to_vec(),
+            ..ConnParams::default()
+        };
+        let c = connect_via(
+            mode,
+            (v6, ListenOptions::default()),
+            v6.ip(),
+            (params.clone(), params),
+            128,
+        );
+        for qp in [&c.client.qp, &c.server.qp] {
+            assert_eq!(qp.local_addr().ip(), v6.ip());
+            assert_eq!(qp.peer_addr().ip(), v6.ip());
+            assert_eq!(qp.peer_private_data(), b"over IPv6");
+            let n = qp.negotiated();
+            assert_eq!((n.crc, n.markers_rx, n.markers_tx), (crc, markers, markers));
+        }
+        assert_eq!(c.client.qp.local_addr(), c.server.qp.peer_addr());
+        transfers(&c);
+    }
+}
+
+/// A listener on `[::]` takes IPv4 and IPv6 connections and reports an
+/// IPv4 peer as IPv4; with `v6_only` it refuses IPv4.
+#[test]
+fn dual_stack_and_v6_only_listeners() {
+    let wild = SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0));
+    let v4 = IpAddr::from(Ipv4Addr::LOCALHOST);
+    let v6 = IpAddr::from(Ipv6Addr::LOCALHOST);
+    for dial in [v4, v6] {
+        let c = connect_via(
+            Mode::Thread,
+            (wild, ListenOptions::default()),
+            dial,
+            (ConnParams::default(), ConnParams::default()),
+            16,
+        );
+        for qp in [&c.client.qp, &c.server.qp] {
+            assert_eq!(qp.local_addr().ip(), dial);
+            assert_eq!(qp.peer_addr().ip(), dial);
+        }
+        assert_eq!(c.client.qp.local_addr(), c.server.qp.peer_addr());
+        assert_eq!(c.server.qp.local_addr(), c.client.qp.peer_addr());
+        exchange_one_send(&c);
+    }
+    let only = ListenOptions { v6_only: true };
+    let c = connect_via(
+        Mode::Thread,
+        (wild, only),
+        v6,
+        (ConnParams::default(), ConnParams::default()),
+        16,
+    );
+    exchange_one_send(&c);
+    let sdev = open(false);
+    let listener = sdev.listen_with(wild, only).unwrap();
+    let cdev = open(false);
+    let (_pd, _cq, cinit) = init(&cdev);
+    let to_v4 = SocketAddr::new(v4, listener.local_addr().port());
+    let err = cdev
+        .connect(to_v4, cinit, ConnParams::default())
+        .unwrap_err();
+    assert_eq!(err, CmError::ConnectionRefused);
+}
+
+/// One Send from the client, its bytes checked at the server.
+fn exchange_one_send(c: &Conn) {
+    let msg = pattern(300, 9);
+    let (cmr, smr) = (c.client.mr(300), c.server.mr(300));
+    cmr.write(0, &msg);
+    c.server
+        .qp
+        .post_recv(&RecvWr {
+            wr_id: 1,
+            sgl: &[smr.sge(0, 300)],
+        })
+        .unwrap();
+    c.client
+        .qp
+        .post_send(&SendWr {
+            wr_id: 2,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sgl: &[cmr.sge(0, 300)],
+            signaled: true,
+        })
+        .unwrap();
+    let wc = c.server.wait_one();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (1, WcStatus::Success, 300)
+    );
+    assert_eq!(c.client.wait_one().status, WcStatus::Success);
+    let mut got = vec![0; 300];
+    smr.read(0, &mut got);
+    assert_eq!(got, msg);
+}
+
+/// Over IPv6: a reject carries its private data.
+#[test]
+fn ipv6_reject_with_private_data() {
+    let (cdev, sdev) = (open(false), open(false));
+    let listener = sdev.listen("[::1]:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    assert!(addr.is_ipv6());
+    let server = std::thread::spawn(move || {
+        let req = listener.get_request(Some(WAIT)).unwrap();
+        assert!(req.peer_addr().is_ipv6());
+        req.reject(b"not over IPv6").unwrap();
+        listener
+    });
+    let (_pd, _cq, cinit) = init(&cdev);
+    let err = cdev
+        .connect(addr, cinit, ConnParams::default())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CmError::Rejected {
+            private_data: b"not over IPv6".to_vec()
+        }
+    );
+    drop(server.join().unwrap());
 }
 
 #[test]

@@ -43,7 +43,7 @@
 //! | 7 | the private data is longer than MPA allows (refused locally, nothing sent) |
 
 use std::io::ErrorKind;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -245,7 +245,7 @@ fn run_server(addr: Option<&str>, reject: bool, c: &Common) -> Result<(), Fail> 
         Some(a) => a
             .parse()
             .map_err(|e| Fail(status::OTHER, format!("-a {a}: {e}")))?,
-        None => Ipv4Addr::UNSPECIFIED.into(),
+        None => Ipv6Addr::UNSPECIFIED.into(),
     };
     let bind = SocketAddr::new(ip, c.port);
     let (dev, init) = open()?;

@@ -15,7 +15,7 @@
 mod stats;
 
 use std::collections::VecDeque;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -642,8 +642,8 @@ fn resolve(host: &str, port: u16) -> Res<SocketAddr> {
     (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("{host}: {e}"))?
-        .find(SocketAddr::is_ipv4)
-        .ok_or_else(|| format!("{host}: no IPv4 address"))
+        .next()
+        .ok_or_else(|| format!("{host}: no address"))
 }
 
 // ---------------------------------------------------------------------------
@@ -757,7 +757,7 @@ struct Accepting {
 impl Accepting {
     fn listen(cfg: &Cfg, dev: &Device, keep: bool) -> Res<Self> {
         let l = dev
-            .listen(SocketAddr::from(([0, 0, 0, 0], cfg.port)))
+            .listen(SocketAddr::from((Ipv6Addr::UNSPECIFIED, cfg.port)))
             .map_err(|e| format!("listen on port {}: {e}", cfg.port))?;
         cfg.dbg(|| format!("listening on {}", l.local_addr()));
         Ok(Self {
