@@ -10,6 +10,7 @@
 #                              stock siw echoes the C bit)
 #   compat-<tool>-server-crc   the VM's siw requires CRC (tunable,
 #                              mpa_crc_required=1)
+#   compat-rping-client-ipv6, compat-rping-server-ipv6   rping over IPv6
 # A scenario passes when both sides exit 0, the data were verified (rping)
 # or the result row printed (perftest), the host's perftest ran on
 # iwarp0, and every connection the library established negotiated CRC as
@@ -163,5 +164,13 @@ vm_rping -c -a @HOST@ -v -V -C 5 -S 64"
             run "ib_$t-$role$sfx" "$role" "$crc" 18515 "$HOST" "$VMC" judge_perf
         done
     done
+done
+# rping over IPv6 in both roles (Debian's perftest 4.5 resolves rdma_cm
+# addresses as IPv4 only).
+for role in client server; do
+    pick "rping -c -a @VM6@ -v -V -C 5 -S 64" "rping -s -a @VM6@ -v -C 5 -S 64" \
+        "rping -s -a @HOST6@ -v -C 5 -S 64" "$VM_RPING
+vm_rping -c -a @HOST6@ -v -V -C 5 -S 64"
+    run "rping-$role-ipv6" "$role" nocrc 7174 "$HOST" "$VMC" judge_rping
 done
 exit 0

@@ -59,12 +59,13 @@ fail() {
 # --- our client <-> VM rping server --------------------------------------
 
 # $1 name, $2 size, $3 extra client flags, $4 expected "crc on|off",
-# $5.. extra siw-interop options (capture).
+# $5.. extra siw-interop options (capture); the VM's address is
+# ${vm:-@VM@} (@VM6@: over IPv6).
 client_case() {
-    local name="$1" size="$2" flags="$3" crc="$4"
+    local name="$1" size="$2" flags="$3" crc="$4" at="${vm:-@VM@}"
     shift 4
-    run "$name" "$@" vm-server 7174 "rping -s -a @VM@ -v -S $size" \
-        "$RPING -c -a @VM@ -v -V -C 5 -S $size -d --timeout 30 $flags"
+    run "$name" "$@" vm-server 7174 "rping -s -a $at -v -S $size" \
+        "$RPING -c -a $at -v -V -C 5 -S $size -d --timeout 30 $flags"
     local pings
     pings="$(count '^ping data: rdma-ping-[0-4]: ')"
     if [[ "$(rc_of host)" != 0 ]]; then
@@ -81,6 +82,7 @@ client_case() {
 }
 
 client_case rping-client-vm-server-crc-off 64 "" off
+vm=@VM6@ client_case rping-client-vm-server-ipv6 1024 "--crc" on
 CAP="$TMP/rping-crc.pcapng"
 client_case rping-client-vm-server-crc-on 1024 "--crc" on -c "$CAP"
 
@@ -105,14 +107,15 @@ fi
 
 # --- VM rping client <-> our server ----------------------------------------
 
-# $1 name, $2 size, $3 expected "crc on|off", $4.. extra siw-interop options.
+# $1 name, $2 size, $3 expected "crc on|off", $4.. extra siw-interop
+# options; our server's address is ${host:-@HOST@} (@HOST6@: over IPv6).
 server_case() {
-    local name="$1" size="$2" crc="$3"
+    local name="$1" size="$2" crc="$3" at="${host:-@HOST@}"
     shift 3
     run "$name" "$@" vm-client 7174 \
-        "$RPING -s -a @HOST@ -v -C 5 -S $size -d --timeout 60" \
+        "$RPING -s -a $at -v -C 5 -S $size -d --timeout 60" \
         "$VM_RPING
-vm_rping -c -a @HOST@ -v -V -C 5 -S $size"
+vm_rping -c -a $at -v -V -C 5 -S $size"
     if [[ "$(rc_of vm)" != 0 ]]; then
         fail "$name" "the VM rping client failed"
     elif [[ "$(count '^ping data: rdma-ping-[0-4]: ')" != 5 ]]; then
@@ -129,6 +132,7 @@ vm_rping -c -a @HOST@ -v -V -C 5 -S $size"
 }
 
 server_case rping-vm-client-server-crc-off 64 off
+host=@HOST6@ server_case rping-vm-client-server-ipv6 64 off
 server_case rping-vm-client-server-crc-required 512 on --siw tunable --siw-param mpa_crc_required=1
 
 # Our persistent server (-P) against the VM's rping clients: three one after
@@ -183,13 +187,20 @@ fi
 
 # The VM client is killed (SIGKILL) after 3 s in the middle of a long run:
 # our server (expecting 100000 pings) must see the QP go to Error, every
-# outstanding work request flushed, and exit 6.
+# outstanding work request flushed, and exit 6. When the kill lands while
+# the VM serves our RDMA Read, its siw may answer that Read with a
+# Terminate as it tears the QP down (seen once in about ten runs): the
+# Read then fails with the remote error the Terminate names, exit 1.
 name=rping-peer-killed-mid-run
 run "$name" vm-client 7174 "$RPING -s -a @HOST@ -C 100000 -S 256 --timeout 60" \
     "timeout -s KILL 3 rping -c -a @HOST@ -C 100000 -S 256"
 re='^rping: .* mid-run after ([0-9]+) of 100000 pings: QP Error, ([0-9]+) of ([0-9]+) outstanding work requests completed with a flush status$'
 line="$(grep -E -m1 "$re" "$LOG" || true)"
-if [[ "$(rc_of host)" != 6 || -z "$line" ]]; then
+if [[ "$(rc_of host)" == 1 && "$(rc_of vm)" == 137 ]] &&
+    has '^rping: RDMA read work request failed: Remote(Operation|Access)Error'; then
+    echo "  note $name: the killed peer terminated our outstanding Read ($(grep -m1 -o 'Remote[A-Za-z]*Error' "$LOG"))" >&2
+    pass "$name"
+elif [[ "$(rc_of host)" != 6 || -z "$line" ]]; then
     fail "$name" "expected exit 6 and the mid-run report"
 elif [[ "$(rc_of vm)" != 137 ]]; then
     fail "$name" "the VM client was not killed (it should run longer than 3 s)"
