@@ -71,6 +71,10 @@ pub enum Config {
     KernelCrcOff,
     /// RDMA over the kernel-socket engine, MPA CRC on.
     KernelCrcOn,
+    /// `kernel-crc-off` over IPv6.
+    KernelCrcOffIpv6,
+    /// `kernel-crc-on` over IPv6.
+    KernelCrcOnIpv6,
     /// Kernel TCP, blocking reads.
     TcpBlocking,
     /// Kernel TCP, nonblocking reads retried in a spin loop.
@@ -137,6 +141,7 @@ impl Config {
                 align: true,
                 paired: false,
                 link: false,
+                ipv6: false,
             })
         };
         match self {
@@ -149,6 +154,10 @@ impl Config {
             }),
             Self::KernelCrcOff => e(false, false, false),
             Self::KernelCrcOn => e(false, true, false),
+            Self::KernelCrcOffIpv6 | Self::KernelCrcOnIpv6 => Some(Engine {
+                ipv6: true,
+                ..e(false, self == Self::KernelCrcOnIpv6, false)?
+            }),
             Self::LinkCrcOff | Self::LinkCrcOn => Some(Engine {
                 link: true,
                 ..e(true, self == Self::LinkCrcOn, false)?

@@ -15,7 +15,7 @@ use iwarp_engine::{
     SendOp, SendWr, WcStatus, EMPTY_WC,
 };
 
-use crate::topo::{Topology, Veth, KERNEL_B, XDP_B};
+use crate::topo::{Topology, Veth, KERNEL_B, KERNEL_B6, XDP_B};
 
 /// How long any single wait may take before the run fails.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -37,6 +37,8 @@ pub struct Engine {
     /// AF_XDP engines on an in-process link instead of the veth pair
     /// (both sides in this process, no kernel between them).
     pub link: bool,
+    /// The kernel-socket engine over IPv6 ([`KERNEL_B6`]).
+    pub ipv6: bool,
 }
 
 fn err(msg: impl Into<String>) -> io::Error {
@@ -224,9 +226,13 @@ impl Side {
         let mut listener = None;
         let mut dialled = None;
         let (qp, peer) = if side_b {
-            let ip = if e.xdp { XDP_B } else { KERNEL_B };
+            let ip = match (e.xdp, e.ipv6) {
+                (true, _) => XDP_B.into(),
+                (false, false) => KERNEL_B.into(),
+                (false, true) => KERNEL_B6.into(),
+            };
             let lis = dev
-                .listen(SocketAddr::new(ip.into(), port))
+                .listen(SocketAddr::new(ip, port))
                 .map_err(|x| err(format!("listen: {x}")))?;
             l.offer_tx
                 .as_ref()

@@ -7,11 +7,13 @@
 //! veth are [`KERNEL_A`] and [`KERNEL_B`]; the AF_XDP engines own
 //! [`XDP_A`] and [`XDP_B`] on the same link (the steering program passes
 //! everything else to the kernel), so one topology serves every
-//! configuration of a run.
+//! configuration of a run. The kernel ends also have [`KERNEL_A6`] and
+//! [`KERNEL_B6`] (no router solicitations, no duplicate address
+//! detection), for the configurations over IPv6.
 
 use std::fs::File;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -25,6 +27,13 @@ use nix::sched::{setns, CloneFlags};
 pub const KERNEL_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// Kernel address of side b (veth `xb`).
 pub const KERNEL_B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+/// Kernel IPv6 address of side a (2001:2::/48, the IPv6 benchmarking
+/// range).
+pub const KERNEL_A6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 1);
+/// Kernel IPv6 address of side b.
+pub const KERNEL_B6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 2);
+/// Prefix length of the IPv6 addresses.
+pub const PREFIX6: u8 = 64;
 /// The AF_XDP engine's address on side a.
 pub const XDP_A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 11);
 /// The AF_XDP engine's address on side b.
@@ -145,6 +154,14 @@ impl Topology {
                 "topology up: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
+        }
+        for (ns, dev, ip) in [(&t.ns_a, IF_A, KERNEL_A6), (&t.ns_b, IF_B, KERNEL_B6)] {
+            let script = format!(
+                "for k in accept_ra=0 router_solicitations=0 accept_dad=0 disable_ipv6=0; do \
+                 sysctl -qw net.ipv6.conf.{dev}.$k || exit 1; done; \
+                 ip -6 addr add {ip}/{PREFIX6} dev {dev} nodad"
+            );
+            netns_exec(ns, &["sh", "-c", &script], &format!("IPv6 on {dev}"))?;
         }
         Ok(t)
     }

@@ -33,6 +33,10 @@ struct Cli {
     /// Outstanding RDMA Writes in the bandwidth runs.
     #[arg(short = 'q', long, default_value_t = 32)]
     depth: usize,
+    /// Also the kernel-socket engine over IPv6 beside IPv4 (the AF_XDP
+    /// engine serves IPv4 only): IPv6's cost at 4 B and 64 KiB.
+    #[arg(long)]
+    ipv6: bool,
 }
 
 /// One ratio: `num / den` of `metric` within each pass, against
@@ -65,6 +69,13 @@ const SPECS: [Spec; 12] = [
     Spec { name: "4 B half RTT afxdp-crc-off / tcp-blocking", metric: LAT, num: Config::AfxdpCrcOff, den: Config::TcpBlocking, op: "<=", target: 0.6, judged: false },
     Spec { name: "64 KiB write bw afxdp-crc-on / afxdp-crc-on-stream (FPDU alignment)", metric: BW, num: Config::AfxdpCrcOn, den: Config::AfxdpCrcOnStream, op: ">=", target: 0.95, judged: false },
     Spec { name: "64 KiB write bw afxdp-crc-on / tcp-stream", metric: BW, num: Config::AfxdpCrcOn, den: Config::TcpStream, op: ">=", target: 0.9, judged: false },
+];
+
+/// With `--ipv6`: the same engine over IPv6 against IPv4.
+#[rustfmt::skip]
+const IPV6_SPECS: [Spec; 2] = [
+    Spec { name: "64 KiB write bw kernel-crc-on-ipv6 / kernel-crc-on (IPv6's cost)", metric: BW, num: Config::KernelCrcOnIpv6, den: Config::KernelCrcOn, op: ">=", target: 0.97, judged: false },
+    Spec { name: "4 B half RTT kernel-crc-off-ipv6 / kernel-crc-off (IPv6's cost)", metric: LAT, num: Config::KernelCrcOffIpv6, den: Config::KernelCrcOff, op: "<=", target: 1.03, judged: false },
 ];
 
 /// The target of `spec` at `mtu`: the kernel-TCP-with-offloads ratio
@@ -118,17 +129,30 @@ fn main() -> std::process::ExitCode {
     let mut passes_recs: Vec<Vec<Record>> = Vec::new();
     for pass in 1..=passes {
         let mut this: Vec<Record> = Vec::new();
-        for cfg in [
+        let v6_lat: &[Config] = if cli.ipv6 {
+            &[Config::KernelCrcOff, Config::KernelCrcOffIpv6]
+        } else {
+            &[]
+        };
+        let v6_bw: &[Config] = if cli.ipv6 {
+            &[Config::KernelCrcOnIpv6]
+        } else {
+            &[]
+        };
+        for &cfg in [
             Config::AfxdpCrcOff,
             Config::AfxdpCrcOn,
             Config::SmoltcpRaw,
             Config::TcpBusypoll,
             Config::TcpBlocking,
-        ] {
+        ]
+        .iter()
+        .chain(v6_lat)
+        {
             eprintln!("pass {pass}/{passes}: latency 4 B: {}", cfg.name());
             report::merge(&mut this, latency(&topo, cpus, cfg, &[4], warmup, n));
         }
-        for cfg in [
+        for &cfg in [
             Config::AfxdpCrcOn,
             Config::AfxdpCrcOff,
             Config::AfxdpCrcOnPaired,
@@ -137,7 +161,10 @@ fn main() -> std::process::ExitCode {
             Config::SmoltcpRaw,
             Config::TcpStream,
             Config::TcpStreamOffload,
-        ] {
+        ]
+        .iter()
+        .chain(v6_bw)
+        {
             eprintln!("pass {pass}/{passes}: bandwidth 64 KiB: {}", cfg.name());
             report::merge(&mut this, bandwidth(&topo, cpus, cfg, &[64 << 10], bw));
         }
@@ -146,8 +173,10 @@ fn main() -> std::process::ExitCode {
     }
     drop(topo);
     let mtu = usize::from(c.mtu);
+    let v6_specs: &[Spec] = if cli.ipv6 { &IPV6_SPECS } else { &[] };
     let ratios: Vec<(Ratio, bool)> = SPECS
         .iter()
+        .chain(v6_specs)
         .map(|spec| {
             let series = |cfg: Config| {
                 move |recs: &[Record]| {
@@ -182,7 +211,8 @@ mod tests {
         let judged: Vec<_> = SPECS.iter().map(|s| s.judged).collect();
         assert_eq!(judged.iter().filter(|&&j| j).count(), 4);
         assert!(judged.windows(2).all(|w| w[0] || !w[1]), "targets first");
-        for s in &SPECS {
+        assert!(IPV6_SPECS.iter().all(|s| !s.judged));
+        for s in SPECS.iter().chain(&IPV6_SPECS) {
             assert_ne!(s.num, s.den, "{}", s.name);
             assert!(s.name.contains(&s.num.name()) && s.name.contains(&s.den.name()));
             assert!(s.metric == LAT || s.metric == BW);
