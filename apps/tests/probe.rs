@@ -130,11 +130,16 @@ impl Good {
 }
 
 fn check(name: &str) {
+    check_at(name, "127.0.0.1:0");
+}
+
+/// [`check`] with the target listening on `at`.
+fn check_at(name: &str, at: &str) {
     let s = probe::scenario(name).expect("scenario exists");
     let dev = device();
     let good = Good::new(&dev);
     good.exchange(1);
-    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = dev.listen(at.parse().unwrap()).unwrap();
     let addr: SocketAddr = listener.local_addr();
     // A connection whose MPA request is broken never reaches the target.
     let reaches_target = !s.is_mpa() || s.expect == Expect::Accepted;
@@ -199,6 +204,14 @@ fn check(name: &str) {
             "{name}: {r:?}"
         );
     }
+}
+
+/// The probe over IPv6: a broken MPA request and a DDP error that ends
+/// in a Terminate.
+#[test]
+fn over_ipv6() {
+    check_at("bad-mpa-key", "[::1]:0");
+    check_at("unknown-stag", "[::1]:0");
 }
 
 macro_rules! scenarios {
