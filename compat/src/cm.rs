@@ -1351,6 +1351,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_
                     .unwrap_or(libc::EADDRINUSE),
             )
         }
+        Err(CmError::AddressFamily) => return fail(libc::EAFNOSUPPORT),
         Err(_) => return fail(libc::EADDRINUSE),
     };
     // The address bound, with the port the listener has (the AF_XDP
@@ -1672,6 +1673,7 @@ fn cm_errno(e: &CmError) -> c_int {
     match e {
         CmError::ConnectionRefused | CmError::Rejected { .. } => libc::ECONNREFUSED,
         CmError::Unreachable => libc::EHOSTUNREACH,
+        CmError::AddressFamily => libc::EAFNOSUPPORT,
         CmError::Timeout | CmError::MpaTimeout => libc::ETIMEDOUT,
         CmError::Closed => libc::ECONNRESET,
         CmError::Io(k) => io::Error::from(*k).raw_os_error().unwrap_or(libc::EIO),

@@ -110,6 +110,9 @@ pub enum CmError {
     ConnectionRefused,
     /// No route to the network or host.
     Unreachable,
+    /// The backend does not serve the address's family (the AF_XDP
+    /// engine serves IPv4 only; `EAFNOSUPPORT` from a socket).
+    AddressFamily,
     /// The TCP connect timed out, or a wait ran out of time.
     Timeout,
     /// The MPA exchange did not finish within the timeout.
@@ -137,6 +140,9 @@ impl fmt::Display for CmError {
         match self {
             Self::ConnectionRefused => f.write_str("connection refused"),
             Self::Unreachable => f.write_str("network or host unreachable"),
+            Self::AddressFamily => {
+                f.write_str("address family not served (the AF_XDP engine serves IPv4 only)")
+            }
             Self::Timeout => f.write_str("timed out"),
             Self::MpaTimeout => f.write_str("MPA exchange timed out"),
             Self::Rejected { private_data } => {
@@ -161,6 +167,7 @@ impl From<io::Error> for CmError {
         match e.raw_os_error() {
             Some(libc::ECONNREFUSED) => return Self::ConnectionRefused,
             Some(libc::ENETUNREACH | libc::EHOSTUNREACH) => return Self::Unreachable,
+            Some(libc::EAFNOSUPPORT) => return Self::AddressFamily,
             Some(libc::ETIMEDOUT) => return Self::Timeout,
             _ => {}
         }

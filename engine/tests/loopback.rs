@@ -555,6 +555,33 @@ fn link_transfers(mode: LinkMode, mtu: usize) {
     }
 }
 
+/// The AF_XDP engine serves IPv4: an IPv6 listen or connect fails with
+/// `AddressFamily`, and `[::]` without `v6_only` is its IPv4 wildcard.
+#[test]
+fn afxdp_engine_refuses_ipv6_by_family() {
+    let end = |last: u8| XdpConfig::new("link", Ipv4Addr::new(198, 18, 0, last), 24);
+    let (a, _b) = link(end(1), end(2)).unwrap();
+    let dev = Device::open(Backend::Link(a), DeviceConfig::default()).unwrap();
+    let wild = SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0));
+    let only = ListenOptions { v6_only: true };
+    assert_eq!(
+        dev.listen("[2001:2::1]:7174".parse().unwrap()).unwrap_err(),
+        CmError::AddressFamily
+    );
+    assert_eq!(
+        dev.listen_with(wild, only).unwrap_err(),
+        CmError::AddressFamily
+    );
+    let l = dev.listen(wild).unwrap();
+    assert!(l.local_addr().is_ipv4() && l.local_addr().port() != 0);
+    let (_pd, _cq, init) = init(&dev);
+    let to = "[2001:2::2]:7174".parse().unwrap();
+    assert_eq!(
+        dev.connect(to, init, ConnParams::default()).unwrap_err(),
+        CmError::AddressFamily
+    );
+}
+
 #[test]
 fn link_transfers_mtu_1500() {
     link_transfers(LinkMode::Spin, 1500);

@@ -171,9 +171,10 @@ fn other(msg: impl Into<String>) -> Fail {
 /// The message and exit status of a failed connection setup.
 fn cm_fail(what: &str, e: &CmError) -> Fail {
     match e {
-        CmError::ConnectionRefused | CmError::Unreachable | CmError::Timeout => {
-            Fail(status::CONNECT, format!("{what}: {e}"))
-        }
+        CmError::ConnectionRefused
+        | CmError::Unreachable
+        | CmError::AddressFamily
+        | CmError::Timeout => Fail(status::CONNECT, format!("{what}: {e}")),
         CmError::Rejected { private_data } => {
             let pd = if private_data.is_empty() {
                 "none".to_string()

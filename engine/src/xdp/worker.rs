@@ -616,7 +616,7 @@ impl XdpIo {
     pub(crate) fn listen_port(&mut self, addr: SocketAddr) -> Result<u16, CmError> {
         let ok_ip = match addr.ip() {
             std::net::IpAddr::V4(ip) => ip.is_unspecified() || ip == self.ip,
-            std::net::IpAddr::V6(_) => false,
+            std::net::IpAddr::V6(_) => return Err(CmError::AddressFamily),
         };
         if !ok_ip {
             return Err(CmError::Io(std::io::ErrorKind::AddrNotAvailable));
@@ -715,7 +715,7 @@ impl XdpIo {
         shared: Arc<ConnShared>,
     ) -> Result<(ConnId, SocketAddr), CmError> {
         let std::net::IpAddr::V4(ip) = addr.ip() else {
-            return Err(CmError::Unreachable);
+            return Err(CmError::AddressFamily);
         };
         let port = self.ephemeral_port();
         let conn = self
