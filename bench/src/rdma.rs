@@ -769,6 +769,9 @@ pub fn run_pair_with<A: Send + 'static>(
 ) -> io::Result<A> {
     let (mut la, mut lb) = link();
     let veth = topo.veth;
+    if e.ipv6 {
+        topo.ipv6()?;
+    }
     if e.link {
         let (a, b) =
             iwarp_engine::xdp::link(xdp_config(e, false, veth), xdp_config(e, true, veth))?;

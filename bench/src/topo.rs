@@ -7,9 +7,9 @@
 //! veth are [`KERNEL_A`] and [`KERNEL_B`]; the AF_XDP engines own
 //! [`XDP_A`] and [`XDP_B`] on the same link (the steering program passes
 //! everything else to the kernel), so one topology serves every
-//! configuration of a run. The kernel ends also have [`KERNEL_A6`] and
-//! [`KERNEL_B6`] (no router solicitations, no duplicate address
-//! detection), for the configurations over IPv6.
+//! configuration of a run. The kernel ends get [`KERNEL_A6`] and
+//! [`KERNEL_B6`] when a configuration over IPv6 runs
+//! ([`Topology::ipv6`]).
 
 use std::fs::File;
 use std::io;
@@ -77,6 +77,9 @@ pub struct Topology {
     pub ns_b: String,
     /// The veth pair as the AF_XDP engines use it.
     pub veth: Veth,
+    /// Whether [`Topology::ipv6`] gave the kernel ends their IPv6
+    /// addresses (its outcome, once).
+    ipv6: std::sync::OnceLock<Result<(), String>>,
 }
 
 /// The veth pair as the AF_XDP engines use it: its MTU and how their XDP
@@ -140,6 +143,7 @@ impl Topology {
             ns_b: format!("iwx-{tag}-b"),
             tag,
             veth,
+            ipv6: std::sync::OnceLock::new(),
         };
         let cidr = |a: Ipv4Addr| format!("{a}/{PREFIX}");
         let out = run_script(&[
@@ -155,15 +159,33 @@ impl Topology {
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        for (ns, dev, ip) in [(&t.ns_a, IF_A, KERNEL_A6), (&t.ns_b, IF_B, KERNEL_B6)] {
-            let script = format!(
-                "for k in accept_ra=0 router_solicitations=0 accept_dad=0 disable_ipv6=0; do \
-                 sysctl -qw net.ipv6.conf.{dev}.$k || exit 1; done; \
-                 ip -6 addr add {ip}/{PREFIX6} dev {dev} nodad"
-            );
-            netns_exec(ns, &["sh", "-c", &script], &format!("IPv6 on {dev}"))?;
-        }
         Ok(t)
+    }
+
+    /// Give the kernel ends [`KERNEL_A6`] and [`KERNEL_B6`] (and nothing
+    /// else of IPv6: no link-local address, no router solicitations, no
+    /// duplicate address detection), once; the topology comes up with
+    /// IPv6 off, so that runs without an IPv6 configuration (and what
+    /// they start, such as MPI's address discovery) see IPv4 only.
+    pub fn ipv6(&self) -> io::Result<()> {
+        self.ipv6
+            .get_or_init(|| {
+                for (ns, dev, ip) in [
+                    (&self.ns_a, IF_A, KERNEL_A6),
+                    (&self.ns_b, IF_B, KERNEL_B6),
+                ] {
+                    let script = format!(
+                        "for k in addr_gen_mode=1 accept_ra=0 router_solicitations=0 accept_dad=0 disable_ipv6=0; do \
+                         sysctl -qw net.ipv6.conf.{dev}.$k || exit 1; done; \
+                         ip -6 addr add {ip}/{PREFIX6} dev {dev} nodad"
+                    );
+                    netns_exec(ns, &["sh", "-c", &script], &format!("IPv6 on {dev}"))
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            })
+            .clone()
+            .map_err(io::Error::other)
     }
 }
 

@@ -2368,7 +2368,7 @@ unsafe fn copy_sockaddr(sa: *const sockaddr, len: socklen_t) -> *mut sockaddr {
 /// librdmacm's address translation: `node` and `service` through
 /// getaddrinfo(3) in the hints' family (IPv4 and IPv6; on the AF_XDP
 /// engine, which serves IPv4, an unspecified family means IPv4), the
-/// first address becoming the source of a passive result and the
+/// first IPv4 address (else the first) becoming the source of a passive result and the
 /// destination otherwise; with both NULL, the hints'
 /// flags, family, QP type, port space and destination address. Either
 /// way the hints' source address is taken where the result has none
@@ -2425,10 +2425,24 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             set_errno(libc::ENODEV);
             return r;
         }
-        // SAFETY: the first entry of the list getaddrinfo returned, its
-        // address `ai_addrlen` bytes long.
+        // The first IPv4 entry, else the first: a name with both
+        // families (`localhost`, which libfabric binds its passive
+        // endpoints to) resolves as it did before IPv6 was served.
+        let mut pick = gres;
+        let mut p = gres;
+        while !p.is_null() {
+            // SAFETY: an entry of the list getaddrinfo returned.
+            let e = unsafe { &*p };
+            if e.ai_family == libc::AF_INET {
+                pick = p;
+                break;
+            }
+            p = e.ai_next;
+        }
+        // SAFETY: an entry of the list getaddrinfo returned, its address
+        // `ai_addrlen` bytes long.
         let (addr, len, family) =
-            unsafe { ((*gres).ai_addr, (*gres).ai_addrlen, (*gres).ai_family) };
+            unsafe { ((*pick).ai_addr, (*pick).ai_addrlen, (*pick).ai_family) };
         ai.ai_family = family;
         // SAFETY: as above.
         let copy = unsafe { copy_sockaddr(addr.cast(), len) };
