@@ -748,7 +748,7 @@ fn dual_stack_and_v6_only_listeners() {
         }
         assert_eq!(c.client.qp.local_addr(), c.server.qp.peer_addr());
         assert_eq!(c.server.qp.local_addr(), c.client.qp.peer_addr());
-        exchange_one_send(&c);
+        send_one(&c.client, &c.server, 300, 9);
     }
     let only = ListenOptions { v6_only: true };
     let c = connect_via(
@@ -758,7 +758,7 @@ fn dual_stack_and_v6_only_listeners() {
         (ConnParams::default(), ConnParams::default()),
         16,
     );
-    exchange_one_send(&c);
+    send_one(&c.client, &c.server, 300, 9);
     let sdev = open(false);
     let listener = sdev.listen_with(wild, only).unwrap();
     let cdev = open(false);
@@ -770,19 +770,20 @@ fn dual_stack_and_v6_only_listeners() {
     assert_eq!(err, CmError::ConnectionRefused);
 }
 
-/// One Send from the client, its bytes checked at the server.
-fn exchange_one_send(c: &Conn) {
-    let msg = pattern(300, 9);
-    let (cmr, smr) = (c.client.mr(300), c.server.mr(300));
+/// One Send of `len` bytes (a pattern from `seed`) from `client` to
+/// `server`, both completions successful and the bytes checked.
+fn send_one(client: &Side, server: &Side, len: usize, seed: u8) {
+    let msg = pattern(len, seed);
+    let (cmr, smr) = (client.mr(len), server.mr(len));
     cmr.write(0, &msg);
-    c.server
+    server
         .qp
         .post_recv(&RecvWr {
             wr_id: 1,
-            sgl: &[smr.sge(0, 300)],
+            sgl: &[smr.sge(0, len)],
         })
         .unwrap();
-    c.client
+    client
         .qp
         .post_send(&SendWr {
             wr_id: 2,
@@ -790,17 +791,17 @@ fn exchange_one_send(c: &Conn) {
                 solicited: false,
                 invalidate: None,
             },
-            sgl: &[cmr.sge(0, 300)],
+            sgl: &[cmr.sge(0, len)],
             signaled: true,
         })
         .unwrap();
-    let wc = c.server.wait_one();
+    let wc = server.wait_one();
     assert_eq!(
-        (wc.wr_id, wc.status, wc.byte_len),
-        (1, WcStatus::Success, 300)
+        (wc.wr_id, wc.status, wc.byte_len as usize),
+        (1, WcStatus::Success, len)
     );
-    assert_eq!(c.client.wait_one().status, WcStatus::Success);
-    let mut got = vec![0; 300];
+    assert_eq!(client.wait_one().status, WcStatus::Success);
+    let mut got = vec![0; len];
     smr.read(0, &mut got);
     assert_eq!(got, msg);
 }
@@ -1712,31 +1713,9 @@ fn server_returns_to_baseline_after_connections_close() {
             cq: ccq,
             dev: cdev.clone(),
         };
-        let (smr, cmr) = (server.mr(8), client.mr(8));
-        server
-            .qp
-            .post_recv(&RecvWr {
-                wr_id: 1,
-                sgl: &[smr.sge(0, 8)],
-            })
-            .unwrap();
-        cmr.write(0, &[i as u8; 8]);
-        client
-            .qp
-            .post_send(&SendWr {
-                wr_id: 2,
-                op: SendOp::Send {
-                    solicited: false,
-                    invalidate: None,
-                },
-                sgl: &[cmr.sge(0, 8)],
-                signaled: true,
-            })
-            .unwrap();
-        assert_eq!(client.wait_one().status, WcStatus::Success);
-        assert_eq!(server.wait_one().status, WcStatus::Success);
+        send_one(&client, &server, 8, i as u8);
         ids.push(server.qp.id());
-        drop((smr, cmr, client, server));
+        drop((client, server));
         for dev in [&cdev, &sdev] {
             eventually("tables empty after the close", || {
                 dev.stats().live == Default::default()
