@@ -40,7 +40,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io;
 use std::mem::size_of;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
@@ -1201,16 +1201,12 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     0
 }
 
-fn to_sockaddr_in(a: SocketAddr) -> sockaddr_in {
-    let ip = match a.ip() {
-        IpAddr::V4(ip) => ip,
-        IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
-    };
+fn to_sockaddr_in(a: SocketAddrV4) -> sockaddr_in {
     sockaddr_in {
         sin_family: libc::AF_INET as sa_family_t,
         sin_port: a.port().to_be(),
         sin_addr: in_addr {
-            s_addr: u32::from(ip).to_be(),
+            s_addr: u32::from(*a.ip()).to_be(),
         },
         sin_zero: [0; 8],
     }
@@ -1266,7 +1262,7 @@ unsafe fn parse_addr(sa: *const sockaddr) -> Result<Option<SocketAddr>, c_int> {
 fn set_src(raw: &mut rdma_cm_id, a: SocketAddr) {
     let u = &mut raw.route.addr.__bindgen_anon_1;
     match a {
-        SocketAddr::V4(_) => u.src_sin = to_sockaddr_in(a),
+        SocketAddr::V4(v4) => u.src_sin = to_sockaddr_in(v4),
         SocketAddr::V6(v6) => u.src_sin6 = to_sockaddr_in6(v6),
     }
 }
@@ -1274,7 +1270,7 @@ fn set_src(raw: &mut rdma_cm_id, a: SocketAddr) {
 fn set_dst(raw: &mut rdma_cm_id, a: SocketAddr) {
     let u = &mut raw.route.addr.__bindgen_anon_2;
     match a {
-        SocketAddr::V4(_) => u.dst_sin = to_sockaddr_in(a),
+        SocketAddr::V4(v4) => u.dst_sin = to_sockaddr_in(v4),
         SocketAddr::V6(v6) => u.dst_sin6 = to_sockaddr_in6(v6),
     }
 }
@@ -1940,8 +1936,7 @@ pub unsafe extern "C" fn rdma_set_option(
     // timeout have no counterpart on these connections and listeners
     // always reuse addresses; AFONLY decides whether a listener on an
     // IPv6 address takes IPv4 connections (`IdState::af_only`). Their
-    // values are checked
-    // as the kernel checks them.
+    // values are checked as the kernel checks them.
     let size = match (level, optname) {
         (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_ACK_TIMEOUT) => size_of::<u8>(),
         (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) => size_of::<c_int>(),
@@ -2368,8 +2363,8 @@ unsafe fn copy_sockaddr(sa: *const sockaddr, len: socklen_t) -> *mut sockaddr {
 /// librdmacm's address translation: `node` and `service` through
 /// getaddrinfo(3) in the hints' family (IPv4 and IPv6; on the AF_XDP
 /// engine, which serves IPv4, an unspecified family means IPv4), the
-/// first IPv4 address (else the first) becoming the source of a passive result and the
-/// destination otherwise; with both NULL, the hints'
+/// first IPv4 address (else the first) becoming the source of a passive
+/// result and the destination otherwise; with both NULL, the hints'
 /// flags, family, QP type, port space and destination address. Either
 /// way the hints' source address is taken where the result has none
 /// (libfabric passes its endpoints' addresses that way).

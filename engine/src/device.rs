@@ -523,8 +523,7 @@ impl Device {
             });
         }
         drop(e);
-        let (sock, addr) =
-            kernel::listen_socket(addr, opts.v6_only).map_err(|e| CmError::Io(e.kind()))?;
+        let (sock, addr) = kernel::listen_socket(addr, opts.v6_only).map_err(CmError::from)?;
         let ls = self
             .shared()
             .engine()

@@ -144,15 +144,21 @@ pick() {
     if [[ "$role" == client ]]; then HOST="$1" VMC="$2"; else HOST="$3" VMC="$4"; fi
 }
 
+# pick_rping VM-ADDR HOST-ADDR: pick for rping, the server on the
+# VM's or the host's address.
+pick_rping() {
+    pick "rping -c -a $1 -v -V -C 5 -S 64" "rping -s -a $1 -v -C 5 -S 64" \
+        "rping -s -a $2 -v -C 5 -S 64" "$VM_RPING
+vm_rping -c -a $2 -v -V -C 5 -S 64"
+}
+
 # Clients first, then servers: the VM of the CRC servers runs the tunable
 # siw, so a siw-interop session boots twice.
 for crc in nocrc crc; do
     sfx=""
     [[ "$crc" == crc ]] && sfx="-crc"
     for role in client server; do
-        pick "rping -c -a @VM@ -v -V -C 5 -S 64" "rping -s -a @VM@ -v -C 5 -S 64" \
-            "rping -s -a @HOST@ -v -C 5 -S 64" "$VM_RPING
-vm_rping -c -a @HOST@ -v -V -C 5 -S 64"
+        pick_rping @VM@ @HOST@
         run "rping-$role$sfx" "$role" "$crc" 7174 "$HOST" "$VMC" judge_rping
         for t in write_bw read_lat; do
             case "$t" in
@@ -168,9 +174,7 @@ done
 # rping over IPv6 in both roles (Debian's perftest 4.5 resolves rdma_cm
 # addresses as IPv4 only).
 for role in client server; do
-    pick "rping -c -a @VM6@ -v -V -C 5 -S 64" "rping -s -a @VM6@ -v -C 5 -S 64" \
-        "rping -s -a @HOST6@ -v -C 5 -S 64" "$VM_RPING
-vm_rping -c -a @HOST6@ -v -V -C 5 -S 64"
+    pick_rping @VM6@ @HOST6@
     run "rping-$role-ipv6" "$role" nocrc 7174 "$HOST" "$VMC" judge_rping
 done
 exit 0

@@ -638,11 +638,17 @@ fn connect_retry(
     }
 }
 
+/// `host`'s first IPv4 address, else its first (a name with both
+/// families resolves as the library's `rdma_getaddrinfo` does).
 fn resolve(host: &str, port: u16) -> Res<SocketAddr> {
-    (host, port)
+    let all: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("{host}: {e}"))?
-        .next()
+        .collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or(all.first())
+        .copied()
         .ok_or_else(|| format!("{host}: no address"))
 }
 
